@@ -1,0 +1,20 @@
+"""predispatch: export a torch.nn.Module to a functionalized pre-dispatch graph
+with grad/autocast regions, as a real torch.export.ExportedProgram."""
+from . import _torch
+from .autocast_policy import AutocastPolicy
+from .errors import BackwardAutocastMismatchError, BackwardAutocastMismatchWarning, ExportError
+from .export import export_predispatch
+from .op_policy import OpPolicy
+from .program import PredispatchProgram
+
+_torch.install_exception_safe_grad_region()
+
+__all__ = [
+    "AutocastPolicy",
+    "BackwardAutocastMismatchError",
+    "BackwardAutocastMismatchWarning",
+    "ExportError",
+    "OpPolicy",
+    "PredispatchProgram",
+    "export_predispatch",
+]

@@ -1,0 +1,199 @@
+"""The seam: every private PyTorch API predispatch uses is imported here.
+
+A torch upgrade should touch this file only. Each name says what we use it
+for; the rest of the package imports from here, never from ``torch._*``.
+"""
+from __future__ import annotations
+
+import contextlib
+import sys
+
+import torch
+import torch.fx
+from torch._functorch._aot_autograd.functional_utils import (
+    are_all_mutations_hidden_from_autograd,
+    are_all_mutations_under_no_grad_or_inference_mode,
+    has_data_mutation,
+)
+from torch._functorch.aot_autograd import aot_export_module
+from torch._higher_order_ops.wrap import (
+    WrapWithSetGradEnabled,
+    wrap_with_autocast,
+    wrap_with_set_grad_enabled,
+)
+from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
+from torch.export import _trace as _export_trace
+from torch.fx.experimental.proxy_tensor import get_proxy_mode, get_proxy_slot
+from torch.overrides import TorchFunctionMode
+
+__all__ = [
+    "FunctionalTensor",
+    "TorchFunctionMode",
+    "aot_export_module",
+    "are_all_mutations_hidden_from_autograd",
+    "are_all_mutations_under_no_grad_or_inference_mode",
+    "has_data_mutation",
+    "wrap_with_autocast",
+    "wrap_with_set_grad_enabled",
+    "ENTER_AUTOCAST",
+    "EXIT_AUTOCAST",
+    "SET_GRAD_ENABLED",
+]
+
+SET_GRAD_ENABLED = torch._C._set_grad_enabled
+ENTER_AUTOCAST = torch.amp.autocast_mode._enter_autocast
+EXIT_AUTOCAST = torch.amp.autocast_mode._exit_autocast
+CIA_KEY = "CompositeImplicitAutograd"
+
+
+def has_composite_implicit_kernel(op: torch._ops.OpOverload) -> bool:
+    return torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), CIA_KEY)
+
+
+# --------------------------------------------------------------------------
+# Capture: torch.export's non-strict front end, with our own aten stage.
+
+
+# torch.export's non-strict front end (fake inputs, dynamic shapes, guards,
+# signature, constants, placeholder names, module call graph): reused as is.
+export_trace = _export_trace
+compiling_state_context = _export_trace._compiling_state_context
+reparametrize_module = torch.nn.utils.stateless._reparametrize_module
+UserError = _export_trace.UserError
+UserErrorType = _export_trace.UserErrorType
+ConstraintViolationError = _export_trace.ConstraintViolationError
+ValueRangeError = _export_trace.ValueRangeError
+
+
+@contextlib.contextmanager
+def decompose_by(should_decompose):
+    """Let ``should_decompose(func) -> bool | None`` decide, while tracing,
+    which composites FunctionalTensorMode keeps (None = torch's own rule)."""
+    original = FunctionalTensorMode._can_decompose
+
+    def _can_decompose(self, func, args, kwargs):
+        verdict = should_decompose(func)
+        if verdict is None:
+            return original(self, func, args, kwargs)
+        return verdict
+
+    FunctionalTensorMode._can_decompose = _can_decompose
+    try:
+        yield
+    finally:
+        FunctionalTensorMode._can_decompose = original
+
+
+def current_node(t: torch.Tensor) -> torch.fx.Node | None:
+    """The graph node holding the current value of a traced FunctionalTensor."""
+    if not isinstance(t, FunctionalTensor):
+        return None
+    torch._sync(t)
+    inner = torch._from_functional_tensor(t.elem)
+    mode = get_proxy_mode()
+    if mode is None:
+        return None
+    slot = get_proxy_slot(inner, mode.tracer, None)
+    return None if slot is None else slot.proxy.node
+
+
+def mutation_kind(t: torch.Tensor) -> str | None:
+    """How a traced input was mutated: None, "hidden" (hidden from autograd,
+    like BatchNorm's running stats), "no_grad" or "grad"."""
+    if not isinstance(t, FunctionalTensor) or not has_data_mutation(t):
+        return None
+    if are_all_mutations_hidden_from_autograd(t):
+        return "hidden"
+    if are_all_mutations_under_no_grad_or_inference_mode(t):
+        return "no_grad"
+    return "grad"
+
+
+_GRAD_MODE_FILE = "autograd" + ("\\" if sys.platform == "win32" else "/") + "grad_mode.py"
+
+
+def grad_mode_caller() -> tuple[str, object] | None:
+    """Which grad-mode context manager is calling ``_set_grad_enabled`` now.
+
+    Returns ("enter" | "exit", the context manager object), or None for a
+    bare call. The outermost consecutive frame of torch/autograd/grad_mode.py
+    is the user-facing method (no_grad.__exit__ calls set_grad_enabled(prev),
+    which calls _set_grad_enabled)."""
+    frame = sys._getframe(1)
+    found = None
+    while frame is not None:
+        code = frame.f_code
+        if code.co_filename.endswith(_GRAD_MODE_FILE):
+            found = frame
+        elif found is not None:
+            break
+        frame = frame.f_back
+    if found is None:
+        return None
+    owner = found.f_locals.get("self")
+    phase = "exit" if found.f_code.co_name == "__exit__" else "enter"
+    return phase, owner
+
+
+# --------------------------------------------------------------------------
+# Run time: torch's wrap_with_set_grad_enabled restores grad mode without
+# `finally`, so an exception inside a region leaks its mode to the caller.
+
+
+def _exception_safe_call(self, enable_grad, wrapped_func, *args, **kwargs):
+    with torch.set_grad_enabled(enable_grad):
+        return wrapped_func(*args, **kwargs)
+
+
+def install_exception_safe_grad_region() -> None:
+    WrapWithSetGradEnabled.__call__ = _exception_safe_call
+
+
+# --------------------------------------------------------------------------
+# Program: the tail of torch.export's _export_for_training, unchanged.
+
+
+def build_exported_program(cls, module, artifact, signature, *, args, kwargs, dynamic_shapes,
+                           state_dict, verify_additional_inputs):
+    """An ``ExportedProgram`` (of class ``cls``) from a finished artifact."""
+    from torch._export.verifier import TrainingIRVerifier
+
+    t = _export_trace
+    t._EXPORT_MODULE_HIERARCHY = t._get_module_hierarchy(module)
+    artifact.aten.sig = signature
+    forward_arg_names = t._get_forward_arg_names(module, args, kwargs)
+    artifact.aten.gm.meta["inline_constraints"] = t._get_inline_constraints(artifact.fake_mode)
+    range_constraints = t._get_range_constraints(module, artifact, args, kwargs, dynamic_shapes)
+    gm, module_call_graph = t._get_module_call_graph(artifact, (), False, forward_arg_names)
+    ep = cls(
+        root=gm, graph=gm.graph, graph_signature=signature, state_dict=state_dict,
+        range_constraints=range_constraints, module_call_graph=module_call_graph,
+        example_inputs=(args, kwargs), constants=artifact.aten.constants,
+        verifiers=[TrainingIRVerifier])
+    verify_additional_inputs(ep)
+    return ep
+
+
+preserve_version_counter = torch.autograd._unsafe_preserve_version_counter
+
+
+def is_traced(t: torch.Tensor) -> bool:
+    return isinstance(t, FunctionalTensor)
+
+
+def functional_write(target: FunctionalTensor, value: FunctionalTensor, *, hidden: bool) -> None:
+    """Replay ``target.copy_(value)`` while tracing, as data flow with no node:
+    later reads of ``target`` read ``value``, and the mutation is recorded
+    (under the current grad mode; hidden from autograd if asked)."""
+    torch._sync(value)
+    target.replace_(torch._from_functional_tensor(value.elem))
+    target.commit_update()
+    if hidden:
+        target.mark_mutation_hidden_from_autograd()
+
+
+def data_dependence_errors() -> tuple[type, ...]:
+    from torch._subclasses.fake_tensor import DataDependentOutputException
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+
+    return (DataDependentOutputException, GuardOnDataDependentSymNode)

@@ -1,0 +1,142 @@
+"""Stage 1, capture: trace a module into a flat functional pre-dispatch graph.
+
+torch.export's non-strict front end makes the fake inputs, solves dynamic
+shapes, lifts parameters, buffers and constants and names placeholders; its
+aten stage is replaced by ours: ``aot_export_module(pre_dispatch=True)``
+(a FunctionalTensorMode on the PreDispatch key) under the op policy, with
+grad mode on (so the graph is traced for training), the compiling flag set
+(so models take their export-friendly branches), and the recorder of
+:mod:`predispatch.trace_events` inside the forward.
+
+The graph still holds ``_set_grad_enabled`` / ``_enter_autocast`` /
+``_exit_autocast`` calls; the regions stage turns them into higher-order ops.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+
+import torch
+
+from . import _torch
+from .errors import ExportError
+from .op_policy import OpPolicy
+from .trace_events import TraceRecord, recording
+
+_ROOT = "_export_root."
+
+
+@dataclasses.dataclass
+class Captured:
+    artifact: object  # torch.export's ExportArtifact (gm, signature, constants, specs)
+    record: TraceRecord
+    args: tuple
+    kwargs: dict
+    dynamic_shapes: object
+    original_state_dict: dict
+    verify_additional_inputs: object
+
+    @property
+    def gm(self) -> torch.fx.GraphModule:
+        return self.artifact.aten.gm
+
+    @property
+    def signature(self):
+        return self.artifact.aten.sig
+
+
+def _strip_root(name: str) -> str:
+    return name[len(_ROOT):] if name.startswith(_ROOT) else name
+
+
+def _aten_stage(policy: OpPolicy, record: TraceRecord):
+    """torch.export's ``_to_aten_func`` hook, doing our functional pre-dispatch trace."""
+    t = _torch.export_trace
+
+    def to_aten(mod, fake_args, fake_kwargs, fake_params_buffers, constant_attrs,
+                produce_guards_callback=None, *, transform=lambda f: f, **_unused):
+        def aot_export(stack, wrapped, args, *, kwargs=None, **_flags):
+            with recording(wrapped, record, _strip_root):
+                return _torch.aot_export_module(
+                    wrapped, args, kwargs=kwargs, trace_joint=False, pre_dispatch=True)
+
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(_torch.reparametrize_module(
+                mod, fake_params_buffers, tie_weights=True, strict=True, stack_weights=True))
+            stack.enter_context(t._ignore_backend_decomps())
+            stack.enter_context(_torch.compiling_state_context())
+            stack.enter_context(torch.enable_grad())
+            stack.enter_context(_torch.decompose_by(policy.should_decompose))
+            gm, graph_signature = transform(aot_export)(stack, mod, fake_args, kwargs=fake_kwargs)
+
+        if produce_guards_callback is not None:
+            try:
+                produce_guards_callback(gm)
+            except (_torch.ConstraintViolationError, _torch.ValueRangeError) as e:
+                raise _torch.UserError(_torch.UserErrorType.CONSTRAINT_VIOLATION, str(e)) from e
+
+        return t._produce_aten_artifact(
+            gm=gm, mod=mod, constant_attrs=constant_attrs, graph_signature=graph_signature,
+            pre_dispatch=False,  # torch's region passes are replaced by ours
+            fake_args=fake_args, fake_kwargs=fake_kwargs, fake_params_buffers=fake_params_buffers)
+
+    return to_aten
+
+
+def capture(module, args, kwargs, dynamic_shapes, policy: OpPolicy) -> Captured:
+    t = _torch.export_trace
+    args, kwargs, orig_in_spec, dynamic_shapes, verify_additional_inputs = (
+        t._process_export_inputs(module, args, kwargs, dynamic_shapes))
+    original_state_dict = t._get_original_state_dict(module)
+    record = TraceRecord()
+    with _data_dependence_as_export_error(), _duplicate_inputs_as_export_error():
+        artifact = t._non_strict_export(
+            mod=module, args=args, kwargs=kwargs, dynamic_shapes=dynamic_shapes,
+            preserve_module_call_signature=(), orig_in_spec=orig_in_spec,
+            prefer_deferred_runtime_asserts_over_guards=False,
+            _to_aten_func=_aten_stage(policy, record))
+    return Captured(artifact, record, args, kwargs, dynamic_shapes,
+                    original_state_dict, verify_additional_inputs)
+
+
+@contextlib.contextmanager
+def _data_dependence_as_export_error():
+    """Python control flow on a tensor's value cannot be captured in a graph."""
+    try:
+        yield
+    except _torch.data_dependence_errors() as e:
+        raise ExportError(
+            "data-dependent Python control flow (a Python bool/int/float/item() of a "
+            f"tensor's value) cannot be exported soundly, at {_user_line(e)}: {_first_line(e)}"
+        ) from e
+
+
+@contextlib.contextmanager
+def _duplicate_inputs_as_export_error():
+    """aot_export refuses one tensor passed as two inputs when it is mutated;
+    the program could not tell an aliased call from a distinct one anyway."""
+    try:
+        yield
+    except RuntimeError as e:
+        if "duplicated inputs that are mutated" not in str(e):
+            raise
+        raise ExportError(
+            "the same tensor is passed as two inputs and mutated in the forward: the program "
+            "cannot know at run time whether its inputs alias; pass distinct tensors "
+            "(e.g. x and x.clone())") from e
+
+
+def _first_line(e: BaseException) -> str:
+    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+
+
+def _user_line(e: BaseException) -> str:
+    """The innermost frame of the traceback outside torch and predispatch."""
+    import traceback
+
+    frames = [f for f in traceback.extract_tb(e.__traceback__)
+              if "/site-packages/torch/" not in f.filename and "/predispatch/" not in f.filename]
+    if not frames:
+        return "unknown location"
+    f = frames[-1]
+    return f"{f.filename}:{f.lineno} in {f.name}: {f.line}"

@@ -1,0 +1,107 @@
+"""``export_predispatch``: the pipeline, stage by stage.
+
+    capture   -> a flat functional pre-dispatch graph + what the trace saw
+    history   -> values mutated under no_grad keep their autograd history
+    regions   -> grad/autocast blocks become higher-order ops
+    signature -> output renames, write-back modes, the autocast policy
+    program   -> a PredispatchProgram (a torch.export.ExportedProgram)
+"""
+from __future__ import annotations
+
+import torch
+from torch.export.graph_signature import OutputSpec, TensorArgument
+
+from . import _torch
+from .autocast_policy import AutocastPolicy
+from .capture import Captured, capture
+from .errors import ExportError
+from .keep_history import keep_history_pass, may_require_grad
+from .op_policy import OpPolicy
+from .program import PredispatchProgram, set_program_meta
+from .regions import replace_blocks_with_regions
+
+
+def export_predispatch(module, args, kwargs=None, *, dynamic_shapes=None, op_policy=None,
+                       backward_pass_autocast="same_as_forward",
+                       on_backward_autocast_mismatch="error") -> PredispatchProgram:
+    """Export ``module`` to a functionalized pre-dispatch ``ExportedProgram``.
+
+        >>> class M(torch.nn.Module):
+        ...     def forward(self, x):
+        ...         with torch.no_grad():
+        ...             x.mul_(2)
+        ...         return x * x
+        >>> ep = export_predispatch(M(), (torch.ones(2),))
+        >>> print(ep.graph_module.code)   # wrap_with_set_grad_enabled(False, self.no_grad_0, x)
+
+    See ../shared/CONTRACT.md for guarantees G1-G7.
+    """
+    autocast = AutocastPolicy.validated(backward_pass_autocast, on_backward_autocast_mismatch)
+    op_policy = OpPolicy.default() if op_policy is None else op_policy
+    if not isinstance(op_policy, OpPolicy):
+        raise ValueError(f"op_policy must be a predispatch.OpPolicy, got {type(op_policy).__name__}")
+    if not isinstance(module, torch.nn.Module):
+        raise ValueError(f"export_predispatch takes a torch.nn.Module, got {type(module).__name__}")
+    if not isinstance(args, tuple):
+        raise ValueError(f"args must be a tuple of example inputs, got {type(args).__name__}")
+
+    captured = capture(module, args, kwargs, dynamic_shapes, op_policy)
+    keep_histories(captured, module)
+    replace_blocks_with_regions(captured.gm)
+    sync_output_names(captured)
+    set_program_meta(captured.gm, {
+        "write_back": write_back_modes(captured),
+        "autocast_policy": autocast.to_json(),
+    })
+    return _torch.build_exported_program(
+        PredispatchProgram, module, captured.artifact, captured.signature,
+        args=captured.args, kwargs=captured.kwargs, dynamic_shapes=captured.dynamic_shapes,
+        state_dict=captured.original_state_dict,
+        verify_additional_inputs=captured.verify_additional_inputs)
+
+
+def keep_histories(captured: Captured, module: torch.nn.Module) -> None:
+    requiring = {name for name, p in module.named_parameters(remove_duplicate=False)
+                 if p.requires_grad}
+    may_grad = may_require_grad(captured.gm, captured.signature, requiring)
+    keep_history_pass(captured.gm, captured.record.replacements, may_grad)
+
+
+def sync_output_names(captured: Captured) -> None:
+    """Passes may replace output nodes; output specs follow them by position."""
+    outputs = captured.gm.graph.output_node().args[0]
+    sig = captured.signature
+    sig.output_specs[:] = [
+        OutputSpec(s.kind, TensorArgument(node.name), s.target)
+        if isinstance(s.arg, TensorArgument) else s
+        for s, node in zip(sig.output_specs, outputs)]
+
+
+def write_back_modes(captured: Captured) -> dict[str, str]:
+    """Mutation target name (as in the output specs) -> how it was mutated."""
+    kinds = captured.record.mutation_kinds
+    user_inputs = [s.arg.name for s in captured.signature.input_specs
+                   if s.kind.name == "USER_INPUT" and hasattr(s.arg, "name")]
+    modes = {}
+    for spec in captured.signature.output_specs:
+        if spec.kind.name == "PARAMETER_MUTATION":
+            key = f"param:{spec.target}"
+        elif spec.kind.name == "BUFFER_MUTATION":
+            key = f"buffer:{spec.target}"
+        elif spec.kind.name == "USER_INPUT_MUTATION":
+            key = f"input:{_flat_input_index(captured, spec.target, user_inputs)}"
+        else:
+            continue
+        if key in kinds:
+            modes[spec.target] = kinds[key]
+    return modes
+
+
+def _flat_input_index(captured: Captured, name: str, user_inputs: list[str]) -> int:
+    import torch.utils._pytree as pytree
+
+    leaves = pytree.tree_leaves((captured.args, captured.kwargs))
+    tensor_positions = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
+    if len(tensor_positions) != len(user_inputs):
+        raise ExportError("internal: user inputs of the signature do not match the example inputs")
+    return tensor_positions[user_inputs.index(name)]

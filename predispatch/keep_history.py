@@ -1,0 +1,105 @@
+"""Keep eager's autograd history for tensors mutated under no_grad.
+
+In eager mode a tensor that requires grad and is mutated in place under
+``torch.no_grad()`` keeps its ``grad_fn``: later uses send their gradient
+through what it was before the mutation. Functionalization turns the new
+value into a fresh tensor computed under no_grad, which would silently drop
+that gradient. After each grad-disabled span we therefore rebind such values
+to ``predispatch.keep_history(old, new)``: the value of ``new``, the autograd
+history of ``old`` (identity gradient to ``old``, none to ``new``).
+"""
+from __future__ import annotations
+
+import torch
+import torch.fx
+from torch.export.graph_signature import InputKind
+
+from . import _torch
+
+
+@torch.library.custom_op("predispatch::keep_history", mutates_args=())
+def keep_history(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+    """``new``'s value with ``old``'s autograd history."""
+    return new.clone()
+
+
+@keep_history.register_fake
+def _(old, new):
+    return torch.empty_like(new)
+
+
+def _backward(ctx, grad):
+    return grad, None
+
+
+keep_history.register_autograd(_backward)
+
+KEEP_HISTORY = torch.ops.predispatch.keep_history.default
+
+
+def _is_float(node: torch.fx.Node) -> bool:
+    val = node.meta.get("val")
+    vals = val if isinstance(val, (tuple, list)) else (val,)
+    return any(isinstance(v, torch.Tensor) and (v.is_floating_point() or v.is_complex())
+               for v in vals)
+
+
+def may_require_grad(gm: torch.fx.GraphModule, signature, params_requiring_grad: set[str]):
+    """Nodes whose value may require grad at run time, over the flat graph.
+
+    Parameters as in the module, floating user inputs always (the program may
+    be called with inputs that require grad), buffers and constants never;
+    a computed value if it is floating, grad mode is on and an input may."""
+    specs = {s.arg.name: s for s in signature.input_specs if hasattr(s.arg, "name")}
+    grad_on, result = True, set()
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            spec = specs.get(node.name)
+            kind = spec.kind if spec is not None else None
+            requires = (kind == InputKind.PARAMETER and spec.target in params_requiring_grad) or (
+                kind == InputKind.USER_INPUT and _is_float(node))
+        elif node.target is _torch.SET_GRAD_ENABLED:
+            grad_on = bool(node.args[0])
+            continue
+        elif node.op == "call_function":
+            requires = grad_on and _is_float(node) and any(
+                i in result for i in node.all_input_nodes)
+        else:
+            requires = False
+        if requires:
+            result.add(node)
+    return result
+
+
+def _alive(node: torch.fx.Node, graph: torch.fx.Graph) -> bool:
+    return node.graph is graph and not getattr(node, "_erased", False)
+
+
+def _same_layout(a: torch.fx.Node, b: torch.fx.Node) -> bool:
+    va, vb = a.meta.get("val"), b.meta.get("val")
+    return (isinstance(va, torch.Tensor) and isinstance(vb, torch.Tensor)
+            and va.dtype == vb.dtype and va.shape == vb.shape)
+
+
+def keep_history_pass(gm: torch.fx.GraphModule, replacements, may_grad) -> list[torch.fx.Node]:
+    """Insert keep_history after each span that replaced a value that may
+    require grad; later uses read it. Returns the inserted nodes."""
+    graph = gm.graph
+    position = {n: i for i, n in enumerate(graph.nodes)}
+    kept_of = {}  # kept_of: a replaced value -> its keep_history node
+    for r in replacements:
+        if not (_alive(r.old, graph) and _alive(r.new, graph) and _alive(r.exit, graph)):
+            continue
+        old = kept_of.get(r.old, r.old)  # mutated again in a later span: chain
+        if not (old in may_grad or old in kept_of.values()) or not _same_layout(old, r.new):
+            continue
+        with graph.inserting_after(r.exit):
+            kept = graph.create_node("call_function", KEEP_HISTORY, (old, r.new), name="keep_history")
+        kept.meta.update({k: v for k, v in r.new.meta.items()
+                          if k in ("val", "stack_trace", "nn_module_stack")})
+        kept_of[r.new] = kept
+        exit_at = position[r.exit]
+        for user in list(r.new.users):
+            if user is not kept and position.get(user, exit_at + 1) > exit_at:
+                user.replace_input_with(r.new, kept)
+    return list(kept_of.values())

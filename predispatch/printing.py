@@ -1,0 +1,140 @@
+"""A normalized, readable print of a program: the face of predispatch's IR.
+
+    >>> print(format_program(ep))
+    def forward(x: f32[2]):
+        mul = aten.mul.Tensor(x, 1.0)
+        no_grad_0 = wrap_with_set_grad_enabled(False, self.no_grad_0, mul)
+        getitem = no_grad_0[0]
+        ...
+    def no_grad_0(mul: f32[2]):
+        mul_1 = aten.mul.Tensor(mul, 2)
+        return (mul_1,)
+    inputs: x USER_INPUT
+    outputs: mul_2 USER_OUTPUT
+    autocast policy: backward_pass_autocast='same_as_forward', on_backward_autocast_mismatch='error'
+
+Node names are re-derived from each node's op with a per-graph counter, so
+the text does not depend on torch's name counters; no file paths or line
+numbers are printed. Placeholders keep their (signature) names.
+"""
+from __future__ import annotations
+
+import operator
+
+import torch
+import torch.fx
+from torch.export import ExportedProgram
+
+
+def _op_name(target) -> str:
+    if isinstance(target, torch._ops.OpOverload):
+        return f"{target.namespace}.{target._opname}.{target._overloadname}"
+    if isinstance(target, torch._ops.HigherOrderOperator):
+        return target.name()
+    if target is operator.getitem:
+        return "getitem"
+    return getattr(target, "__name__", str(target))
+
+
+def _base_name(node: torch.fx.Node) -> str:
+    if node.op == "call_function":
+        if isinstance(node.target, torch._ops.OpOverload):
+            return node.target._opname
+        if isinstance(node.target, torch._ops.HigherOrderOperator):
+            sub = node.args[1] if node.target.name() == "wrap_with_set_grad_enabled" else node.args[4]
+            return sub.target if isinstance(sub, torch.fx.Node) else node.target.name()
+        return _op_name(node.target)
+    return node.op
+
+
+def _type(node: torch.fx.Node) -> str:
+    val = node.meta.get("val")
+    if isinstance(val, torch.Tensor):
+        short = {torch.float32: "f32", torch.float64: "f64", torch.float16: "f16",
+                 torch.bfloat16: "bf16", torch.int64: "i64", torch.int32: "i32", torch.bool: "b8"}
+        dims = ", ".join(str(d) for d in val.shape)
+        return f"{short.get(val.dtype, str(val.dtype).replace('torch.', ''))}[{dims}]"
+    return ""
+
+
+class _Namer:
+    def __init__(self, graph: torch.fx.Graph):
+        self.names: dict[torch.fx.Node, str] = {}
+        used: dict[str, int] = {}
+        for node in graph.nodes:
+            if node.op in ("placeholder", "get_attr"):
+                self.names[node] = str(node.target) if node.op == "get_attr" else node.name
+                continue
+            base = _base_name(node)
+            k = used.get(base, 0)
+            used[base] = k + 1
+            self.names[node] = base if k == 0 else f"{base}_{k}"
+
+    def arg(self, a) -> str:
+        if isinstance(a, torch.fx.Node):
+            return f"self.{a.target}" if a.op == "get_attr" else self.names[a]
+        if isinstance(a, (list, tuple)):
+            inner = ", ".join(self.arg(x) for x in a)
+            return f"[{inner}]" if isinstance(a, list) else f"({inner}{',' if len(a) == 1 else ''})"
+        if isinstance(a, torch.dtype):
+            return str(a)
+        return repr(a)
+
+
+def format_graph(name: str, gm: torch.fx.GraphModule) -> str:
+    namer = _Namer(gm.graph)
+    params = [f"{namer.names[n]}: {_type(n)}".rstrip(": ") for n in gm.graph.nodes if n.op == "placeholder"]
+    lines = [f"def {name}({', '.join(params)}):"]
+    for node in gm.graph.nodes:
+        if node.op in ("placeholder", "get_attr"):
+            continue
+        if node.op == "output":
+            lines.append(f"    return {namer.arg(node.args[0])}")
+            continue
+        args = [namer.arg(a) for a in node.args]
+        args += [f"{k}={namer.arg(v)}" for k, v in node.kwargs.items()]
+        lines.append(f"    {namer.names[node]} = {_op_name(node.target)}({', '.join(args)})")
+    return "\n".join(lines)
+
+
+def _graph_modules(gm: torch.fx.GraphModule, prefix=""):
+    """Submodules in the order the graph uses them, depth first."""
+    for node in gm.graph.nodes:
+        if node.op == "get_attr":
+            sub = getattr(gm, node.target, None)
+            if isinstance(sub, torch.fx.GraphModule):
+                yield f"{prefix}{node.target}", sub
+                yield from _graph_modules(sub, f"{prefix}{node.target}.")
+
+
+def format_program(ep_or_gm) -> str:
+    """Graph, every subgraph, signature and autocast policy, normalized."""
+    gm = ep_or_gm.graph_module if isinstance(ep_or_gm, ExportedProgram) else ep_or_gm
+    parts = [format_graph("forward", gm)]
+    parts += [format_graph(name, sub) for name, sub in _graph_modules(gm)]
+    if isinstance(ep_or_gm, ExportedProgram):
+        parts.append(format_signature(ep_or_gm))
+        from .autocast_policy import AutocastPolicy
+        from .program import program_meta
+
+        policy = AutocastPolicy.from_json(program_meta(ep_or_gm).get("autocast_policy", {}))
+        parts.append(f"autocast policy: {policy.describe()}")
+    return "\n".join(parts) + "\n"
+
+
+def format_signature(ep: ExportedProgram) -> str:
+    namer = _Namer(ep.graph_module.graph)
+    by_name = {n.name: n for n in ep.graph_module.graph.nodes}
+    outputs = ep.graph_module.graph.output_node().args[0]
+
+    def spec_line(spec, node=None):
+        name = namer.names[node] if node is not None else getattr(spec.arg, "name", repr(spec.arg))
+        target = f" -> {spec.target}" if spec.target else ""
+        return f"    {name}: {spec.kind.name}{target}"
+
+    lines = ["inputs:"]
+    lines += [spec_line(s, by_name.get(getattr(s.arg, "name", None))) for s in ep.graph_signature.input_specs]
+    lines.append("outputs:")
+    lines += [spec_line(s, o if isinstance(o, torch.fx.Node) else None)
+              for s, o in zip(ep.graph_signature.output_specs, outputs)]
+    return "\n".join(lines)

@@ -1,0 +1,120 @@
+"""Stage 4, program: a real ``torch.export.ExportedProgram`` that runs like eager.
+
+``PredispatchProgram`` is an ``ExportedProgram`` whose ``module()`` writes
+mutated parameters, buffers and inputs back the way eager mutated them:
+under no_grad when every mutation happened under no_grad (an EMA of a
+parameter: torch's stock ``copy_`` would be refused for a leaf that requires
+grad), and also without bumping the version counter when the mutation was
+hidden from autograd (BatchNorm's running statistics, which its backward has
+saved). The write-back modes travel in the output node's ``meta["custom"]``,
+which ``torch.export.save`` keeps; ``predispatch.load`` restores the class.
+"""
+from __future__ import annotations
+
+import torch
+from torch.export import ExportedProgram
+
+from . import _torch
+
+META_KEY = "predispatch"
+
+
+def program_meta(ep_or_gm) -> dict:
+    """predispatch's record in a program (write-back modes, autocast policy)."""
+    gm = ep_or_gm.graph_module if isinstance(ep_or_gm, ExportedProgram) else ep_or_gm
+    return gm.graph.output_node().meta.get("custom", {}).get(META_KEY, {})
+
+
+def set_program_meta(gm: torch.fx.GraphModule, meta: dict) -> None:
+    gm.graph.output_node().meta.setdefault("custom", {})[META_KEY] = meta
+
+
+def write_back_with_grad(target: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    if _torch.is_traced(target):  # the program is being exported again
+        _torch.functional_write(target, value, hidden=False)
+        return target
+    return target.copy_(value)
+
+
+def write_back_under_no_grad(target: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return write_back_with_grad(target, value)
+
+
+def write_back_hidden_from_autograd(target: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        if _torch.is_traced(target):
+            _torch.functional_write(target, value, hidden=True)
+            return target
+        if target.is_inference():
+            return target.copy_(value)
+        with _torch.preserve_version_counter(target):
+            return target.copy_(value)
+
+
+_WRITE_BACK = {"grad": write_back_with_grad, "no_grad": write_back_under_no_grad,
+               "hidden": write_back_hidden_from_autograd}
+
+
+def read_before_mutation(target: torch.Tensor) -> torch.Tensor:
+    """What the op that mutates ``target`` (in grad mode) reads: a snapshot,
+    so that the write-back cannot change a tensor that op saved for backward
+    (eager's in-place op saves what it needs before mutating)."""
+    return target if _torch.is_traced(target) else target.clone()
+
+
+def _copy_target_name(node: torch.fx.Node) -> str:
+    return node.target if node.op == "get_attr" else node.name
+
+
+def _ancestors(node: torch.fx.Node) -> set[torch.fx.Node]:
+    seen, todo = set(), [node]
+    while todo:
+        for i in todo.pop().all_input_nodes:
+            if i not in seen:
+                seen.add(i)
+                todo.append(i)
+    return seen
+
+
+def _snapshot_reads(gm: torch.fx.GraphModule, target: torch.fx.Node, value: torch.fx.Node) -> None:
+    """Readers of ``target`` that compute its new value read a snapshot.
+    Other readers (reads before the mutation, in eager order) see the real
+    tensor, so the version check fails exactly where eager's would."""
+    computing = _ancestors(value)
+    readers = [u for u in target.users if u in computing]
+    if not readers:
+        return
+    with gm.graph.inserting_after(target):
+        snapshot = gm.graph.call_function(read_before_mutation, (target,))
+    for r in readers:
+        r.replace_input_with(target, snapshot)
+
+
+def fix_write_backs(gm: torch.fx.GraphModule, modes: dict[str, str]) -> None:
+    """Swap the unlifted module's ``copy_`` write-backs for the mode's function."""
+    for node in list(gm.graph.nodes):
+        if node.op == "call_function" and node.target is torch.ops.aten.copy_.default:
+            mode = modes.get(_copy_target_name(node.args[0]))
+            if mode in _WRITE_BACK:
+                node.target = _WRITE_BACK[mode]
+            if mode == "grad":
+                _snapshot_reads(gm, *node.args)
+    gm.recompile()
+
+
+class PredispatchProgram(ExportedProgram):
+    """An ``ExportedProgram`` made by :func:`predispatch.export_predispatch`."""
+
+    def module(self, check_guards: bool = True) -> torch.fx.GraphModule:
+        unlifted = super().module(check_guards=check_guards)
+        fix_write_backs(unlifted, program_meta(self).get("write_back", {}))
+        return unlifted
+
+
+def as_predispatch_program(ep: ExportedProgram) -> PredispatchProgram:
+    """The same program, as a PredispatchProgram (e.g. after torch.export.load)."""
+    if isinstance(ep, PredispatchProgram):
+        return ep
+    ep.__class__ = PredispatchProgram
+    return ep

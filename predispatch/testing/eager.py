@@ -1,0 +1,110 @@
+"""Compare an exported program with the eager module it came from (G5).
+
+    >>> assert_matches_eager(MyModule(), (torch.randn(2, 3),))
+
+Runs the eager module and ``ep.module()`` on identical fresh inputs (floating
+inputs require grad unless ``inputs_require_grad=False``), backpropagates a
+loss over the floating outputs, and compares outputs, gradients of inputs and
+parameters, buffers, parameters and inputs afterwards.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+
+import torch
+import torch.utils._pytree as pytree
+
+
+@dataclasses.dataclass
+class Run:
+    outputs: list
+    input_grads: list
+    param_grads: dict
+    params: dict
+    buffers: dict
+    inputs_after: list
+
+
+def fresh_inputs(args, kwargs, requires_grad: bool):
+    def fresh(x):
+        if not isinstance(x, torch.Tensor):
+            return x
+        y = x.detach().clone()
+        return y.requires_grad_(requires_grad and (y.is_floating_point() or y.is_complex()))
+
+    return pytree.tree_map(fresh, (args, kwargs or {}))
+
+
+def _loss(outputs):
+    total = None
+    for i, o in enumerate(outputs):
+        if isinstance(o, torch.Tensor) and o.requires_grad and o.is_floating_point():
+            term = (o.float() * (1.0 + 0.1 * i)).square().sum()
+            total = term if total is None else total + term
+    return total
+
+
+def run_module(module, args, kwargs, *, grad_mode=True, inputs_require_grad=True, seed=0) -> Run:
+    args, kwargs = fresh_inputs(args, kwargs, inputs_require_grad)
+    leaves = [x for x in pytree.tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
+    torch.manual_seed(seed)
+    with torch.set_grad_enabled(grad_mode):
+        out = module(*args, **kwargs)
+    outputs = [o for o in pytree.tree_leaves(out)]
+    loss = _loss(outputs) if grad_mode else None
+    if loss is not None:
+        loss.backward()
+    detach = lambda t: t.detach().clone() if isinstance(t, torch.Tensor) else t  # noqa: E731
+    return Run(
+        outputs=[detach(o) for o in outputs],
+        input_grads=[detach(x.grad) if x.is_leaf else None for x in leaves],
+        param_grads={n: detach(p.grad) for n, p in module.named_parameters()},
+        params={n: detach(p) for n, p in module.named_parameters()},
+        buffers={n: detach(b) for n, b in module.named_buffers()},
+        inputs_after=[detach(x) for x in leaves],
+    )
+
+
+def assert_runs_match(eager: Run, exported: Run, *, rtol=None, atol=None, what="") -> None:
+    close = lambda a, b, msg: torch.testing.assert_close(  # noqa: E731
+        a, b, rtol=rtol, atol=atol, equal_nan=True, msg=lambda m: f"{what}{msg}: {m}")
+    assert len(eager.outputs) == len(exported.outputs), f"{what}number of outputs differs"
+    for i, (a, b) in enumerate(zip(eager.outputs, exported.outputs)):
+        close(a, b, f"output {i}")
+    for i, (a, b) in enumerate(zip(eager.input_grads, exported.input_grads)):
+        close(a, b, f"gradient of input {i}")
+    for field in ("param_grads", "params", "buffers"):
+        mine, theirs = getattr(eager, field), getattr(exported, field)
+        assert set(mine) <= set(theirs), f"{what}{field}: missing {set(mine) - set(theirs)}"
+        for name in mine:
+            close(mine[name], theirs[name], f"{field}[{name}]")
+    for i, (a, b) in enumerate(zip(eager.inputs_after, exported.inputs_after)):
+        close(a, b, f"input {i} after the call")
+
+
+def assert_matches_eager(module, args, kwargs=None, *, export=None, grad_modes=(True, False),
+                         inputs_require_grad=True, rtol=None, atol=None, check_reexport=True,
+                         **export_kwargs):
+    """Export a copy of ``module`` and check it against eager under each grad
+    mode; also that the graph holds G1/G3 and that re-exporting
+    ``ep.module()`` gives the same graph (G7). Returns the program."""
+    from .. import export_predispatch
+    from ..printing import format_program
+    from .invariants import assert_invariants
+
+    export = export or export_predispatch
+    ep = export(copy.deepcopy(module), *fresh_inputs(args, kwargs, False), **export_kwargs)
+    assert_invariants(ep)
+    for grad_mode in grad_modes:
+        eager = run_module(copy.deepcopy(module), args, kwargs, grad_mode=grad_mode,
+                           inputs_require_grad=inputs_require_grad)
+        exported = run_module(copy.deepcopy(ep.module()), args, kwargs, grad_mode=grad_mode,
+                              inputs_require_grad=inputs_require_grad)
+        assert_runs_match(eager, exported, rtol=rtol, atol=atol, what=f"[grad_mode={grad_mode}] ")
+    if check_reexport:
+        again = export(ep.module(), *fresh_inputs(args, kwargs, False), **export_kwargs)
+        first, second = format_program(ep), format_program(again)
+        if first != second:
+            raise AssertionError(f"G7: re-exporting ep.module() changed the graph:\n{first}\n---\n{second}")
+    return ep

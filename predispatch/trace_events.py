@@ -1,0 +1,131 @@
+"""What the tracer cannot see in the functional graph, recorded while tracing.
+
+A TorchFunctionMode pushed inside the traced forward notes three things:
+
+* which ``_set_grad_enabled`` node enters and which exits a grad-mode block
+  (the flat graph only shows the values, so nesting would be lost);
+* tensors whose value was replaced (an in-place op, directly or through a
+  view) while grad mode was off: eager autograd keeps their old history,
+  functionalization does not, so the keep-history pass restores it;
+* how each graph input was mutated ("hidden" from autograd, under
+  "no_grad", or under "grad"), so the program writes it back the same way.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+
+import torch
+import torch.fx
+import torch.utils._pytree as pytree
+
+from . import _torch
+
+GRAD_BLOCK = "predispatch_grad_block"  # node.meta key: (phase, block id)
+
+
+@dataclasses.dataclass
+class Replacement:
+    """``old`` was replaced by ``new`` under no_grad; the span ended at ``exit``."""
+
+    old: torch.fx.Node
+    new: torch.fx.Node
+    exit: torch.fx.Node
+
+
+@dataclasses.dataclass
+class TraceRecord:
+    replacements: list[Replacement] = dataclasses.field(default_factory=list)
+    # "param:<fqn>" / "buffer:<fqn>" / "input:<flat index>" -> mutation kind
+    mutation_kinds: dict[str, str] = dataclasses.field(default_factory=dict)
+
+
+class _Recorder(_torch.TorchFunctionMode):
+    def __init__(self, record: TraceRecord):
+        super().__init__()
+        self.record = record
+        self._block_ids: dict[int, int] = {}
+        self._owners: list[object] = []  # keeps ids unique while tracing
+        self._watch: dict[int, tuple[torch.Tensor, torch.fx.Node]] | None = None
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is _torch.SET_GRAD_ENABLED:
+            return self._set_grad_enabled(func, args, kwargs)
+        if self._watch is not None:
+            self._note_tensors(args, kwargs)
+        return func(*args, **kwargs)
+
+    def _set_grad_enabled(self, func, args, kwargs):
+        caller = _torch.grad_mode_caller()
+        was_enabled = torch.is_grad_enabled()
+        turning_on = not was_enabled and bool(args[0])
+        replaced = self._replaced_in_span() if turning_on else []
+        node = func(*args, **kwargs)
+        if isinstance(node, torch.fx.Node):
+            node.meta[GRAD_BLOCK] = self._block_mark(caller)
+            for old, new in replaced:
+                self.record.replacements.append(Replacement(old, new, node))
+        if was_enabled and not torch.is_grad_enabled():
+            self._watch = {}
+        elif turning_on:
+            self._watch = None
+        return node
+
+    def _block_mark(self, caller):
+        if caller is None:
+            return ("bare", None)
+        phase, owner = caller
+        if id(owner) not in self._block_ids:
+            self._block_ids[id(owner)] = len(self._block_ids)
+            self._owners.append(owner)
+        return (phase, self._block_ids[id(owner)])
+
+    def _note_tensors(self, args, kwargs):
+        for t in pytree.tree_leaves((args, kwargs)):
+            if isinstance(t, _torch.FunctionalTensor) and id(t) not in self._watch:
+                node = _torch.current_node(t)
+                if node is not None:
+                    self._watch[id(t)] = (t, node)
+
+    def _replaced_in_span(self):
+        pairs = []
+        for t, old in (self._watch or {}).values():
+            new = _torch.current_node(t)
+            if new is not None and new is not old:
+                pairs.append((old, new))
+        return pairs
+
+
+def _note_mutation_kinds(record: TraceRecord, module, flat_inputs, strip) -> None:
+    for name, t in module.named_parameters(remove_duplicate=False):
+        if (kind := _torch.mutation_kind(t)) is not None:
+            record.mutation_kinds[f"param:{strip(name)}"] = kind
+    for name, t in module.named_buffers(remove_duplicate=False):
+        if (kind := _torch.mutation_kind(t)) is not None:
+            record.mutation_kinds[f"buffer:{strip(name)}"] = kind
+    for i, t in enumerate(flat_inputs):
+        if isinstance(t, torch.Tensor) and (kind := _torch.mutation_kind(t)) is not None:
+            record.mutation_kinds[f"input:{i}"] = kind
+
+
+@contextlib.contextmanager
+def recording(module: torch.nn.Module, record: TraceRecord, strip):
+    """Run ``module``'s forward under the recorder while it is traced."""
+    forward = module.forward
+
+    def recorded_forward(*args, **kwargs):
+        with _Recorder(record):
+            out = forward(*args, **kwargs)
+        _note_mutation_kinds(record, module, pytree.tree_leaves((args, kwargs)), strip)
+        return out
+
+    had_own_forward = "forward" in module.__dict__
+    module.forward = recorded_forward
+    try:
+        yield
+    finally:
+        if had_own_forward:
+            module.forward = forward
+        else:
+            del module.forward

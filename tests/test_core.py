@@ -1,0 +1,169 @@
+"""G1-G5 and G7 on the hard corners, each compared with eager."""
+import pytest
+import torch
+
+import cases
+import predispatch
+from predispatch.testing.eager import assert_matches_eager
+from predispatch.testing.invariants import all_graph_modules
+
+HOPS = {torch.ops.higher_order.wrap_with_set_grad_enabled: "grad",
+        torch.ops.higher_order.wrap_with_autocast: "autocast"}
+
+
+def region_tree(gm, depth=0):
+    """[(depth, region submodule name, hop args)] in graph order, nested ones below."""
+    out = []
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target in HOPS:
+            sub = next(a for a in node.args if isinstance(a, torch.fx.Node))
+            out.append((depth, sub.target, tuple(a for a in node.args[: node.args.index(sub)])))
+            out += region_tree(getattr(gm, sub.target), depth + 1)
+    return out
+
+
+def specs(ep):
+    return [(s.kind.name, s.target) for s in ep.graph_signature.output_specs]
+
+
+def ops(ep):
+    return {n.target for m in all_graph_modules(ep.graph_module) for n in m.graph.nodes
+            if n.op == "call_function"}
+
+
+def test_seed_example():
+    ep = assert_matches_eager(cases.Seed(), (torch.ones(2),))
+    assert region_tree(ep.graph_module) == [(0, "no_grad_0", (False,))]
+
+
+def test_input_mutated_under_no_grad_keeps_history():
+    ep = assert_matches_eager(cases.InputMutatedUnderNoGrad(), (torch.randn(3), torch.randn(3)))
+    assert ("USER_INPUT_MUTATION", "x") in specs(ep)
+
+
+def test_input_mutated_through_view():
+    ep = assert_matches_eager(cases.InputMutatedThroughView(), (torch.randn(2, 3), torch.randn(2, 3)))
+    assert ("USER_INPUT_MUTATION", "x") in specs(ep)
+
+
+def test_input_mutated_with_grad():
+    ep = assert_matches_eager(cases.InputMutatedWithGrad(), (torch.randn(3), torch.randn(3)),
+                              inputs_require_grad=False)
+    assert ("USER_INPUT_MUTATION", "x") in specs(ep)
+
+
+def test_ema_and_weight_decay_of_parameters_under_no_grad():
+    ep = assert_matches_eager(cases.EMA(), (torch.randn(2, 4),))
+    assert ("BUFFER_MUTATION", "shadow") in specs(ep)
+    assert ("PARAMETER_MUTATION", "lin.weight") in specs(ep)
+
+
+def test_buffer_counters():
+    ep = assert_matches_eager(cases.Counter(), (torch.randn(2, 3),))
+    assert {("BUFFER_MUTATION", "steps"), ("BUFFER_MUTATION", "total")} <= set(specs(ep))
+
+
+@pytest.mark.parametrize("train", [True, False])
+def test_batch_norm(train):
+    ep = assert_matches_eager(cases.BatchNormNet().train(train), (torch.randn(5, 3),))
+    mutated = {t for k, t in specs(ep) if k == "BUFFER_MUTATION"}
+    assert mutated == ({"bn.running_mean", "bn.running_var", "bn.num_batches_tracked"} if train else set())
+
+
+def test_nested_grad_modes_keep_their_nesting():
+    ep = assert_matches_eager(cases.NestedGrad(), (torch.randn(3),))
+    assert region_tree(ep.graph_module) == [
+        (0, "no_grad_0", (False,)), (1, "enable_grad_1", (True,)), (2, "no_grad_2", (False,))]
+
+
+def test_decorator_form():
+    ep = assert_matches_eager(cases.DecoratedNoGrad(), (torch.randn(3),))
+    assert region_tree(ep.graph_module) == [(0, "no_grad_0", (False,))]
+
+
+def test_autocast_disabled_inside_autocast():
+    ep = assert_matches_eager(cases.AutocastBlocks(), (torch.randn(2, 4),), atol=1e-2, rtol=1e-2)
+    assert region_tree(ep.graph_module) == [
+        (0, "autocast_bfloat16_0", ("cpu", torch.bfloat16, True, False)),
+        (1, "autocast_off_1", ("cpu", None, False, False)),
+    ] or [r[:2] for r in region_tree(ep.graph_module)] == [(0, "autocast_bfloat16_0"), (1, "autocast_off_1")]
+
+
+def test_autocast_inside_no_grad():
+    ep = assert_matches_eager(cases.AutocastInsideNoGrad(), (torch.randn(2, 4),), atol=1e-2, rtol=1e-2)
+    assert [r[:2] for r in region_tree(ep.graph_module)] == [(0, "no_grad_0"), (1, "autocast_bfloat16_1")]
+
+
+def test_no_grad_inside_autocast_is_not_flattened():
+    ep = assert_matches_eager(cases.NoGradInsideAutocast(), (torch.randn(2, 4),), atol=1e-2, rtol=1e-2)
+    assert [r[:2] for r in region_tree(ep.graph_module)] == [(0, "autocast_bfloat16_0"), (1, "no_grad_1")]
+
+
+def test_top_level_enable_grad_is_a_region_under_ambient_no_grad():
+    ep = assert_matches_eager(cases.TopLevelEnableGrad(), (torch.randn(3),))
+    assert region_tree(ep.graph_module) == [(0, "enable_grad_0", (True,))]
+    with torch.no_grad():
+        out = ep.module()(torch.randn(3))
+    assert out.requires_grad
+
+
+def test_outputs_aliasing_inputs():
+    assert_matches_eager(cases.AliasingOutputs(), (torch.randn(2, 3),))
+
+
+class _Twice(torch.nn.Module):
+    def forward(self, a, b):
+        return a * b + a
+
+
+def test_same_tensor_passed_twice():
+    x = torch.randn(3)
+    ep = predispatch.export_predispatch(_Twice(), (x, x))
+    a = torch.randn(3, requires_grad=True)
+    torch.testing.assert_close(ep.module()(a, a), _Twice()(a, a))
+    assert_matches_eager(_Twice(), (x, x.clone()))
+
+
+def test_same_tensor_passed_twice_and_mutated_is_refused():
+    x = torch.randn(3)
+    with pytest.raises(predispatch.ExportError, match="same tensor is passed as two inputs"):
+        predispatch.export_predispatch(cases.SameTensorTwice(), (x, x))
+    assert_matches_eager(cases.SameTensorTwice(), (x, x.clone()))
+
+
+def test_pytree_and_keyword_inputs_and_outputs():
+    args = ({"x": torch.randn(2, 3), "pair": (torch.randn(3), torch.randn(2, 3))}, 3)
+    kwargs = {"extra": torch.randn(2), "bias": torch.randn(3)}
+    ep = assert_matches_eager(cases.PytreeIO(), args, kwargs)
+    out = ep.module()(*args, **kwargs)
+    assert set(out) == {"out", "parts", "extra"} and out["parts"][1] is None and out["parts"][2] == 3
+
+
+def test_dynamic_batch_dimension():
+    batch = torch.export.Dim("batch")
+    ep = assert_matches_eager(cases.DynamicBatch(), (torch.randn(4, 4),),
+                              dynamic_shapes={"x": {0: batch}})
+    assert len(ep.range_constraints) == 1
+    torch.testing.assert_close(ep.module()(torch.ones(7, 4)).shape, torch.Size([7, 2]))
+
+
+def test_type_as_and_reshape_are_decomposed():
+    ep = assert_matches_eager(cases.TypeAs(), (torch.randn(2, 3), torch.randn(2, 3)))
+    names = {getattr(t, "__name__", str(t)) for t in ops(ep)}
+    assert torch.ops.aten.type_as.default not in ops(ep)
+    assert torch.ops.aten.reshape.default not in ops(ep), names
+
+
+def test_exception_in_region_does_not_leak_grad_mode():
+    class Boom(torch.nn.Module):
+        def forward(self, x):
+            with torch.no_grad():
+                y = x.reshape(2, 3)
+            return y
+
+    ep = predispatch.export_predispatch(Boom(), (torch.randn(6),))
+    with pytest.raises(Exception):
+        ep.graph_module.no_grad_0(torch.randn(5))  # reshape fails inside the region
+    with pytest.raises(Exception):
+        torch.ops.higher_order.wrap_with_set_grad_enabled(False, ep.graph_module.no_grad_0, torch.randn(5))
+    assert torch.is_grad_enabled()
