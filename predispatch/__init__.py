@@ -6,6 +6,7 @@ from .errors import BackwardAutocastMismatchError, BackwardAutocastMismatchWarni
 from .export import export_predispatch
 from .op_policy import OpPolicy
 from .program import PredispatchProgram
+from .region_utils import Region, inline_regions, regions
 
 _torch.install_exception_safe_grad_region()
 
@@ -16,5 +17,8 @@ __all__ = [
     "ExportError",
     "OpPolicy",
     "PredispatchProgram",
+    "Region",
     "export_predispatch",
+    "inline_regions",
+    "regions",
 ]

@@ -89,7 +89,8 @@ def capture(module, args, kwargs, dynamic_shapes, policy: OpPolicy) -> Captured:
         t._process_export_inputs(module, args, kwargs, dynamic_shapes))
     original_state_dict = t._get_original_state_dict(module)
     record = TraceRecord()
-    with _data_dependence_as_export_error(), _duplicate_inputs_as_export_error():
+    with (_data_dependence_as_export_error(), _duplicate_inputs_as_export_error(),
+          _set_as_export_error(record)):
         artifact = t._non_strict_export(
             mod=module, args=args, kwargs=kwargs, dynamic_shapes=dynamic_shapes,
             preserve_module_call_signature=(), orig_in_spec=orig_in_spec,
@@ -107,8 +108,25 @@ def _data_dependence_as_export_error():
     except _torch.data_dependence_errors() as e:
         raise ExportError(
             "data-dependent Python control flow (a Python bool/int/float/item() of a "
-            f"tensor's value) cannot be exported soundly, at {_user_line(e)}: {_first_line(e)}"
+            f"tensor's value) cannot be exported soundly, at {_user_line(e)} ({_first_line(e)})"
         ) from e
+
+
+@contextlib.contextmanager
+def _set_as_export_error(record: TraceRecord):
+    """Tensor.set_ swaps a tensor's storage; functionalization handles it only
+    on a graph input with no other mutation. Elsewhere, name the call."""
+    try:
+        yield
+    except ExportError:
+        raise
+    except Exception as e:
+        if not record.set_calls:
+            raise
+        raise ExportError(
+            f"Tensor.set_() at {record.set_calls[0]} cannot be exported soundly: it swaps the "
+            "storage of a tensor that is not a graph input, or of an input that is also "
+            f"mutated otherwise ({_first_line(e)})") from e
 
 
 @contextlib.contextmanager

@@ -18,7 +18,7 @@ from .errors import ExportError
 from .keep_history import keep_history_pass, may_require_grad
 from .op_policy import OpPolicy
 from .program import PredispatchProgram, set_program_meta
-from .regions import replace_blocks_with_regions
+from .region_pass import replace_blocks_with_regions
 
 
 def export_predispatch(module, args, kwargs=None, *, dynamic_shapes=None, op_policy=None,

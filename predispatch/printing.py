@@ -60,15 +60,20 @@ def _type(node: torch.fx.Node) -> str:
 class _Namer:
     def __init__(self, graph: torch.fx.Graph):
         self.names: dict[torch.fx.Node, str] = {}
-        used: dict[str, int] = {}
         for node in graph.nodes:
             if node.op in ("placeholder", "get_attr"):
                 self.names[node] = str(node.target) if node.op == "get_attr" else node.name
+        taken = {n.name for n in graph.nodes if n.op == "placeholder"}
+        for node in graph.nodes:
+            if node in self.names:
                 continue
-            base = _base_name(node)
-            k = used.get(base, 0)
-            used[base] = k + 1
-            self.names[node] = base if k == 0 else f"{base}_{k}"
+            base, k = _base_name(node), 0
+            name = base
+            while name in taken:
+                k += 1
+                name = f"{base}_{k}"
+            taken.add(name)
+            self.names[node] = name
 
     def arg(self, a) -> str:
         if isinstance(a, torch.fx.Node):
@@ -90,6 +95,9 @@ def format_graph(name: str, gm: torch.fx.GraphModule) -> str:
             continue
         if node.op == "output":
             lines.append(f"    return {namer.arg(node.args[0])}")
+            continue
+        if node.target is operator.getitem and isinstance(node.args[0], torch.fx.Node):
+            lines.append(f"    {namer.names[node]} = {namer.arg(node.args[0])}[{node.args[1]!r}]")
             continue
         args = [namer.arg(a) for a in node.args]
         args += [f"{k}={namer.arg(v)}" for k, v in node.kwargs.items()]

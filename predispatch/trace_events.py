@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import sys
+import traceback
 
 import torch
 import torch.fx
@@ -38,6 +40,8 @@ class TraceRecord:
     replacements: list[Replacement] = dataclasses.field(default_factory=list)
     # "param:<fqn>" / "buffer:<fqn>" / "input:<flat index>" -> mutation kind
     mutation_kinds: dict[str, str] = dataclasses.field(default_factory=dict)
+    # source locations of Tensor.set_ calls, to name them if the trace fails
+    set_calls: list[str] = dataclasses.field(default_factory=list)
 
 
 class _Recorder(_torch.TorchFunctionMode):
@@ -97,6 +101,18 @@ class _Recorder(_torch.TorchFunctionMode):
         return pairs
 
 
+def _is_library_file(filename: str) -> bool:
+    return "/site-packages/torch/" in filename or "/predispatch/" in filename
+
+
+def user_location() -> str:
+    """The innermost frame of the current Python stack outside torch and predispatch."""
+    for frame in reversed(traceback.extract_stack()):
+        if not _is_library_file(frame.filename):
+            return f"{frame.filename}:{frame.lineno} in {frame.name}: {frame.line}"
+    return "unknown location"
+
+
 def _note_mutation_kinds(record: TraceRecord, module, flat_inputs, strip) -> None:
     for name, t in module.named_parameters(remove_duplicate=False):
         if (kind := _torch.mutation_kind(t)) is not None:
@@ -110,12 +126,34 @@ def _note_mutation_kinds(record: TraceRecord, module, flat_inputs, strip) -> Non
 
 
 @contextlib.contextmanager
+def _noting_set_calls(record: TraceRecord):
+    """Tensor.set_ bypasses torch-function modes, so wrap the method itself."""
+    had_own = "set_" in torch.Tensor.__dict__
+    original = torch.Tensor.set_
+
+    def set_(self, *args, **kwargs):
+        caller = sys._getframe(1).f_code.co_filename
+        if not _is_library_file(caller):  # torch calls set_ internally too
+            record.set_calls.append(user_location())
+        return original(self, *args, **kwargs)
+
+    torch.Tensor.set_ = set_
+    try:
+        yield
+    finally:
+        if had_own:
+            torch.Tensor.set_ = original
+        else:
+            del torch.Tensor.set_
+
+
+@contextlib.contextmanager
 def recording(module: torch.nn.Module, record: TraceRecord, strip):
     """Run ``module``'s forward under the recorder while it is traced."""
     forward = module.forward
 
     def recorded_forward(*args, **kwargs):
-        with _Recorder(record):
+        with _Recorder(record), _noting_set_calls(record):
             out = forward(*args, **kwargs)
         _note_mutation_kinds(record, module, pytree.tree_leaves((args, kwargs)), strip)
         return out

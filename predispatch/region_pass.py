@@ -109,9 +109,9 @@ def read_blocks(graph: torch.fx.Graph) -> tuple[list[Block], list[torch.fx.Node]
             stack.pop().exit = node
     if stack:
         raise ExportError(
-            f"a {stack[-1].kind.name} mode change that the forward never restores (e.g. "
+            f"a {stack[0].kind.name} mode change that the forward never restores (e.g. "
             f"torch.set_grad_enabled(False) called as a function, not as a block) cannot be "
-            f"exported soundly, at {_where(stack[-1].enter)}")
+            f"exported soundly, at {_where(stack[0].enter)}")
     return top, redundant
 
 

@@ -1,0 +1,129 @@
+"""Region utilities for passes and pattern matchers that must see inside
+regions rather than silently skip them.
+
+    >>> for r in regions(ep):
+    ...     print(r.depth, r.name, r.kind, r.args)
+    0 no_grad_0 grad (False,)
+    1 autocast_bfloat16_1 autocast ('cpu', torch.bfloat16, True, False)
+
+``inline_regions(ep)`` is for consumers that cannot handle higher-order ops.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import operator
+from typing import Iterator
+
+import torch
+import torch.fx
+from torch.export import ExportedProgram
+
+from . import _torch
+from .program import PredispatchProgram
+
+_KIND = {_torch.wrap_with_set_grad_enabled: "grad", _torch.wrap_with_autocast: "autocast"}
+_ARITY = {"grad": 1, "autocast": 4}  # leading non-tensor arguments of each hop
+
+
+@dataclasses.dataclass(frozen=True)
+class Region:
+    """One region: its kind ("grad" or "autocast"), its mode arguments, the
+    submodule it runs, the higher-order-op node calling it, the graph module
+    that node lives in, and how deep it is nested (0 = top level)."""
+
+    kind: str
+    args: tuple
+    submodule: torch.fx.GraphModule
+    node: torch.fx.Node
+    owner: torch.fx.GraphModule
+    depth: int
+
+    @property
+    def name(self) -> str:
+        return self.node.args[_ARITY[self.kind]].target
+
+    @property
+    def inputs(self) -> tuple:
+        return tuple(self.node.args[_ARITY[self.kind] + 1:])
+
+
+def _graph_module(ep_or_gm) -> torch.fx.GraphModule:
+    return ep_or_gm.graph_module if isinstance(ep_or_gm, ExportedProgram) else ep_or_gm
+
+
+def regions(ep_or_gm) -> Iterator[Region]:
+    """Every region of a program or graph module, outer before inner, in graph order."""
+    yield from _walk(_graph_module(ep_or_gm), 0)
+
+
+def _walk(gm: torch.fx.GraphModule, depth: int) -> Iterator[Region]:
+    for node in gm.graph.nodes:
+        kind = _KIND.get(node.target) if node.op == "call_function" else None
+        if kind is None:
+            continue
+        arity = _ARITY[kind]
+        sub = getattr(gm, node.args[arity].target)
+        yield Region(kind, tuple(node.args[:arity]), sub, node, gm, depth)
+        yield from _walk(sub, depth + 1)
+
+
+def inline_region(owner: torch.fx.GraphModule, region: Region) -> None:
+    """Replace one region's call by its body (its own regions stay regions)."""
+    graph, call = owner.graph, region.node
+    env = dict(zip([n for n in region.submodule.graph.nodes if n.op == "placeholder"], region.inputs))
+    with graph.inserting_before(call):
+        for node in region.submodule.graph.nodes:
+            if node.op == "placeholder":
+                continue
+            if node.op == "output":
+                results = node.args[0]
+                break
+            if node.op == "get_attr":  # a nested region's submodule moves up
+                name = _fresh_name(owner, node.target)
+                owner.add_submodule(name, getattr(region.submodule, node.target))
+                env[node] = graph.get_attr(name)
+                continue
+            env[node] = graph.node_copy(node, lambda n: env[n])
+    for user in list(call.users):
+        if user.target is operator.getitem:
+            user.replace_all_uses_with(env[results[user.args[1]]])
+            graph.erase_node(user)
+    graph.erase_node(call)
+
+
+def _fresh_name(owner: torch.fx.GraphModule, name: str) -> str:
+    candidate, i = name, 0
+    while hasattr(owner, candidate):
+        i += 1
+        candidate = f"{name}_{i}"
+    return candidate
+
+
+def inline_regions(ep: ExportedProgram) -> ExportedProgram:
+    """A copy of ``ep`` with every region inlined as plain ops.
+
+    For consumers that cannot handle higher-order ops. The grad-mode and
+    autocast semantics of the regions are LOST: the inlined ops run under
+    whatever mode the caller has (a no_grad block's ops now record autograd
+    history, an autocast block's ops are no longer autocast).
+    """
+    gm = copy.deepcopy(ep.graph_module)
+    while True:
+        top = [r for r in regions(gm) if r.depth == 0]
+        if not top:
+            break
+        for region in top:
+            inline_region(gm, region)
+    gm.delete_all_unused_submodules()
+    gm.graph.eliminate_dead_code(is_impure_node=lambda n: n.op in ("placeholder", "output") or n.is_impure())
+    gm.recompile()
+    signature = copy.deepcopy(ep.graph_signature)
+    outputs = gm.graph.output_node().args[0]
+    for spec, node in zip(signature.output_specs, outputs):
+        if hasattr(spec.arg, "name") and isinstance(node, torch.fx.Node):
+            spec.arg.name = node.name
+    new = ep._update(gm, signature)
+    if isinstance(ep, PredispatchProgram):
+        new.__class__ = PredispatchProgram
+    return new

@@ -1,0 +1,70 @@
+"""Modules that cannot be exported soundly raise ExportError naming the
+construct and the user's source line; bad options raise ValueError."""
+import inspect
+
+import pytest
+import torch
+
+import predispatch
+
+
+def line_of(fn, text):
+    src, start = inspect.getsourcelines(fn)
+    return start + next(i for i, line in enumerate(src) if text in line)
+
+
+class SetDetachesView(torch.nn.Module):
+    def forward(self, x):
+        v = x[0]
+        v.set_(torch.zeros(4))
+        v.add_(1)
+        return x * 2 + v.sum()
+
+
+class SetOnMutatedInput(torch.nn.Module):
+    def forward(self, x, y):
+        with torch.no_grad():
+            x.set_(y)
+            x.add_(1)
+        return x * 2
+
+
+class DataDependentBranch(torch.nn.Module):
+    def forward(self, x):
+        if x.sum() > 0:
+            return x * 2
+        return x
+
+
+class GradModeNeverRestored(torch.nn.Module):
+    def forward(self, x):
+        torch.set_grad_enabled(False)
+        y = x * 2
+        torch.set_grad_enabled(True)
+        return y
+
+
+@pytest.mark.parametrize("module, args, construct, code", [
+    (SetDetachesView(), (torch.randn(3, 4),), "Tensor.set_()", "v.set_("),
+    (SetOnMutatedInput(), (torch.randn(4), torch.randn(4)), "Tensor.set_()", "x.set_(y)"),
+    (DataDependentBranch(), (torch.randn(3),), "data-dependent Python control flow", "if x.sum() > 0"),
+    (GradModeNeverRestored(), (torch.randn(3),), "never restores", "torch.set_grad_enabled(False)"),
+])
+def test_unsound_constructs_name_themselves_and_the_line(module, args, construct, code):
+    with pytest.raises(predispatch.ExportError) as info:
+        predispatch.export_predispatch(module, args)
+    message = str(info.value)
+    assert construct in message
+    assert f"{__file__}:{line_of(type(module).forward, code)}" in message, message
+    assert isinstance(info.value, RuntimeError)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"backward_pass_autocast": "sometimes"}, "same_as_forward"),
+    ({"backward_pass_autocast": ["cpu"]}, "dicts"),
+    ({"backward_pass_autocast": [{"device": "cpu"}]}, "device_type"),
+    ({"on_backward_autocast_mismatch": "ignore"}, "do_nothing"),
+])
+def test_bad_options_are_value_errors(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        predispatch.export_predispatch(torch.nn.Linear(2, 2), (torch.randn(1, 2),), **kwargs)
