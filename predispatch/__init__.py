@@ -5,8 +5,10 @@ from .autocast_policy import AutocastPolicy
 from .errors import BackwardAutocastMismatchError, BackwardAutocastMismatchWarning, ExportError
 from .export import export_predispatch
 from .op_policy import OpPolicy
-from .program import PredispatchProgram
+from .program import PredispatchProgram, load
+from .printing import format_program
 from .region_utils import Region, inline_regions, regions
+from .training import CompiledTraining, autocast_policy, compile_training
 
 _torch.install_exception_safe_grad_region()
 
@@ -17,8 +19,13 @@ __all__ = [
     "ExportError",
     "OpPolicy",
     "PredispatchProgram",
+    "CompiledTraining",
     "Region",
+    "autocast_policy",
+    "compile_training",
+    "format_program",
     "export_predispatch",
     "inline_regions",
+    "load",
     "regions",
 ]

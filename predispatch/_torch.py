@@ -197,3 +197,47 @@ def data_dependence_errors() -> tuple[type, ...]:
     from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
     return (DataDependentOutputException, GuardOnDataDependentSymNode)
+
+
+# --------------------------------------------------------------------------
+# Training: AOTAutograd's joint forward/backward trace.
+
+from torch._functorch._aot_autograd.graph_capture_wrappers import disable_autocast  # noqa: E402
+from torch._functorch.aot_autograd import aot_module_simplified  # noqa: E402
+
+
+@contextlib.contextmanager
+def backward_pass_autocast(value):
+    """AOTAutograd's own knob for the autocast state the backward is traced under.
+
+    force_non_lazy_backward_lowering: trace the backward now, not at its first
+    run. Structured trace logging is paused meanwhile: it JSON-dumps this
+    config, and a torch.dtype in the list form is not JSON serializable."""
+    from torch._logging._internal import trace_log
+
+    handlers = trace_log.handlers
+    if not isinstance(value, str):
+        trace_log.handlers = []
+    try:
+        with torch._functorch.config.patch(backward_pass_autocast=value,
+                                           force_non_lazy_backward_lowering=True):
+            yield
+    finally:
+        trace_log.handlers = handlers
+
+
+def autocast_devices() -> list[str]:
+    return [d for d in torch._C._autocast_supported_devices() if hasattr(torch, d)]
+
+
+def autocast_kernel_key(device: str) -> str:
+    return "Autocast" + {"cpu": "CPU", "cuda": "CUDA", "xpu": "XPU", "mps": "MPS",
+                         "hpu": "HPU", "xla": "XLA", "mtia": "MTIA"}.get(device, device.upper())
+
+
+def has_autocast_kernel(op, device: str) -> bool:
+    """Would autocast on ``device`` treat this op differently (cast its inputs)?"""
+    try:
+        return torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), autocast_kernel_key(device))
+    except RuntimeError:
+        return False

@@ -5,7 +5,7 @@
     >>> autocast_policy(ep)
     AutocastPolicy(backward_pass_autocast='off', on_backward_autocast_mismatch='warn')
 
-It is stored, JSON-encoded, in the output node's ``meta["custom"]`` (which
+It is stored, JSON-encoded, in a node's ``meta["custom"]`` (which
 torch.export serialization keeps), so it survives save and load.
 """
 from __future__ import annotations

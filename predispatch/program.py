@@ -6,8 +6,8 @@ under no_grad when every mutation happened under no_grad (an EMA of a
 parameter: torch's stock ``copy_`` would be refused for a leaf that requires
 grad), and also without bumping the version counter when the mutation was
 hidden from autograd (BatchNorm's running statistics, which its backward has
-saved). The write-back modes travel in the output node's ``meta["custom"]``,
-which ``torch.export.save`` keeps; ``predispatch.load`` restores the class.
+saved). The write-back modes travel in a node's ``meta["custom"]``, which
+``torch.export.save`` keeps; ``predispatch.load`` restores the class.
 """
 from __future__ import annotations
 
@@ -22,11 +22,17 @@ META_KEY = "predispatch"
 def program_meta(ep_or_gm) -> dict:
     """predispatch's record in a program (write-back modes, autocast policy)."""
     gm = ep_or_gm.graph_module if isinstance(ep_or_gm, ExportedProgram) else ep_or_gm
-    return gm.graph.output_node().meta.get("custom", {}).get(META_KEY, {})
+    for node in gm.graph.nodes:
+        if META_KEY in node.meta.get("custom", {}):
+            return node.meta["custom"][META_KEY]
+    return {}
 
 
 def set_program_meta(gm: torch.fx.GraphModule, meta: dict) -> None:
-    gm.graph.output_node().meta.setdefault("custom", {})[META_KEY] = meta
+    """Kept on the first op node: torch.export serializes the ``meta["custom"]``
+    of op nodes, not that of the graph module or its output node."""
+    holder = next((n for n in gm.graph.nodes if n.op == "call_function"), gm.graph.output_node())
+    holder.meta.setdefault("custom", {})[META_KEY] = meta
 
 
 def write_back_with_grad(target: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
@@ -118,3 +124,17 @@ def as_predispatch_program(ep: ExportedProgram) -> PredispatchProgram:
         return ep
     ep.__class__ = PredispatchProgram
     return ep
+
+
+def load(path, **kwargs) -> PredispatchProgram:
+    """``torch.export.load`` that restores what a plain load cannot.
+
+    A plain ``torch.export.load`` keeps the graph, the regions, the signature
+    and the autocast policy (``predispatch.autocast_policy`` reads it), but
+    gives a plain ``ExportedProgram`` whose ``module()`` writes mutations back
+    torch's way (a ``copy_`` outside no_grad, refused for a parameter updated
+    under no_grad). This returns a :class:`PredispatchProgram`, whose
+    ``module()`` writes them back as eager did. Importing predispatch also
+    registers ``predispatch::keep_history``, which loading needs.
+    """
+    return as_predispatch_program(torch.export.load(path, **kwargs))

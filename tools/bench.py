@@ -1,0 +1,700 @@
+"""Benchmark export_predispatch against torch.export.export (non-strict) and
+against the "fake-forward floor" (one forward pass on fake tensors).
+
+    python tools/bench.py                    # everything (takes a while)
+    python tools/bench.py --quick            # a small subset, < 2 minutes
+    python tools/bench.py --only bert,gpt2   # chosen cases
+    python tools/bench.py --repeat 5 --json /tmp/bench.json
+
+Cases (see CASES): transformers BERT, GPT-2 and Llama built from configs
+(hidden 768, 12 heads, 2 layers, train mode, dropout 0, use_cache=False),
+the same Llama at 8 and 32 layers, modules running 25/50/100 small no_grad or
+autocast blocks, and the Llama-3-70B shape on meta weights (80 layers).
+
+How it measures:
+
+* export time: exporters interleaved (their order rotates each repeat),
+  ``--repeat`` times, min and median; ``torch.set_num_threads(1)``; the fake
+  tensor dispatch cache is cleared and ``gc.collect()`` runs before each timed
+  call, outside the timed region; a tiny warm-up export per exporter first.
+* peak memory: in a fresh subprocess per (case, exporter): warm-up, build the
+  model, reset the peak RSS (``/proc/self/clear_refs``), export, report
+  VmHWM - VmRSS before the export. The meta 70B case is measured entirely in
+  fresh subprocesses (time and memory), one per exporter and repeat.
+* run time: ``ep.module()`` forward+backward vs eager forward+backward,
+  interleaved, median over ``--iters`` steps (real models and region modules).
+
+This is a command, not a test: it prints numbers and target checks and
+exits 0 unless the harness itself breaks.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gc
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+import warnings
+from pathlib import Path
+from typing import Callable
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
+import torch.utils._pytree as pytree  # noqa: E402
+from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
+
+import predispatch  # noqa: E402
+
+CHILD_TAG = "BENCH_CHILD "
+EXPORTERS = ("torch", "predispatch", "floor")
+REAL_SEQ = (2, 64)  # batch, sequence length of the real models' input_ids
+
+
+# --------------------------------------------------------------------------
+# Models
+
+
+class LogitsOf(nn.Module):
+    """A transformers model returning one tensor (so every exporter and the
+    run-time loss see the same thing)."""
+
+    def __init__(self, model: nn.Module, field: str):
+        super().__init__()
+        self.model, self.field = model, field
+
+    def forward(self, input_ids):
+        return getattr(self.model(input_ids=input_ids), self.field)
+
+
+def bert(layers: int = 2):
+    from transformers import BertConfig, BertModel
+
+    config = BertConfig(hidden_size=768, num_attention_heads=12, intermediate_size=3072,
+                        num_hidden_layers=layers, hidden_dropout_prob=0.0,
+                        attention_probs_dropout_prob=0.0, use_cache=False)
+    return _real(LogitsOf(BertModel(config, add_pooling_layer=False), "last_hidden_state"),
+                 config.vocab_size)
+
+
+def gpt2(layers: int = 2):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(n_embd=768, n_head=12, n_layer=layers, resid_pdrop=0.0,
+                        embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False)
+    return _real(LogitsOf(GPT2LMHeadModel(config), "logits"), config.vocab_size)
+
+
+def llama_config(layers: int, **shape):
+    from transformers import LlamaConfig
+
+    shape = {"hidden_size": 768, "num_attention_heads": 12, "num_key_value_heads": 12,
+             "intermediate_size": 2048, "vocab_size": 32000, **shape}
+    return LlamaConfig(num_hidden_layers=layers, attention_dropout=0.0, use_cache=False, **shape)
+
+
+def llama(layers: int = 2):
+    from transformers import LlamaForCausalLM
+
+    config = llama_config(layers)
+    return _real(LogitsOf(LlamaForCausalLM(config), "logits"), config.vocab_size)
+
+
+LLAMA3_70B = {"hidden_size": 8192, "num_attention_heads": 64, "num_key_value_heads": 8,
+              "intermediate_size": 28672, "vocab_size": 128256,
+              "max_position_embeddings": 8192, "rope_theta": 500000.0}
+
+
+def llama3_70b_meta():
+    """The Llama-3-70B shape with meta weights and meta inputs (no memory)."""
+    from transformers import LlamaForCausalLM
+
+    config = llama_config(80, **LLAMA3_70B)
+    with torch.device("meta"):
+        model = LogitsOf(LlamaForCausalLM(config), "logits").train()
+        input_ids = torch.zeros(1, 128, dtype=torch.long)
+    return model, (input_ids,)
+
+
+def _real(model: nn.Module, vocab: int):
+    torch.manual_seed(0)
+    return model.train(), (torch.randint(0, vocab, REAL_SEQ),)
+
+
+class RegionStack(nn.Module):
+    """``n`` small no_grad or autocast blocks, each followed by a grad-mode op."""
+
+    def __init__(self, n: int, kind: str, width: int = 16):
+        super().__init__()
+        self.n, self.kind = n, kind
+        self.scale = nn.Parameter(torch.full((width,), 0.5))
+        self.weight = nn.Parameter(torch.eye(width) + 0.01 * torch.randn(width, width))
+
+    def forward(self, x):
+        for _ in range(self.n):
+            if self.kind == "no_grad":
+                with torch.no_grad():
+                    x = x * 2
+            else:
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    x = (x @ self.weight).float()
+            x = torch.tanh(x * self.scale)
+        return x
+
+
+def region_stack(n: int, kind: str):
+    torch.manual_seed(0)
+    return RegionStack(n, kind).train(), (torch.randn(8, 16),)
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    name: str
+    group: str  # "real" | "layered" | "regions" | "meta"
+    build: Callable[[], tuple]
+    layers: int = 0
+    regions: int = 0
+    isolated: bool = False  # every measurement in a fresh subprocess
+    quick: bool = False
+
+
+CASES = [
+    Case("bert", "real", lambda: bert(2), layers=2),
+    Case("gpt2", "real", lambda: gpt2(2), layers=2),
+    Case("llama", "real", lambda: llama(2), layers=2, quick=True),
+    Case("llama-L8", "layered", lambda: llama(8), layers=8),
+    Case("llama-L32", "layered", lambda: llama(32), layers=32),
+    *(Case(f"{kind}-{n}", "regions", lambda n=n, kind=kind: region_stack(n, kind), regions=n,
+           quick=kind == "no_grad")
+      for kind in ("no_grad", "autocast") for n in (25, 50, 100)),
+    Case("llama3-70b-meta", "meta", llama3_70b_meta, layers=80, isolated=True),
+]
+CASE_BY_NAME = {c.name: c for c in CASES}
+LLAMA_SERIES = ("llama", "llama-L8", "llama-L32")  # the Llama at 2, 8, 32 layers
+
+
+# --------------------------------------------------------------------------
+# Exporters
+
+
+def export_torch(model, args):
+    return torch.export.export(model, args, strict=False)
+
+
+def export_pd(model, args):
+    return predispatch.export_predispatch(model, args)
+
+
+def fake_forward(model, args):
+    """The floor: fakify the parameters, buffers and inputs, run one forward."""
+    mode = FakeTensorMode(allow_non_fake_inputs=False)
+    state = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+    fake_state = {name: mode.from_tensor(t) for name, t in state.items()}
+    fake_args = pytree.tree_map_only(torch.Tensor, mode.from_tensor, args)
+    with mode:
+        return torch.func.functional_call(model, fake_state, fake_args)
+
+
+EXPORT_FNS = {"torch": export_torch, "predispatch": export_pd, "floor": fake_forward}
+
+
+def clear_caches() -> None:
+    if hasattr(FakeTensorMode, "cache_clear"):
+        FakeTensorMode.cache_clear()
+    gc.collect()
+
+
+def timed(fn, *args) -> float:
+    """Seconds for one call; the result is dropped and collected outside the clock."""
+    clear_caches()
+    start = time.perf_counter()
+    result = fn(*args)
+    seconds = time.perf_counter() - start
+    del result
+    gc.collect()
+    return seconds
+
+
+def warm_up(exporters=EXPORTERS) -> None:
+    """Pay lazy imports and first-call costs before anything is timed."""
+    tiny = llama_config(1, hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
+                        intermediate_size=64, vocab_size=64)
+    from transformers import LlamaForCausalLM
+
+    models = [(LogitsOf(LlamaForCausalLM(tiny), "logits").train(), (torch.randint(0, 64, (2, 8)),)),
+              region_stack(2, "no_grad"), region_stack(2, "autocast")]
+    for name in exporters:
+        for model, args in models:
+            EXPORT_FNS[name](model, args)
+    clear_caches()
+
+
+# --------------------------------------------------------------------------
+# Memory (Linux /proc)
+
+
+def _status_kib(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def reset_peak_rss() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def peak_delta(fn, *args) -> tuple[float, float]:
+    """(seconds, peak RSS MiB above the RSS before the call)."""
+    clear_caches()
+    before = _status_kib("VmRSS")
+    reset = reset_peak_rss()
+    start = time.perf_counter()
+    result = fn(*args)
+    seconds = time.perf_counter() - start
+    peak = _status_kib("VmHWM") if reset else _maxrss_kib()
+    del result
+    return seconds, max(0, peak - before) / 1024
+
+
+def _maxrss_kib() -> int:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+def child_main(spec: str) -> None:
+    """Subprocess entry: one exporter on one case, in a fresh interpreter."""
+    case_name, exporter = spec.split(":")
+    try:
+        warm_up((exporter,))
+        model, args = CASE_BY_NAME[case_name].build()
+        seconds, peak = peak_delta(EXPORT_FNS[exporter], model, args)
+        out = {"seconds": seconds, "peak_mib": peak}
+    except Exception as e:
+        out = {"error": summarize(e)}
+    print(CHILD_TAG + json.dumps(out), flush=True)
+
+
+def in_subprocess(case: Case, exporter: str) -> dict:
+    proc = subprocess.run([sys.executable, __file__, "--child", f"{case.name}:{exporter}"],
+                          capture_output=True, text=True, cwd=REPO, timeout=3600)
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith(CHILD_TAG):
+            return json.loads(line[len(CHILD_TAG):])
+    tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+    return {"error": f"child exited {proc.returncode}: " + " | ".join(tail)}
+
+
+# --------------------------------------------------------------------------
+# Measurements
+
+
+@dataclasses.dataclass
+class Result:
+    case: Case
+    times: dict = dataclasses.field(default_factory=lambda: {e: [] for e in EXPORTERS})
+    peak_mib: dict = dataclasses.field(default_factory=dict)
+    errors: dict = dataclasses.field(default_factory=dict)
+    run: dict = dataclasses.field(default_factory=dict)  # eager_ms, ep_ms, match
+
+    def median(self, exporter):
+        ts = self.times[exporter]
+        return statistics.median(ts) if ts and exporter not in self.errors else None
+
+    def minimum(self, exporter):
+        ts = self.times[exporter]
+        return min(ts) if ts and exporter not in self.errors else None
+
+    def to_json(self) -> dict:
+        return {"case": self.case.name, "group": self.case.group, "layers": self.case.layers,
+                "regions": self.case.regions, "times_s": self.times, "peak_mib": self.peak_mib,
+                "errors": self.errors, "run": self.run}
+
+
+def summarize(e: BaseException) -> str:
+    frames = traceback.extract_tb(e.__traceback__)
+    where = f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno})" if frames else ""
+    first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    return f"{type(e).__name__}: {first[:300]}{where}"
+
+
+def rotated(seq, k):
+    k %= len(seq)
+    return list(seq[k:]) + list(seq[:k])
+
+
+def measure_in_process(case: Case, res: Result, repeat: int, memory: bool, iters: int) -> None:
+    model, args = case.build()
+    for r in range(repeat):
+        for exporter in rotated(EXPORTERS, r):
+            if exporter in res.errors:
+                continue
+            try:
+                res.times[exporter].append(timed(EXPORT_FNS[exporter], model, args))
+            except Exception as e:
+                res.errors[exporter] = summarize(e)
+                res.times[exporter] = []
+    if iters and "predispatch" not in res.errors:
+        try:
+            res.run = measure_run_time(model, args, iters)
+        except Exception as e:
+            res.errors["run"] = summarize(e)
+    del model, args
+    gc.collect()
+    if memory:
+        for exporter in ("torch", "predispatch"):
+            out = in_subprocess(case, exporter)
+            if "error" in out:
+                res.errors.setdefault(f"mem:{exporter}", out["error"])
+            else:
+                res.peak_mib[exporter] = out["peak_mib"]
+
+
+def measure_isolated(case: Case, res: Result, repeat: int) -> None:
+    """Each (repeat, exporter) in a fresh subprocess: time and peak memory."""
+    peaks = {e: [] for e in EXPORTERS}
+    for r in range(repeat):
+        for exporter in rotated(EXPORTERS, r):
+            if exporter in res.errors:
+                continue
+            out = in_subprocess(case, exporter)
+            if "error" in out:
+                res.errors[exporter] = out["error"]
+                res.times[exporter] = []
+                continue
+            res.times[exporter].append(out["seconds"])
+            peaks[exporter].append(out["peak_mib"])
+            print(f"    {case.name} {exporter}: {out['seconds']:.2f} s, "
+                  f"peak +{out['peak_mib']:.0f} MiB", flush=True)
+    res.peak_mib = {e: statistics.median(p) for e, p in peaks.items() if p}
+
+
+def fwd_bwd_seconds(fn, params, args) -> float:
+    for p in params:
+        p.grad = None
+    start = time.perf_counter()
+    out = fn(*args)
+    out.float().sum().backward()
+    return time.perf_counter() - start
+
+
+def measure_run_time(model, args, iters: int) -> dict:
+    """ep.module() forward+backward vs eager forward+backward, interleaved."""
+    ep = export_pd(model, args)
+    program = ep.module()
+    eager_params = list(model.parameters())
+    ep_params = list(program.parameters())
+    with torch.no_grad():
+        match = torch.allclose(program(*args), model(*args), atol=1e-4, rtol=1e-4)
+    runners = [("eager", model, eager_params), ("ep", program, ep_params)]
+    samples = {"eager": [], "ep": []}
+    for i in range(iters + 2):  # two warm-up steps each
+        for name, fn, params in rotated(runners, i):
+            seconds = fwd_bwd_seconds(fn, params, args)
+            if i >= 2:
+                samples[name].append(seconds)
+    eager_ms = 1e3 * statistics.median(samples["eager"])
+    ep_ms = 1e3 * statistics.median(samples["ep"])
+    return {"eager_ms": eager_ms, "ep_ms": ep_ms, "ratio": ep_ms / eager_ms, "match": match}
+
+
+def run_case(case: Case, opts) -> Result:
+    res = Result(case)
+    start = time.perf_counter()
+    print(f"[{case.name}] ...", flush=True)
+    if case.isolated:
+        measure_isolated(case, res, opts.repeat)
+    else:
+        iters = opts.iters_regions if case.group == "regions" else opts.iters
+        iters = iters if case.group in ("real", "regions") else 0
+        measure_in_process(case, res, opts.repeat, not opts.no_memory, iters)
+    print_case(res, time.perf_counter() - start)
+    return res
+
+
+# --------------------------------------------------------------------------
+# Reporting
+
+
+def fmt(x, spec=".3f", none="-"):
+    return none if x is None else format(x, spec)
+
+
+def ratio(a, b):
+    return None if a is None or b is None or b == 0 else a / b
+
+
+def print_case(res: Result, wall: float) -> None:
+    for e in EXPORTERS:
+        if e in res.errors:
+            print(f"    {e:12s} FAILED: {res.errors[e]}")
+        else:
+            print(f"    {e:12s} min {fmt(res.minimum(e))} s  median {fmt(res.median(e))} s")
+    pd, te, fl = (res.median(e) for e in EXPORTERS)
+    print(f"    ratio predispatch/torch.export {fmt(ratio(pd, te), '.2f')}, "
+          f"predispatch/floor {fmt(ratio(pd, fl), '.2f')}")
+    if res.peak_mib:
+        print("    peak RSS delta MiB: " + ", ".join(f"{k} {v:.0f}" for k, v in res.peak_mib.items()))
+    if res.run:
+        r = res.run
+        print(f"    run fwd+bwd: eager {r['eager_ms']:.3f} ms, ep.module() {r['ep_ms']:.3f} ms, "
+              f"ratio {r['ratio']:.3f}, outputs match: {r['match']}")
+    for k, v in res.errors.items():
+        if k not in EXPORTERS:
+            print(f"    {k} FAILED: {v}")
+    print(f"    ({wall:.0f} s wall)", flush=True)
+
+
+def markdown_table(results: list[Result]) -> str:
+    head = ("| model | torch.export s | predispatch s | ratio | fake floor s | ratio to floor "
+            "| s/layer (pd / torch) | peak MiB (torch / pd) |")
+    rows = [head, "|" + "---|" * 8]
+    for res in results:
+        te, pd, fl = res.median("torch"), res.median("predispatch"), res.median("floor")
+        layers = res.case.layers
+        per_layer = (f"{fmt(ratio(pd, layers))} / {fmt(ratio(te, layers))}" if layers else "-")
+        peak = (f"{fmt(res.peak_mib.get('torch'), '.0f')} / "
+                f"{fmt(res.peak_mib.get('predispatch'), '.0f')}" if res.peak_mib else "-")
+        rows.append(f"| {res.case.name} | {fmt(te, none='FAIL')} | {fmt(pd, none='FAIL')} "
+                    f"| {fmt(ratio(pd, te), '.2f')} | {fmt(fl, none='FAIL')} "
+                    f"| {fmt(ratio(pd, fl), '.2f')} | {per_layer} | {peak} |")
+    return "\n".join(rows)
+
+
+def run_time_table(results: list[Result]) -> str:
+    rows = ["| model | eager fwd+bwd ms | ep.module() fwd+bwd ms | ratio | overhead us/region "
+            "| outputs match |", "|" + "---|" * 6]
+    for res in results:
+        if not res.run:
+            continue
+        r, n = res.run, res.case.regions
+        per_region = fmt(1e3 * (r["ep_ms"] - r["eager_ms"]) / n, ".2f") if n else "-"
+        rows.append(f"| {res.case.name} | {r['eager_ms']:.3f} | {r['ep_ms']:.3f} "
+                    f"| {r['ratio']:.3f} | {per_region} | {r['match']} |")
+    return "\n".join(rows) if len(rows) > 2 else ""
+
+
+def slope(xs, ys) -> float:
+    """Least-squares slope of ys on xs."""
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+
+
+def per_unit_costs(results, names, unit_of, value_of):
+    """[(unit count, value)] for the named results that have a value, sorted."""
+    pts = [(unit_of(r.case), value_of(r)) for r in results if r.case.name in names]
+    return sorted((u, v) for u, v in pts if v is not None)
+
+
+def layer_report(results) -> list[str]:
+    lines = []
+    for exporter in ("predispatch", "torch"):
+        pts = per_unit_costs(results, LLAMA_SERIES, lambda c: c.layers,
+                             lambda r, e=exporter: r.median(e))
+        if len(pts) >= 2:
+            per = ", ".join(f"L{n}: {t / n:.3f}" for n, t in pts)
+            lines.append(f"  {exporter:12s} s/layer {per}; marginal "
+                         f"{slope(*zip(*pts)):.3f} s/layer (slope over {len(pts)} sizes)")
+    return lines
+
+
+def region_costs(results, kind: str, exporter: str):
+    names = [c.name for c in CASES if c.group == "regions" and c.name.startswith(kind)]
+    return per_unit_costs(results, names, lambda c: c.regions, lambda r: r.median(exporter))
+
+
+def linearity(pts) -> tuple[float, float, bool]:
+    """(marginal cost per unit, ratio of the last increment's per-unit cost to
+    the first's, linear?) -- linear if that ratio is within 0.67..1.5."""
+    b = slope(*zip(*pts))
+    (n0, t0), (n1, t1), (n2, t2) = pts[0], pts[len(pts) // 2], pts[-1]
+    first, last = (t1 - t0) / (n1 - n0), (t2 - t1) / (n2 - n1)
+    growth = last / first if first > 0 else float("inf")
+    return b, growth, 0.67 <= growth <= 1.5
+
+
+def region_report(results) -> tuple[list[str], dict]:
+    lines, worst = [], {}
+    for kind in ("no_grad", "autocast"):
+        for exporter in ("predispatch", "torch"):
+            pts = region_costs(results, kind, exporter)
+            if len(pts) < 3:
+                continue
+            b, growth, linear = linearity(pts)
+            per = ", ".join(f"N={n}: {1e3 * t / n:.2f}" for n, t in pts)
+            lines.append(f"  {kind:8s} {exporter:12s} ms/region {per}; marginal "
+                         f"{1e3 * b:.2f} ms/region; last/first increment {growth:.2f} "
+                         f"-> {'linear' if linear else 'NOT linear'}")
+            if exporter == "predispatch":
+                worst[kind] = (b, linear)
+    return lines, worst
+
+
+def run_region_report(results) -> tuple[list[str], float | None]:
+    lines, worst = [], None
+    for kind in ("no_grad", "autocast"):
+        names = [c.name for c in CASES if c.group == "regions" and c.name.startswith(kind)]
+        pts = per_unit_costs(results, names, lambda c: c.regions,
+                             lambda r: (r.run["ep_ms"] - r.run["eager_ms"]) if r.run else None)
+        if len(pts) < 2:
+            continue
+        b = 1e3 * slope(*zip(*pts))
+        per = ", ".join(f"N={n}: {1e3 * d / n:.2f}" for n, d in pts)
+        lines.append(f"  {kind:8s} run-time overhead us/region {per}; marginal {b:.2f} us/region")
+        worst = b if worst is None else max(worst, b)
+    return lines, worst
+
+
+def check(label: str, value, ok) -> str:
+    verdict = "n/a " if value is None else ("PASS" if ok else "FAIL")
+    return f"  [{verdict}] {label}"
+
+
+def targets(results) -> list[str]:
+    by = {r.case.name: r for r in results}
+    real = [r for r in results if r.case.group == "real"]
+    export_ratios = [x for x in (ratio(r.median("predispatch"), r.median("torch")) for r in real)
+                     if x is not None]
+    med_ratio = statistics.median(export_ratios) if export_ratios else None
+    floor_ratios = {r.case.name: ratio(r.median("predispatch"), r.median("floor"))
+                    for r in results if r.case.group != "regions"}
+    floor_ratios = {k: v for k, v in floor_ratios.items() if v is not None}
+    worst_floor = max(floor_ratios.items(), key=lambda kv: kv[1]) if floor_ratios else None
+    _, region_worst = region_report(results)
+    run_ratios = [r.run["ratio"] for r in real if r.run]
+    med_run = statistics.median(run_ratios) if run_ratios else None
+    _, run_region = run_region_report(results)
+
+    lines = ["Targets:"]
+    lines.append(check(f"median export ratio predispatch/torch.export over real models "
+                       f"= {fmt(med_ratio, '.2f')} (<= 1.0)", med_ratio,
+                       med_ratio is not None and med_ratio <= 1.0))
+    lines.append(check(
+        "predispatch <= 4x fake floor: worst "
+        + (f"{worst_floor[0]} {worst_floor[1]:.2f}x" if worst_floor else "-"),
+        worst_floor, worst_floor is not None and worst_floor[1] <= 4.0))
+    for kind, (b, linear) in region_worst.items():
+        lines.append(check(f"{kind} regions: marginal {1e3 * b:.2f} ms/region (<= 5 ms), "
+                           f"{'linear' if linear else 'not linear'}", b, b <= 5e-3 and linear))
+    big = by.get("llama3-70b-meta")
+    if big is not None:
+        t = ratio(big.median("predispatch"), big.median("torch"))
+        m = ratio(big.peak_mib.get("predispatch"), big.peak_mib.get("torch"))
+        lines.append(check(f"70B meta: time ratio {fmt(t, '.2f')} (<= 1.0)", t,
+                           t is not None and t <= 1.0))
+        lines.append(check(f"70B meta: peak memory ratio {fmt(m, '.2f')} (<= 1.0)", m,
+                           m is not None and m <= 1.0))
+    lines.append(check(f"run time ep.module()/eager fwd+bwd, median over real models "
+                       f"= {fmt(med_run, '.3f')} (<= 1.03)", med_run,
+                       med_run is not None and med_run <= 1.03))
+    lines.append(check(f"run-time overhead per region (marginal, worst kind) "
+                       f"= {fmt(run_region, '.2f')} us (<= 15 us)", run_region,
+                       run_region is not None and run_region <= 15.0))
+    return lines
+
+
+def report(results: list[Result]) -> None:
+    print("\n## Export time (median over repeats)\n")
+    print(markdown_table(results))
+    table = run_time_table(results)
+    if table:
+        print("\n## Run time (median over steps)\n")
+        print(table)
+    layer_lines = layer_report(results)
+    if layer_lines:
+        print("\nPer layer (Llama hidden 768 at 2/8/32 layers):")
+        print("\n".join(layer_lines))
+    region_lines, _ = region_report(results)
+    if region_lines:
+        print("\nPer region (export):")
+        print("\n".join(region_lines))
+    run_lines, _ = run_region_report(results)
+    if run_lines:
+        print("\nPer region (run time, ep.module() - eager):")
+        print("\n".join(run_lines))
+    failures = [(r.case.name, k, v) for r in results for k, v in r.errors.items()]
+    if failures:
+        print("\nFailures:")
+        for name, what, err in failures:
+            print(f"  {name} / {what}: {err}")
+    print()
+    print("\n".join(targets(results)))
+
+
+# --------------------------------------------------------------------------
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="a small subset, < 2 minutes")
+    p.add_argument("--repeat", type=int, default=3, help="export repeats per exporter (default 3)")
+    p.add_argument("--only", default="", help="comma-separated case names: "
+                   + ",".join(c.name for c in CASES))
+    p.add_argument("--json", default=None, help="write all measurements to this file")
+    p.add_argument("--iters", type=int, default=20, help="run-time steps, real models")
+    p.add_argument("--iters-regions", type=int, default=100, help="run-time steps, region modules")
+    p.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
+    p.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+def select(opts) -> list[Case]:
+    if opts.only:
+        names = [n.strip() for n in opts.only.split(",") if n.strip()]
+        unknown = [n for n in names if n not in CASE_BY_NAME]
+        if unknown:
+            sys.exit(f"unknown case(s) {unknown}; known: {', '.join(CASE_BY_NAME)}")
+        return [CASE_BY_NAME[n] for n in names]
+    return [c for c in CASES if c.quick] if opts.quick else list(CASES)
+
+
+def setup() -> None:
+    torch.set_num_threads(1)
+    warnings.filterwarnings("ignore")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()
+    except ImportError:
+        pass
+
+
+def main(argv=None) -> None:
+    opts = parse_args(argv)
+    setup()
+    if opts.child:
+        child_main(opts.child)
+        return
+    if opts.quick:
+        opts.repeat = min(opts.repeat, 2)
+        opts.iters, opts.iters_regions = min(opts.iters, 10), min(opts.iters_regions, 50)
+    cases = select(opts)
+    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, repeat {opts.repeat}, "
+          f"cases: {', '.join(c.name for c in cases)}", flush=True)
+    start = time.perf_counter()
+    warm_up()
+    results = [run_case(case, opts) for case in cases]
+    report(results)
+    print(f"\n(total {time.perf_counter() - start:.0f} s)")
+    if opts.json:
+        Path(opts.json).write_text(json.dumps([r.to_json() for r in results], indent=1))
+
+
+if __name__ == "__main__":
+    main()

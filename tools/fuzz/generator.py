@@ -1,0 +1,509 @@
+"""Random small programs with grad/autocast regions, views and mutations.
+
+    >>> from hypothesis import given
+    >>> @given(programs())
+    ... def test(program):
+    ...     module, args = program.build()
+
+A program is a list of statements (``Stmt``: a line, or a ``with`` header and
+a body) rendered as the Python source of an ``nn.Module`` and exec'd to build
+it, so a failing example prints as a test a developer can paste::
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            g = torch.Generator().manual_seed(0)
+            self.register_buffer("b", torch.randn(3, 4, generator=g))
+
+        def forward(self, x):
+            with torch.no_grad():
+                v0 = x[0]
+                v0.mul_(2.0)
+            return x.sin(), v0
+
+The generator keeps a small abstract state (shape, dtype, storage root,
+grad mode at creation, "saved for backward", "requires grad") to steer away
+from programs eager itself would refuse (an in-place op on a leaf that
+requires grad, on a view created under no_grad then modified with grad, on
+a tensor saved for backward). It is a heuristic: the oracle
+(:mod:`tools.fuzz.oracle`) runs eager first and discards what it refuses.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import linecache
+import re
+
+from hypothesis import strategies as st
+
+# --------------------------------------------------------------------------
+# The program: statements, rendering, building.
+
+
+@dataclasses.dataclass
+class Stmt:
+    """One statement: ``text`` is the line (a ``with ...:`` header for a block)."""
+
+    text: str
+    body: list["Stmt"] | None = None  # None: a simple statement
+
+    def lines(self, indent: int) -> list[str]:
+        pad = "    " * indent
+        if self.body is None:
+            return [pad + self.text]
+        inner = [line for s in self.body for line in s.lines(indent + 1)]
+        return [pad + self.text] + (inner or [pad + "    pass"])
+
+
+# Members the forward may use: name -> (kind, shape, __init__ lines).
+MEMBERS = {
+    "w": ("param", (4, 4), ["self.w = nn.Parameter(torch.randn(4, 4, generator=g) * 0.5)"]),
+    "p": ("param", (3, 4), ["self.p = nn.Parameter(torch.randn(3, 4, generator=g))"]),
+    "lin": ("module", None, [
+        "self.lin = nn.Linear(4, 4)",
+        "with torch.no_grad():",
+        "    self.lin.weight.copy_(torch.randn(4, 4, generator=g) * 0.5)",
+        "    self.lin.bias.copy_(torch.randn(4, generator=g) * 0.1)",
+    ]),
+    "b": ("buffer", (3, 4), ['self.register_buffer("b", torch.randn(3, 4, generator=g))']),
+    "s": ("buffer", (4,), ['self.register_buffer("s", torch.zeros(4))']),
+    "n": ("buffer", (), ['self.register_buffer("n", torch.zeros(()))']),
+}
+# Tensors a statement may name directly: expression -> (kind, shape).
+STATE_TENSORS = {
+    "self.w": ("param", (4, 4)),
+    "self.p": ("param", (3, 4)),
+    "self.lin.weight": ("param", (4, 4)),
+    "self.lin.bias": ("param", (4,)),
+    "self.b": ("buffer", (3, 4)),
+    "self.s": ("buffer", (4,)),
+    "self.n": ("buffer", ()),
+}
+INPUTS = (("x", (3, 4)), ("y", (3, 4)), ("z", (4,)))
+
+BF16_TOLERANCE = 2e-2  # rtol and atol when the program uses bf16 autocast
+
+_counter = itertools.count()
+
+
+@dataclasses.dataclass
+class Program:
+    stmts: list[Stmt]
+    returns: list[str]
+    inputs: list[tuple[str, tuple]]
+    inputs_require_grad: bool = True
+
+    # -- derived ----------------------------------------------------------
+    @property
+    def forward_lines(self) -> list[str]:
+        lines = [line for s in self.stmts for line in s.lines(2)]
+        ret = self.returns[0] if len(self.returns) == 1 else "(" + ", ".join(self.returns) + ")"
+        return lines + [f"        return {ret}"]
+
+    def members_used(self) -> list[str]:
+        text = "\n".join(self.forward_lines)
+        used = set(re.findall(r"\bself\.(\w+)", text))
+        return [m for m in MEMBERS if m in used]
+
+    def inputs_used(self) -> list[tuple[str, tuple]]:
+        text = "\n".join(self.forward_lines)
+        return [(n, s) for n, s in self.inputs if re.search(rf"\b{n}\b", text)] or self.inputs[:1]
+
+    @property
+    def uses_autocast(self) -> bool:
+        return any("torch.bfloat16" in line for line in self.forward_lines)
+
+    @property
+    def tolerance(self) -> dict:
+        if self.uses_autocast:
+            return {"rtol": BF16_TOLERANCE, "atol": BF16_TOLERANCE}
+        return {}
+
+    @property
+    def module_source(self) -> str:
+        init = ["    def __init__(self):", "        super().__init__()"]
+        members = self.members_used()
+        if members:
+            init.append("        g = torch.Generator().manual_seed(0)")
+            for m in members:
+                init += ["        " + line for line in MEMBERS[m][2]]
+        names = ", ".join(n for n, _ in self.inputs_used())
+        return "\n".join(["class M(nn.Module):", *init, "",
+                          f"    def forward(self, {names}):", *self.forward_lines]) + "\n"
+
+    @property
+    def args_source(self) -> str:
+        shapes = [s for _, s in self.inputs_used()]
+        items = ", ".join(f"torch.randn({', '.join(map(str, s))}, generator=g)" for s in shapes)
+        return f"g = torch.Generator().manual_seed(1)\nargs = ({items},)\n"
+
+    def check_call(self) -> str:
+        kw = [f"inputs_require_grad={self.inputs_require_grad}"]
+        kw += [f"{k}={v}" for k, v in self.tolerance.items()]
+        return f"assert_matches_eager(M(), args, {', '.join(kw)})"
+
+    @property
+    def source(self) -> str:
+        """A pasteable test: imports, the module, its inputs, the check."""
+        body = self.args_source + self.check_call()
+        return ("import torch\nimport torch.nn as nn\n"
+                "from predispatch.testing.eager import assert_matches_eager\n\n\n"
+                + self.module_source + "\n\ndef test_repro():\n"
+                + "".join("    " + line + "\n" for line in body.splitlines()))
+
+    def __repr__(self) -> str:
+        return "\n" + self.source
+
+    # -- building ---------------------------------------------------------
+    def build(self):
+        """(module, args): exec the source (registered in linecache, so
+        tracebacks and ExportError messages show the program's lines)."""
+        import torch
+        import torch.nn as nn
+
+        filename = f"<fuzz-program-{next(_counter)}>"
+        code = self.module_source + "\n" + self.args_source
+        linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
+        namespace = {"torch": torch, "nn": nn, "__name__": "fuzz_program"}
+        exec(compile(code, filename, "exec"), namespace)
+        return namespace["M"](), namespace["args"]
+
+    # -- structure, for the minimizer -------------------------------------
+    def size(self) -> int:
+        def count(stmts):
+            return sum(1 + (count(s.body) if s.body is not None else 0) for s in stmts)
+        return count(self.stmts) + len(self.returns) + len(self.inputs)
+
+
+# --------------------------------------------------------------------------
+# The abstract state the generator steers by.
+
+ON, OFF, AMBIENT = "on", "off", "ambient"  # grad mode a statement runs in
+
+
+@dataclasses.dataclass
+class Root:
+    """A storage: an input, a parameter, a buffer or a fresh intermediate."""
+
+    kind: str
+    leaf_requires_grad: bool  # an in-place op with grad on is an eager error
+    requires_grad: bool  # (estimated for an ambient grad mode on)
+    saved: bool = False  # saved for backward: a later in-place breaks backward
+
+
+@dataclasses.dataclass(frozen=True)
+class Var:
+    expr: str  # how the program names it
+    shape: tuple
+    dtype: str  # "f32" | "bf16"
+    root: str
+    is_view: bool = False
+    differentiable: bool = True  # False below a .detach()
+    view_modes: frozenset = frozenset()  # grad modes the views of its chain were made in
+
+
+def _broadcast(a: tuple, b: tuple) -> tuple | None:
+    out = []
+    for i in range(1, max(len(a), len(b)) + 1):
+        da = a[-i] if i <= len(a) else 1
+        db = b[-i] if i <= len(b) else 1
+        if da != db and 1 not in (da, db):
+            return None
+        out.append(max(da, db))
+    return tuple(reversed(out))
+
+
+def _fits(src: tuple, dst: tuple) -> bool:
+    """``src`` broadcasts to ``dst`` without changing it (an in-place operand)."""
+    return _broadcast(src, dst) == dst
+
+
+def _numel(shape: tuple) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+SCALARS = ("2.0", "0.5", "-1.0", "1.0")
+
+
+class _Builder:
+    """Draws statements one by one against the abstract state."""
+
+    def __init__(self, draw, inputs, inputs_require_grad, max_statements):
+        self.draw = draw
+        self.inputs_require_grad = inputs_require_grad
+        self.budget = max_statements
+        self.modes: list[tuple[str, object]] = []  # ("grad", ON|OFF) | ("autocast", bool)
+        self.roots: dict[str, Root] = {}
+        self.vars: list[Var] = []
+        self.fresh = itertools.count()
+        self.contiguous: dict[str, bool] = {}
+        for name, shape in inputs:
+            self._add_root(name, "input", shape, leaf=inputs_require_grad)
+        for expr, (kind, shape) in STATE_TENSORS.items():
+            self._add_root(expr, kind, shape, leaf=(kind == "param"))
+
+    # -- state ------------------------------------------------------------
+    def _add_root(self, expr, kind, shape, *, leaf):
+        self.roots[expr] = Root(kind, leaf, requires_grad=leaf)
+        self._add(Var(expr, shape, "f32", expr), contiguous=True)
+
+    def _add(self, var: Var, *, contiguous: bool) -> Var:
+        self.vars.append(var)
+        self.contiguous[var.expr] = contiguous
+        return var
+
+    def grad_mode(self) -> str:
+        for kind, value in reversed(self.modes):
+            if kind == "grad":
+                return value
+        return AMBIENT
+
+    def autocast(self) -> bool:
+        for kind, value in reversed(self.modes):
+            if kind == "autocast":
+                return value
+        return False
+
+    def may_record(self) -> bool:
+        return self.grad_mode() != OFF
+
+    def requires(self, v: Var) -> bool:
+        return v.differentiable and self.roots[v.root].requires_grad
+
+    def new_name(self) -> str:
+        return f"v{next(self.fresh)}"
+
+    def pick(self, candidates):
+        return self.draw(st.sampled_from(candidates))
+
+    def pick_var(self, candidates=None) -> Var:
+        """Mostly a value the program made (an intermediate or a view), else
+        any: inputs, parameters and buffers are always there."""
+        candidates = self.vars if candidates is None else candidates
+        made = [v for v in candidates if v.expr not in self.roots or self.roots[v.expr].kind == "tmp"]
+        if made and self.draw(st.integers(0, 9)) < 6:
+            return self.pick(made)
+        return self.pick(candidates)
+
+    # -- statements -------------------------------------------------------
+    def statements(self, depth: int, most: int) -> list[Stmt]:
+        n = self.draw(st.integers(1, most))
+        out = []
+        for _ in range(n):
+            if self.budget <= 0:
+                break
+            self.budget -= 1
+            out.append(self.statement(depth))
+        return out
+
+    def statement(self, depth: int) -> Stmt:
+        kinds = ["op", "view", "inplace", "op", "setitem", "view", "inplace", "op", "ema"]
+        if depth < 3:
+            kinds += ["block", "block", "block"]
+        kind = self.pick(kinds)
+        made = getattr(self, "_" + kind)(depth)
+        return made if made is not None else self._op(depth)
+
+    def _block(self, depth) -> Stmt:
+        header, mode = self.pick([
+            ("with torch.no_grad():", ("grad", OFF)),
+            ("with torch.enable_grad():", ("grad", ON)),
+            ("with torch.set_grad_enabled(False):", ("grad", OFF)),
+            ("with torch.set_grad_enabled(True):", ("grad", ON)),
+            ('with torch.autocast("cpu", dtype=torch.bfloat16):', ("autocast", True)),
+            ('with torch.autocast("cpu", enabled=False):', ("autocast", False)),
+        ])
+        self.modes.append(mode)
+        try:
+            body = self.statements(depth + 1, 4)
+        finally:
+            self.modes.pop()
+        return Stmt(header, body)
+
+    # ordinary ops: a fresh intermediate
+    def _op(self, depth) -> Stmt:
+        a = self.pick_var()
+        choices = ["unary", "scalar", "binary", "reduce"]
+        if a.shape and a.shape[-1] == 4 and len(a.shape) <= 2:
+            choices += ["matmul", "linear"]
+        if a.dtype == "bf16" or a.shape:
+            choices += ["cast"]
+        what = self.pick(choices)
+        name = self.new_name()
+        record = self.may_record()
+        if what == "unary":
+            fn = self.pick(["{}.sin()", "{}.relu()", "torch.tanh({})", "torch.sigmoid({})", "{}.clone()"])
+            out = self._fresh(name, a.shape, a.dtype, [a])
+            if record and self.requires(out):
+                if fn == "{}.sin()":
+                    self.roots[a.root].saved = True
+                elif fn != "{}.clone()":
+                    self.roots[name].saved = True  # saves its result
+            return Stmt(f"{name} = {fn.format(a.expr)}")
+        if what == "scalar":
+            fn = self.pick(["{} * 2.0", "{} + 1.0", "{} * 0.5", "-{}"])
+            self._fresh(name, a.shape, a.dtype, [a])
+            return Stmt(f"{name} = {fn.format(a.expr)}")
+        if what == "binary":
+            others = [v for v in self.vars if _broadcast(a.shape, v.shape) is not None]
+            b = self.pick_var(others)
+            op = self.pick(["+", "*", "-"])
+            dims = [v.dtype for v in (a, b) if v.shape] or [a.dtype, b.dtype]
+            dtype = "f32" if "f32" in dims else "bf16"
+            self._fresh(name, _broadcast(a.shape, b.shape), dtype, [a, b])
+            if op == "*" and record:
+                if self.requires(b):
+                    self.roots[a.root].saved = True
+                if self.requires(a):
+                    self.roots[b.root].saved = True
+            return Stmt(f"{name} = {a.expr} {op} {b.expr}")
+        if what == "reduce":
+            forms = [("{}.sum()", ())]
+            if a.shape:
+                forms += [("{}.sum(0)", a.shape[1:]), ("{}.mean(-1, keepdim=True)", a.shape[:-1] + (1,))]
+            fn, shape = self.pick(forms)
+            self._fresh(name, shape, a.dtype, [a])
+            return Stmt(f"{name} = {fn.format(a.expr)}")
+        if what in ("matmul", "linear"):
+            arg = a.expr if a.dtype == "f32" or self.autocast() else f"{a.expr}.float()"
+            weight = "self.w" if what == "matmul" else "self.lin.weight"
+            text = f"{arg} @ self.w" if what == "matmul" else f"self.lin({arg})"
+            w = next(v for v in self.vars if v.expr == weight)
+            inputs = [a, w] + ([next(v for v in self.vars if v.expr == "self.lin.bias")] if what == "linear" else [])
+            self._fresh(name, a.shape, "bf16" if self.autocast() else "f32", inputs)
+            if record:
+                self.roots[a.root].saved = self.roots[a.root].saved or self.requires(w)
+                self.roots[w.root].saved = self.roots[w.root].saved or self.requires(a)
+            return Stmt(f"{name} = {text}")
+        # cast: .float() of an f32 tensor is the tensor itself (an alias)
+        if a.dtype == "f32":
+            self._add(dataclasses.replace(a, expr=name), contiguous=self.contiguous[a.expr])
+            return Stmt(f"{name} = {a.expr}.float()")
+        self._fresh(name, a.shape, "f32", [a])
+        return Stmt(f"{name} = {a.expr}.float()")
+
+    def _fresh(self, name, shape, dtype, inputs) -> Var:
+        requires = self.may_record() and any(self.requires(i) for i in inputs)
+        self.roots[name] = Root("tmp", False, requires)
+        return self._add(Var(name, shape, dtype, name), contiguous=True)
+
+    # views: a new name for (part of) an existing storage
+    def _view(self, depth) -> Stmt | None:
+        a = self.pick_var()
+        contiguous = self.contiguous[a.expr]
+        forms = [(".detach()", a.shape, contiguous), (".unsqueeze(0)", (1,) + a.shape, contiguous)]
+        if a.shape:
+            forms.append(("[0]", a.shape[1:], contiguous))
+            if a.shape[0] >= 2:
+                forms.append(("[1:]", (a.shape[0] - 1,) + a.shape[1:], contiguous))
+            if contiguous:
+                forms.append((".view(-1)", (_numel(a.shape),), True))
+        if len(a.shape) == 2:
+            forms += [(".t()", a.shape[::-1], False), ("[:, 0]", a.shape[:1], False)]
+            if a.shape[1] >= 3:
+                forms.append(("[:, 1:3]", (a.shape[0], 2), False))
+            if contiguous and _numel(a.shape) == 12:
+                forms.append((".view(4, 3)", (4, 3), True))
+        suffix, shape, contig = self.pick(forms)
+        name = self.new_name()
+        var = Var(name, shape, a.dtype, a.root, is_view=True,
+                  differentiable=a.differentiable and suffix != ".detach()",
+                  view_modes=a.view_modes | {self.grad_mode()})
+        self._add(var, contiguous=contig)
+        return Stmt(f"{name} = {a.expr}{suffix}")
+
+    # in-place ops
+    def _may_mutate(self, t: Var) -> bool:
+        """False where eager would refuse (as far as the abstract state knows)."""
+        mode = self.grad_mode()
+        root = self.roots[t.root]
+        if mode != OFF and t.differentiable and root.leaf_requires_grad:
+            return False  # in-place on a leaf (or a view of one) that requires grad
+        if root.saved:
+            return False  # saved for backward
+        if t.is_view and t.differentiable:
+            for made in t.view_modes:
+                if (made == OFF and mode != OFF) or (made == AMBIENT and mode == ON):
+                    return False  # a view made under no_grad, modified with grad
+        return True
+
+    def operand(self, shape):
+        """A value for an in-place op on ``shape``: a tensor that broadcasts
+        to it, or a scalar."""
+        fitting = [v for v in self.vars if _fits(v.shape, shape)]
+        if not fitting or self.draw(st.integers(0, 3)) == 0:
+            return self.pick(SCALARS)
+        return self.pick_var(fitting)
+
+    def _after_mutation(self, t: Var, operand) -> None:
+        if isinstance(operand, Var) and self.may_record() and self.requires(operand) and t.differentiable:
+            self.roots[t.root].requires_grad = True
+
+    def _targets(self):
+        """Tensors an in-place op may write to; now and then (one in ten)
+        any tensor at all, so that what the abstract state thinks eager
+        refuses is tried too (the oracle discards what eager does refuse)."""
+        if self.draw(st.integers(0, 9)) == 9:
+            return list(self.vars)
+        return [v for v in self.vars if self._may_mutate(v)]
+
+    def _inplace(self, depth) -> Stmt | None:
+        targets = self._targets()
+        if not targets:
+            return None
+        t = self.pick_var(targets)
+        form = self.pick(["add_", "mul_", "copy_", "zero", "sub_"])
+        if form == "zero":
+            text = self.pick([f"{t.expr}.mul_(0)", f"{t.expr}.zero_()"])
+            return Stmt(text)
+        o = self.operand(t.shape)
+        if form == "copy_" and isinstance(o, str):
+            o = f"torch.full_like({t.expr}, {o})"
+        o_text = o.expr if isinstance(o, Var) else o
+        if form == "mul_" and isinstance(o, Var) and self.may_record() and self.requires(t):
+            self.roots[o.root].saved = True
+        self._after_mutation(t, o)
+        return Stmt(f"{t.expr}.{form}({o_text})")
+
+    def _ema(self, depth) -> Stmt | None:
+        targets = self._targets()
+        if not targets:
+            return None
+        t = self.pick_var(targets)
+        o = self.pick_var([v for v in self.vars if _fits(v.shape, t.shape)])
+        self._after_mutation(t, o)
+        return Stmt(f"{t.expr}.mul_(0.9).add_({o.expr}, alpha=0.1)")
+
+    def _setitem(self, depth) -> Stmt | None:
+        targets = [v for v in self._targets() if v.shape]
+        if not targets:
+            return None
+        t = self.pick_var(targets)
+        index = [("0", t.shape[1:])]
+        if t.shape[0] >= 2:
+            index.append(("1:", (t.shape[0] - 1,) + t.shape[1:]))
+        if len(t.shape) == 2:
+            index.append((":, 0", t.shape[:1]))
+            if t.shape[1] >= 3:
+                index.append((":, 1:3", (t.shape[0], 2)))
+        idx, shape = self.pick(index)
+        o = self.operand(shape)
+        self._after_mutation(t, o)
+        return Stmt(f"{t.expr}[{idx}] = {o.expr if isinstance(o, Var) else o}")
+
+
+@st.composite
+def programs(draw, max_statements: int = 12) -> Program:
+    """A random ``Program`` (see the module docstring)."""
+    n_inputs = draw(st.integers(1, len(INPUTS)))
+    inputs = list(INPUTS[:n_inputs])
+    inputs_require_grad = draw(st.sampled_from([True, True, False]))
+    b = _Builder(draw, inputs, inputs_require_grad, max_statements)
+    stmts = b.statements(0, 8)
+    n_out = draw(st.integers(0, 2))
+    returns = [b.vars[-1].expr] + [b.pick_var().expr for _ in range(n_out)]
+    return Program(stmts, returns, inputs, inputs_require_grad)

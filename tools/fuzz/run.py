@@ -1,0 +1,117 @@
+"""Run the differential fuzzer and print a report.
+
+    python -m tools.fuzz.run --examples 1000 --seed 0     # from the repo root
+
+Draws N programs (``tools.fuzz.generator.programs``), checks each against
+eager (``tools.fuzz.oracle.check``) and prints: programs generated, valid,
+matched, rejected (by reason), invalid (eager raised, by reason) and every
+failure as a pasteable test plus its error; with ``--minimize`` also a
+minimal program for each kind of failure. Exits 1 if anything failed.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import sys
+import time
+
+from hypothesis import HealthCheck, Phase, given, seed, settings
+
+from .generator import programs
+from .minimize import minimize
+from .oracle import FAILURE, INVALID, MATCHED, REJECTED, check
+
+
+def fuzz(n: int, seed_value: int, max_statements: int, progress=None):
+    """[(program, outcome)] for ``n`` programs drawn with ``seed_value``."""
+    results = []
+
+    @seed(seed_value)
+    @settings(max_examples=n, phases=[Phase.generate], database=None, deadline=None,
+              suppress_health_check=list(HealthCheck), report_multiple_bugs=False)
+    @given(programs(max_statements=max_statements))
+    def one(program):
+        results.append((program, check(program)))
+        if progress is not None:
+            progress(len(results), results[-1][1])
+
+    one()
+    return results
+
+
+def _counts(outcomes, status):
+    return collections.Counter(o.reason for o in outcomes if o.status == status)
+
+
+def _print_counts(title, counter):
+    print(f"{title}: {sum(counter.values())}")
+    for reason, k in counter.most_common():
+        print(f"    {k:5d}  {reason}")
+
+
+def _tail(text: str, lines: int) -> str:
+    return "\n".join(text.rstrip().splitlines()[-lines:])
+
+
+def report(results, elapsed: float, *, error_lines: int, minimized: dict) -> None:
+    outcomes = [o for _, o in results]
+    by_status = collections.Counter(o.status for o in outcomes)
+    valid = len(outcomes) - by_status[INVALID]
+    print("=" * 78)
+    print(f"programs generated: {len(results)} ({len({p.source for p, _ in results})} distinct) "
+          f"in {elapsed:.1f}s")
+    print(f"valid (eager ran):  {valid}")
+    print(f"matched:            {by_status[MATCHED]}")
+    _print_counts("rejected (ExportError)", _counts(outcomes, REJECTED))
+    _print_counts("invalid (eager raised)", _counts(outcomes, INVALID))
+    _print_counts("FAILURES", _counts(outcomes, FAILURE))
+    failures = [(p, o) for p, o in results if o.status == FAILURE]
+    for i, (p, o) in enumerate(failures):
+        print("-" * 78)
+        print(f"FAILURE {i + 1}/{len(failures)}: {o.reason}")
+        print(p.source)
+        print(_tail(o.detail, error_lines))
+    for reason, p in minimized.items():
+        print("-" * 78)
+        print(f"MINIMAL program for: {reason}")
+        print(p.source)
+    print("=" * 78)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tools.fuzz.run", description=__doc__.splitlines()[0])
+    parser.add_argument("--examples", type=int, default=200, help="programs to run (default 200)")
+    parser.add_argument("--seed", type=int, default=0, help="hypothesis seed (default 0)")
+    parser.add_argument("--max-statements", type=int, default=12)
+    parser.add_argument("--minimize", action="store_true",
+                        help="shrink one failing program per kind of failure")
+    parser.add_argument("--error-lines", type=int, default=12,
+                        help="traceback lines printed per failure (default 12)")
+    parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    args = parser.parse_args(argv)
+
+    import torch
+    torch.set_num_threads(1)  # see TORCH-2.13-NOTES: stalls with 2 threads on small calls
+
+    def progress(k, outcome):
+        if not args.quiet and (k % 50 == 0 or outcome.status == FAILURE):
+            tag = f"  failure: {outcome.reason}" if outcome.status == FAILURE else ""
+            print(f"[{k}/{args.examples}] {time.time() - start:.0f}s{tag}", file=sys.stderr, flush=True)
+
+    start = time.time()
+    results = fuzz(args.examples, args.seed, args.max_statements, progress)
+    elapsed = time.time() - start
+
+    minimized = {}
+    if args.minimize:
+        for p, o in results:
+            if o.status == FAILURE and o.reason not in minimized:
+                reason = o.reason
+                minimized[reason] = minimize(
+                    p, lambda c, r=reason: (lambda oc: oc.status == FAILURE and oc.reason == r)(check(c)))
+    report(results, elapsed, error_lines=args.error_lines, minimized=minimized)
+    return 1 if any(o.status == FAILURE for _, o in results) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
