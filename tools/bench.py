@@ -422,7 +422,8 @@ def run_case(case: Case, opts) -> Result:
     else:
         iters = opts.iters_regions if case.group == "regions" else opts.iters
         iters = iters if case.group in ("real", "regions") else 0
-        measure_in_process(case, res, opts.repeat, not opts.no_memory, iters)
+        memory = not opts.no_memory and not (opts.quick and case.group == "regions")
+        measure_in_process(case, res, opts.repeat, memory, iters)
     print_case(res, time.perf_counter() - start)
     return res
 
@@ -641,7 +642,9 @@ def report(results: list[Result]) -> None:
 
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="a small subset, < 2 minutes")
+    p.add_argument("--quick", action="store_true",
+                   help="a small subset, < 2 minutes: llama and the no_grad region modules, "
+                   "2 repeats, fewer run-time steps, peak memory for llama only")
     p.add_argument("--repeat", type=int, default=3, help="export repeats per exporter (default 3)")
     p.add_argument("--only", default="", help="comma-separated case names: "
                    + ",".join(c.name for c in CASES))
@@ -683,7 +686,7 @@ def main(argv=None) -> None:
         return
     if opts.quick:
         opts.repeat = min(opts.repeat, 2)
-        opts.iters, opts.iters_regions = min(opts.iters, 10), min(opts.iters_regions, 50)
+        opts.iters, opts.iters_regions = min(opts.iters, 5), min(opts.iters_regions, 30)
     cases = select(opts)
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, repeat {opts.repeat}, "
           f"cases: {', '.join(c.name for c in cases)}", flush=True)

@@ -1,0 +1,87 @@
+"""Regenerate (or check) the example graphs in design/*.md from real exports.
+
+A page marks an example like this:
+
+    <!-- example: seed -->
+    ```python
+    class Seed(torch.nn.Module): ...
+    module, args = Seed(), (torch.ones(2),)     # optional: kwargs, export_kwargs
+    ```
+    <!-- graph: seed -->
+    ```
+    (written by this tool: the program as predispatch.format_program prints it)
+    ```
+    <!-- end graph -->
+
+The python block runs with ``torch`` and ``predispatch`` imported and must
+define ``module`` and ``args`` (and may define ``kwargs``, ``export_kwargs``).
+
+    python tools/design_docs.py            # rewrite the graphs in place
+    python tools/design_docs.py --check    # exit 1 if any page is stale
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+DESIGN = Path(__file__).resolve().parent.parent / "design"
+
+EXAMPLE = re.compile(
+    r"<!-- example: (?P<name>[\w-]+) -->\n```python\n(?P<code>.*?)```\n"
+    r"(?:<!-- graph: (?P=name) -->\n```\n.*?```\n<!-- end graph -->\n)?",
+    re.S)
+
+
+def render_example(name: str, code: str) -> str:
+    import torch
+
+    import predispatch
+
+    scope = {"torch": torch, "predispatch": predispatch, "__name__": f"design_{name}"}
+    exec(compile(code, f"<design example {name}>", "exec"), scope)
+    if "module" not in scope or "args" not in scope:
+        raise ValueError(f"design example {name!r} must define `module` and `args`")
+    torch.manual_seed(0)
+    ep = predispatch.export_predispatch(scope["module"], scope["args"], scope.get("kwargs"),
+                                        **scope.get("export_kwargs", {}))
+    return predispatch.format_program(ep)
+
+
+def render_page(text: str) -> str:
+    def replace(match: re.Match) -> str:
+        name, code = match["name"], match["code"]
+        graph = render_example(name, code)
+        return (f"<!-- example: {name} -->\n```python\n{code}```\n"
+                f"<!-- graph: {name} -->\n```\n{graph}```\n<!-- end graph -->\n")
+
+    return EXAMPLE.sub(replace, text)
+
+
+def stale_pages(pages) -> list[Path]:
+    return [p for p in pages if render_page(p.read_text()) != p.read_text()]
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="fail if a page is stale; write nothing")
+    parser.add_argument("pages", nargs="*", type=Path, help="pages (default: design/*.md)")
+    opts = parser.parse_args(argv)
+    pages = opts.pages or sorted(DESIGN.glob("*.md"))
+    if opts.check:
+        stale = stale_pages(pages)
+        for page in stale:
+            print(f"stale: {page} (run python tools/design_docs.py)")
+        return 1 if stale else 0
+    for page in pages:
+        text = page.read_text()
+        new = render_page(text)
+        if new != text:
+            page.write_text(new)
+            print(f"updated {page}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
