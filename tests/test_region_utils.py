@@ -1,0 +1,56 @@
+"""Region utilities: walk every region; inline them for consumers that cannot
+handle higher-order ops."""
+import copy
+
+import torch
+
+import cases
+import predispatch
+from predispatch.testing.invariants import all_graph_modules
+
+HOPS = (torch.ops.higher_order.wrap_with_set_grad_enabled, torch.ops.higher_order.wrap_with_autocast)
+
+
+def test_regions_walks_nested_regions():
+    ep = predispatch.export_predispatch(cases.NestedGrad(), (torch.randn(3),))
+    found = [(r.depth, r.name, r.kind, r.args) for r in predispatch.regions(ep)]
+    assert found == [(0, "no_grad_0", "grad", (False,)), (1, "enable_grad_1", "grad", (True,)),
+                     (2, "no_grad_2", "grad", (False,))]
+    inner = list(predispatch.regions(ep))[2]
+    assert inner.owner is list(predispatch.regions(ep))[1].submodule
+    assert all(isinstance(i, torch.fx.Node) for i in inner.inputs)
+    assert list(predispatch.regions(ep.graph_module)) == list(predispatch.regions(ep))
+
+
+def test_regions_let_a_matcher_see_inside():
+    ep = predispatch.export_predispatch(cases.NoGradInsideAutocast(), (torch.randn(2, 4),))
+    linears = [(r.name, n.name) for r in predispatch.regions(ep) for n in r.submodule.graph.nodes
+               if n.target is torch.ops.aten.linear.default]
+    assert [name for name, _ in linears] == ["autocast_bfloat16_0", "no_grad_1"]
+
+
+def test_inline_regions_removes_every_region_and_keeps_values():
+    module, x = cases.NoGradInsideAutocast(), torch.randn(2, 4)
+    ep = predispatch.export_predispatch(module, (x,))
+    flat = predispatch.inline_regions(ep)
+    assert not [n for m in all_graph_modules(flat.graph_module) for n in m.graph.nodes if n.target in HOPS]
+    assert list(predispatch.regions(flat)) == []
+    assert isinstance(flat, torch.export.ExportedProgram)
+    # same values when run under the mode the regions set (autocast here) ...
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        torch.testing.assert_close(flat.module()(x), module(x))
+    # ... but the modes themselves are gone, as the docstring says
+    assert "LOST" in predispatch.inline_regions.__doc__
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert flat.module()(x).requires_grad  # the inner no_grad is gone
+
+
+def test_inline_regions_keeps_mutations_in_the_signature():
+    ep = predispatch.export_predispatch(cases.EMA(), (torch.randn(2, 4),))
+    flat = predispatch.inline_regions(ep)
+    kinds = sorted(s.kind.name for s in flat.graph_signature.output_specs)
+    assert kinds == ["BUFFER_MUTATION", "PARAMETER_MUTATION", "USER_OUTPUT"]
+    flat_module, module = copy.deepcopy(flat.module()), copy.deepcopy(ep.module())
+    with torch.no_grad():
+        torch.testing.assert_close(flat_module(torch.ones(2, 4)), module(torch.ones(2, 4)))
+    torch.testing.assert_close(flat_module.shadow, module.shadow)
