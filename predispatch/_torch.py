@@ -241,3 +241,12 @@ def has_autocast_kernel(op, device: str) -> bool:
         return torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), autocast_kernel_key(device))
     except RuntimeError:
         return False
+
+
+def lazy_graph_module(root: torch.nn.Module, graph: torch.fx.Graph, class_name: str) -> torch.fx.GraphModule:
+    """A GraphModule whose Python code is generated on first use, not now:
+    outlining a region must not cost a code generation and compile."""
+    from torch.fx._lazy_graph_module import _make_graph_module, _use_lazy_graph_module
+
+    with _use_lazy_graph_module(True):
+        return _make_graph_module(root, graph, class_name=class_name)

@@ -177,7 +177,7 @@ def _outline(gm: torch.fx.GraphModule, block: Block) -> None:
     for n in body:
         env[n] = sub.node_copy(n, lambda x: env[x])
     sub.output(tuple(env[o] for o in outputs))
-    gm.add_submodule(block.name, torch.fx.GraphModule(gm, sub, class_name=block.name))
+    gm.add_submodule(block.name, _torch.lazy_graph_module(gm, sub, block.name))
 
     with graph.inserting_before(block.exit):
         submod = graph.get_attr(block.name)

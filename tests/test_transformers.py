@@ -27,7 +27,6 @@ bf16 autocast; looser tolerances would only hide a real divergence.
 import pytest
 import torch
 
-import predispatch
 from predispatch.testing.eager import assert_matches_eager
 from predispatch.testing.invariants import all_graph_modules
 
@@ -38,6 +37,17 @@ aten = torch.ops.aten
 HOPS = (torch.ops.higher_order.wrap_with_set_grad_enabled, torch.ops.higher_order.wrap_with_autocast)
 BF16 = ("cpu", torch.bfloat16, True, False)
 OFF = ("cpu", torch.bfloat16, False, False)  # autocast(enabled=False) records the default dtype
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """These models make thousands of tiny kernel calls; on a busy 2-core
+    machine a second OpenMP thread only adds stalls (this file: 63 s with one
+    thread against 101 s with two, measured back to back)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 # --- models and inputs -------------------------------------------------------

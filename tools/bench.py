@@ -410,7 +410,9 @@ def measure_run_time(model, args, iters: int) -> dict:
                 samples[name].append(seconds)
     eager_ms = 1e3 * statistics.median(samples["eager"])
     ep_ms = 1e3 * statistics.median(samples["ep"])
-    return {"eager_ms": eager_ms, "ep_ms": ep_ms, "ratio": ep_ms / eager_ms, "match": match}
+    min_ratio = min(samples["ep"]) / min(samples["eager"])
+    return {"eager_ms": eager_ms, "ep_ms": ep_ms, "ratio": ep_ms / eager_ms,
+            "min_ratio": min_ratio, "match": match}
 
 
 def run_case(case: Case, opts) -> Result:
@@ -454,7 +456,8 @@ def print_case(res: Result, wall: float) -> None:
     if res.run:
         r = res.run
         print(f"    run fwd+bwd: eager {r['eager_ms']:.3f} ms, ep.module() {r['ep_ms']:.3f} ms, "
-              f"ratio {r['ratio']:.3f}, outputs match: {r['match']}")
+              f"ratio {r['ratio']:.3f} (ratio of mins {r['min_ratio']:.3f}), "
+              f"outputs match: {r['match']}")
     for k, v in res.errors.items():
         if k not in EXPORTERS:
             print(f"    {k} FAILED: {v}")
@@ -478,15 +481,15 @@ def markdown_table(results: list[Result]) -> str:
 
 
 def run_time_table(results: list[Result]) -> str:
-    rows = ["| model | eager fwd+bwd ms | ep.module() fwd+bwd ms | ratio | overhead us/region "
-            "| outputs match |", "|" + "---|" * 6]
+    rows = ["| model | eager fwd+bwd ms | ep.module() fwd+bwd ms | ratio | ratio of mins "
+            "| overhead us/region | outputs match |", "|" + "---|" * 7]
     for res in results:
         if not res.run:
             continue
         r, n = res.run, res.case.regions
         per_region = fmt(1e3 * (r["ep_ms"] - r["eager_ms"]) / n, ".2f") if n else "-"
         rows.append(f"| {res.case.name} | {r['eager_ms']:.3f} | {r['ep_ms']:.3f} "
-                    f"| {r['ratio']:.3f} | {per_region} | {r['match']} |")
+                    f"| {r['ratio']:.3f} | {r['min_ratio']:.3f} | {per_region} | {r['match']} |")
     return "\n".join(rows) if len(rows) > 2 else ""
 
 
@@ -666,6 +669,14 @@ def select(opts) -> list[Case]:
     return [c for c in CASES if c.quick] if opts.quick else list(CASES)
 
 
+def load_line(when: str) -> str:
+    """Other processes on a 2-core machine skew every number: say so."""
+    load = os.getloadavg()[0]
+    cores = os.cpu_count() or 1
+    note = " -- machine busy, timings are noisy" if load > cores - 0.5 else ""
+    return f"load average {when}: {load:.2f} on {cores} cores{note}"
+
+
 def setup() -> None:
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore")
@@ -690,11 +701,12 @@ def main(argv=None) -> None:
     cases = select(opts)
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, repeat {opts.repeat}, "
           f"cases: {', '.join(c.name for c in cases)}", flush=True)
+    print(load_line("at start"), flush=True)
     start = time.perf_counter()
     warm_up()
     results = [run_case(case, opts) for case in cases]
     report(results)
-    print(f"\n(total {time.perf_counter() - start:.0f} s)")
+    print(f"\n(total {time.perf_counter() - start:.0f} s; {load_line('at end')})")
     if opts.json:
         Path(opts.json).write_text(json.dumps([r.to_json() for r in results], indent=1))
 
