@@ -123,16 +123,19 @@ def grad_mode_caller() -> tuple[str, object] | None:
     found = None
     while frame is not None:
         code = frame.f_code
+        if code in _GRAD_REGION_CODES:  # a region of a program being exported again
+            return _GRAD_REGION_CODES[code], frame.f_locals["self"]
         if code.co_filename.endswith(_GRAD_MODE_FILE):
-            found = frame
+            # clone() (the decorator form) makes a fresh object: its methods own the block
+            if code.co_name in ("__init__", "__enter__", "__exit__"):
+                found = frame
         elif found is not None:
             break
         frame = frame.f_back
     if found is None:
         return None
-    owner = found.f_locals.get("self")
     phase = "exit" if found.f_code.co_name == "__exit__" else "enter"
-    return phase, owner
+    return phase, found.f_locals.get("self")
 
 
 # --------------------------------------------------------------------------
@@ -140,8 +143,27 @@ def grad_mode_caller() -> tuple[str, object] | None:
 # `finally`, so an exception inside a region leaks its mode to the caller.
 
 
+class _GradRegion:
+    """The cheapest exception-safe grad-mode block (a region runs in one)."""
+
+    __slots__ = ("enable", "prev")
+
+    def __init__(self, enable: bool):
+        self.enable = enable
+
+    def __enter__(self):
+        self.prev = torch.is_grad_enabled()
+        torch._C._set_grad_enabled(self.enable)
+
+    def __exit__(self, *exc):
+        torch._C._set_grad_enabled(self.prev)
+
+
+_GRAD_REGION_CODES = {_GradRegion.__enter__.__code__: "enter", _GradRegion.__exit__.__code__: "exit"}
+
+
 def _exception_safe_call(self, enable_grad, wrapped_func, *args, **kwargs):
-    with torch.set_grad_enabled(enable_grad):
+    with _GradRegion(enable_grad):
         return wrapped_func(*args, **kwargs)
 
 

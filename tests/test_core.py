@@ -81,6 +81,11 @@ def test_decorator_form():
     assert region_tree(ep.graph_module) == [(0, "no_grad_0", (False,))]
 
 
+def test_set_grad_enabled_decorator_form():
+    ep = assert_matches_eager(cases.DecoratedSetGradEnabled(), (torch.randn(3),))
+    assert region_tree(ep.graph_module) == [(0, "no_grad_0", (False,))]
+
+
 def test_autocast_disabled_inside_autocast():
     ep = assert_matches_eager(cases.AutocastBlocks(), (torch.randn(2, 4),), atol=1e-2, rtol=1e-2)
     assert region_tree(ep.graph_module) == [

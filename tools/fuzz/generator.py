@@ -169,6 +169,42 @@ class Program:
         exec(compile(code, filename, "exec"), namespace)
         return namespace["M"](), namespace["args"]
 
+    @classmethod
+    def from_source(cls, source: str) -> "Program":
+        """The program back from its ``source`` (as printed for a failure)."""
+        lines = source.splitlines()
+        start = next(i for i, line in enumerate(lines) if line.strip().startswith("def forward("))
+        names = lines[start].split("(", 1)[1].rsplit(")", 1)[0].split(",")[1:]
+        shapes = dict(INPUTS)
+        inputs = [(n.strip(), shapes[n.strip()]) for n in names]
+        root: list[Stmt] = []
+        stack = [(8, root)]  # (indent of the statements, list they go to)
+        returns = None
+        for line in lines[start + 1:]:
+            if not line.strip():
+                continue
+            indent = len(line) - len(line.lstrip())
+            if indent < 8:
+                break
+            text = line.strip()
+            while indent < stack[-1][0]:
+                stack.pop()
+            if text.startswith("return "):
+                value = text[len("return "):]
+                if value.startswith("(") and value.endswith(")"):
+                    value = value[1:-1]
+                returns = [r.strip() for r in value.split(",") if r.strip()]
+                break
+            if text == "pass":
+                continue
+            stmt = Stmt(text, [] if text.startswith("with ") else None)
+            stack[-1][1].append(stmt)
+            if stmt.body is not None:
+                stack.append((indent + 4, stmt.body))
+        require = re.search(r"inputs_require_grad=(True|False)", source)
+        return cls(root, returns or [inputs[0][0]], inputs,
+                   inputs_require_grad=require is None or require.group(1) == "True")
+
     # -- structure, for the minimizer -------------------------------------
     def size(self) -> int:
         def count(stmts):
@@ -389,7 +425,9 @@ class _Builder:
     def _fresh(self, name, shape, dtype, inputs) -> Var:
         requires = self.may_record() and any(self.requires(i) for i in inputs)
         self.roots[name] = Root("tmp", False, requires)
-        return self._add(Var(name, shape, dtype, name), contiguous=True)
+        # elementwise results keep a strided input's layout (clone, x * 2 of x.t())
+        contiguous = all(self.contiguous[i.expr] for i in inputs if i.shape == shape)
+        return self._add(Var(name, shape, dtype, name), contiguous=contiguous)
 
     # views: a new name for (part of) an existing storage
     def _view(self, depth) -> Stmt | None:
