@@ -84,6 +84,10 @@ def decompose_by(should_decompose):
         FunctionalTensorMode._can_decompose = original
 
 
+def autocast_devices() -> list[str]:
+    return [d for d in torch._C._autocast_supported_devices() if hasattr(torch, d)]
+
+
 def current_node(t: torch.Tensor) -> torch.fx.Node | None:
     """The graph node holding the current value of a traced FunctionalTensor."""
     if not isinstance(t, FunctionalTensor):
@@ -95,6 +99,10 @@ def current_node(t: torch.Tensor) -> torch.fx.Node | None:
         return None
     slot = get_proxy_slot(inner, mode.tracer, None)
     return None if slot is None else slot.proxy.node
+
+
+def is_view(t: FunctionalTensor) -> bool:
+    return not torch._is_functional_tensor_base(t.elem)
 
 
 def mutation_kind(t: torch.Tensor) -> str | None:
@@ -246,10 +254,6 @@ def backward_pass_autocast(value):
             yield
     finally:
         trace_log.handlers = handlers
-
-
-def autocast_devices() -> list[str]:
-    return [d for d in torch._C._autocast_supported_devices() if hasattr(torch, d)]
 
 
 def autocast_kernel_key(device: str) -> str:

@@ -1,6 +1,7 @@
 """``export_predispatch``: the pipeline, stage by stage.
 
     capture   -> a flat functional pre-dispatch graph + what the trace saw
+    copies    -> functionalized copies written with differentiable ops
     history   -> values mutated under no_grad keep their autograd history
     regions   -> grad/autocast blocks become higher-order ops
     signature -> output renames, write-back modes, the autocast policy
@@ -14,6 +15,7 @@ from torch.export.graph_signature import OutputSpec, TensorArgument
 from . import _torch
 from .autocast_policy import AutocastPolicy
 from .capture import Captured, capture
+from .copy_pass import replace_copies
 from .errors import ExportError
 from .keep_history import keep_history_pass, may_require_grad
 from .op_policy import OpPolicy
@@ -46,6 +48,7 @@ def export_predispatch(module, args, kwargs=None, *, dynamic_shapes=None, op_pol
         raise ValueError(f"args must be a tuple of example inputs, got {type(args).__name__}")
 
     captured = capture(module, args, kwargs, dynamic_shapes, op_policy)
+    replace_copies(captured.gm)
     keep_histories(captured, module)
     replace_blocks_with_regions(captured.gm)
     sync_output_names(captured)

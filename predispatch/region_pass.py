@@ -82,6 +82,7 @@ class Block:
     children: list["Block"] = dataclasses.field(default_factory=list)
     is_region: bool = True
     name: str = ""
+    empty: bool = True  # no op between its markers: never a region
 
 
 def read_blocks(graph: torch.fx.Graph) -> tuple[list[Block], list[torch.fx.Node]]:
@@ -91,6 +92,9 @@ def read_blocks(graph: torch.fx.Graph) -> tuple[list[Block], list[torch.fx.Node]
     for node in graph.nodes:
         m = marker(node)
         if m is None:
+            if node.op not in ("placeholder", "output"):
+                for open_block in stack:
+                    open_block.empty = False
             continue
         if m.phase == "bare":
             raise ExportError(
@@ -120,12 +124,12 @@ def _where(node: torch.fx.Node) -> str:
 
 
 def choose_regions(blocks: list[Block], enclosing: dict | None = None, counter=None) -> None:
-    """A block is a region unless the nearest enclosing region of its kind
-    already sets the same state. Regions are named in source order."""
+    """A block is a region unless it is empty or the nearest enclosing region
+    of its kind already sets the same state. Regions are named in source order."""
     enclosing = enclosing or {}
     counter = counter if counter is not None else [0]
     for b in blocks:
-        b.is_region = enclosing.get(b.kind.name) != b.args
+        b.is_region = not b.empty and enclosing.get(b.kind.name) != b.args
         if b.is_region:
             b.name = f"{b.kind.label(b.args)}_{counter[0]}"
             counter[0] += 1

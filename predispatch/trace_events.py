@@ -22,6 +22,7 @@ import torch.fx
 import torch.utils._pytree as pytree
 
 from . import _torch
+from .errors import ExportError
 
 GRAD_BLOCK = "predispatch_grad_block"  # node.meta key: (phase, block id)
 
@@ -45,24 +46,37 @@ class TraceRecord:
 
 
 class _Recorder(_torch.TorchFunctionMode):
-    def __init__(self, record: TraceRecord):
+    def __init__(self, record: TraceRecord, parameter_ids: frozenset = frozenset()):
         super().__init__()
         self.record = record
+        self.parameter_ids = parameter_ids
         self._block_ids: dict[int, int] = {}
         self._owners: list[object] = []  # keeps ids unique while tracing
         self._watch: dict[int, tuple[torch.Tensor, torch.fx.Node]] | None = None
+        self._span_views: list[torch.Tensor] = []  # views made since the last grad-mode change
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is _torch.SET_GRAD_ENABLED:
             return self._set_grad_enabled(func, args, kwargs)
+        if args and id(args[0]) in self.parameter_ids and _is_in_place(func):
+            _refuse_stale_autocast_cache(func)
         if self._watch is not None:
             self._note_tensors(args, kwargs)
-        return func(*args, **kwargs)
+        out = func(*args, **kwargs)
+        self._note_views(out)
+        return out
+
+    def _note_views(self, out):
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, _torch.FunctionalTensor) and _torch.is_view(t):
+                self._span_views.append(t)
 
     def _set_grad_enabled(self, func, args, kwargs):
         caller = _torch.grad_mode_caller()
         was_enabled = torch.is_grad_enabled()
+        if was_enabled != bool(args[0]):
+            self._materialize_span_views()
         turning_on = not was_enabled and bool(args[0])
         replaced = self._replaced_in_span() if turning_on else []
         node = func(*args, **kwargs)
@@ -92,6 +106,15 @@ class _Recorder(_torch.TorchFunctionMode):
                 if node is not None:
                     self._watch[id(t)] = (t, node)
 
+    def _materialize_span_views(self):
+        """Functionalization regenerates a view of a mutated tensor lazily, at
+        its next use, which may be in another grad mode (a view taken under
+        no_grad must not become differentiable). Bring views up to date in
+        the mode they were made in."""
+        for t in self._span_views:
+            _torch.current_node(t)
+        self._span_views = []
+
     def _replaced_in_span(self):
         pairs = []
         for t, old in (self._watch or {}).values():
@@ -99,6 +122,25 @@ class _Recorder(_torch.TorchFunctionMode):
             if new is not None and new is not old:
                 pairs.append((old, new))
         return pairs
+
+
+def _is_in_place(func) -> bool:
+    name = getattr(func, "__name__", "")
+    return (name.endswith("_") and not name.endswith("__")) or name in ("__setitem__", "__iadd__", "__imul__", "__isub__", "__itruediv__")
+
+
+def _refuse_stale_autocast_cache(func) -> None:
+    """Eager autocast caches the low-precision cast of a parameter for the
+    whole autocast block and does not see in-place updates to it: after
+    ``w.mul_(-1)`` inside the block eager keeps using the old cast. A
+    functional program cannot reproduce that, so refuse. (While tracing,
+    torch turns the cache off, so the block's own flag cannot tell.)"""
+    if any(torch.is_autocast_enabled(d) for d in _torch.autocast_devices()):
+        raise ExportError(
+            f"an in-place update ({getattr(func, '__name__', func)}) of a parameter inside an "
+            "autocast block cannot be exported soundly: eager autocast keeps using its cached "
+            f"low-precision copy of the old value; at {user_location()}. Update the parameter "
+            "outside the autocast block")
 
 
 def _is_library_file(filename: str) -> bool:
@@ -153,7 +195,8 @@ def recording(module: torch.nn.Module, record: TraceRecord, strip):
     forward = module.forward
 
     def recorded_forward(*args, **kwargs):
-        with _Recorder(record), _noting_set_calls(record):
+        parameter_ids = frozenset(id(p) for p in module.parameters())
+        with _Recorder(record, parameter_ids), _noting_set_calls(record):
             out = forward(*args, **kwargs)
         _note_mutation_kinds(record, module, pytree.tree_leaves((args, kwargs)), strip)
         return out
