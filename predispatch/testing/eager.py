@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import warnings
 
 import torch
 import torch.utils._pytree as pytree
@@ -83,6 +84,13 @@ def assert_runs_match(eager: Run, exported: Run, *, rtol=None, atol=None, what="
         close(a, b, f"input {i} after the call")
 
 
+def _fresh_module(ep):
+    """``ep.module()`` with its own copy of the state (ep.module() shares ep's)."""
+    with warnings.catch_warnings():  # torch's treespec warns about itself when copied
+        warnings.simplefilter("ignore", FutureWarning)
+        return copy.deepcopy(ep.module())
+
+
 def assert_matches_eager(module, args, kwargs=None, *, export=None, grad_modes=(True, False),
                          inputs_require_grad=True, rtol=None, atol=None, check_reexport=True,
                          **export_kwargs):
@@ -99,7 +107,7 @@ def assert_matches_eager(module, args, kwargs=None, *, export=None, grad_modes=(
     for grad_mode in grad_modes:
         eager = run_module(copy.deepcopy(module), args, kwargs, grad_mode=grad_mode,
                            inputs_require_grad=inputs_require_grad)
-        exported = run_module(copy.deepcopy(ep.module()), args, kwargs, grad_mode=grad_mode,
+        exported = run_module(_fresh_module(ep), args, kwargs, grad_mode=grad_mode,
                               inputs_require_grad=inputs_require_grad)
         assert_runs_match(eager, exported, rtol=rtol, atol=atol, what=f"[grad_mode={grad_mode}] ")
     if check_reexport:
