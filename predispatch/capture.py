@@ -19,7 +19,7 @@ import dataclasses
 import torch
 
 from . import _torch
-from .errors import ExportError
+from .errors import ExportError, exception_location
 from .op_policy import OpPolicy
 from .trace_events import TraceRecord, recording
 
@@ -108,7 +108,7 @@ def _data_dependence_as_export_error():
     except _torch.data_dependence_errors() as e:
         raise ExportError(
             "data-dependent Python control flow (a Python bool/int/float/item() of a "
-            f"tensor's value) cannot be exported soundly, at {_user_line(e)} ({_first_line(e)})"
+            f"tensor's value) cannot be exported soundly, at {exception_location(e)} ({_first_line(e)})"
         ) from e
 
 
@@ -146,15 +146,3 @@ def _duplicate_inputs_as_export_error():
 
 def _first_line(e: BaseException) -> str:
     return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-
-
-def _user_line(e: BaseException) -> str:
-    """The innermost frame of the traceback outside torch and predispatch."""
-    import traceback
-
-    frames = [f for f in traceback.extract_tb(e.__traceback__)
-              if "/site-packages/torch/" not in f.filename and "/predispatch/" not in f.filename]
-    if not frames:
-        return "unknown location"
-    f = frames[-1]
-    return f"{f.filename}:{f.lineno} in {f.name}: {f.line}"

@@ -1,6 +1,11 @@
 """Exceptions and warnings of predispatch's public contract."""
 from __future__ import annotations
 
+import os
+import traceback
+
+import torch
+
 
 class ExportError(RuntimeError):
     """A module that cannot be exported soundly: the message names the
@@ -16,31 +21,40 @@ class BackwardAutocastMismatchWarning(UserWarning):
     """Warning form of :class:`BackwardAutocastMismatchError`."""
 
 
-def user_frame(stack_trace: str | None) -> str:
-    """The innermost user frame ("file:line in fn: code") of a node's stack
-    trace, skipping torch's own frames; "unknown location" if none."""
-    if not stack_trace:
-        return "unknown location"
-    lines = [line.strip() for line in stack_trace.strip().splitlines()]
-    frames = []
+_LIBRARY_DIRS = (os.path.dirname(torch.__file__) + os.sep, os.path.dirname(__file__) + os.sep)
+
+
+def is_library_file(filename: str) -> bool:
+    """A file of torch or of predispatch itself, never the user's."""
+    return filename.startswith(_LIBRARY_DIRS)
+
+
+def _innermost_user_frame(frames) -> str:
+    for f in reversed(list(frames)):
+        if not is_library_file(f.filename):
+            return f"{f.filename}:{f.lineno} in {f.name}: {f.line}"
+    return "unknown location"
+
+
+def user_location() -> str:
+    """The innermost frame of the current Python stack that is the user's."""
+    return _innermost_user_frame(traceback.extract_stack())
+
+
+def exception_location(e: BaseException) -> str:
+    """The innermost frame of an exception's traceback that is the user's."""
+    return _innermost_user_frame(traceback.extract_tb(e.__traceback__))
+
+
+def node_location(stack_trace: str | None) -> str:
+    """The innermost user frame of an fx node's ``stack_trace`` text."""
+    frames, lines = [], (stack_trace or "").strip().splitlines()
     for i, line in enumerate(lines):
+        line = line.strip()
         if line.startswith('File "'):
-            code = lines[i + 1] if i + 1 < len(lines) and not lines[i + 1].startswith("File ") else ""
-            frames.append((line, code))
-    for line, code in reversed(frames):
-        if "/site-packages/torch/" not in line and "/predispatch/" not in line:
-            return _format_frame(line, code)
-    return _format_frame(*frames[-1]) if frames else "unknown location"
-
-
-def _format_frame(line: str, code: str) -> str:
-    # 'File "/x/model.py", line 12, in forward' -> '/x/model.py:12 in forward'
-    try:
-        path = line.split('"')[1]
-        rest = line.split('"')[2]
-        lineno = rest.split("line")[1].split(",")[0].strip()
-        fn = rest.split(" in ")[-1].strip()
-        where = f"{path}:{lineno} in {fn}"
-    except IndexError:
-        where = line
-    return f"{where}: {code}" if code else where
+            path, rest = line.split('"')[1], line.split('"')[2]
+            lineno = int(rest.split("line")[1].split(",")[0])
+            code = lines[i + 1].strip() if i + 1 < len(lines) else ""
+            frames.append(traceback.FrameSummary(path, lineno, rest.split(" in ")[-1].strip(),
+                                                 line=None if code.startswith("File ") else code))
+    return _innermost_user_frame(frames)

@@ -23,7 +23,7 @@ import torch
 import torch.fx
 
 from . import _torch
-from .errors import ExportError, user_frame
+from .errors import ExportError, node_location
 from .trace_events import GRAD_BLOCK
 
 
@@ -120,7 +120,7 @@ def read_blocks(graph: torch.fx.Graph) -> tuple[list[Block], list[torch.fx.Node]
 
 
 def _where(node: torch.fx.Node) -> str:
-    return user_frame(node.meta.get("stack_trace"))
+    return node_location(node.meta.get("stack_trace"))
 
 
 def choose_regions(blocks: list[Block], enclosing: dict | None = None, counter=None) -> None:

@@ -15,14 +15,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import sys
-import traceback
 
 import torch
 import torch.fx
 import torch.utils._pytree as pytree
 
 from . import _torch
-from .errors import ExportError
+from .errors import ExportError, is_library_file, user_location
 
 GRAD_BLOCK = "predispatch_grad_block"  # node.meta key: (phase, block id)
 
@@ -143,18 +142,6 @@ def _refuse_stale_autocast_cache(func) -> None:
             "outside the autocast block")
 
 
-def _is_library_file(filename: str) -> bool:
-    return "/site-packages/torch/" in filename or "/predispatch/" in filename
-
-
-def user_location() -> str:
-    """The innermost frame of the current Python stack outside torch and predispatch."""
-    for frame in reversed(traceback.extract_stack()):
-        if not _is_library_file(frame.filename):
-            return f"{frame.filename}:{frame.lineno} in {frame.name}: {frame.line}"
-    return "unknown location"
-
-
 def _note_mutation_kinds(record: TraceRecord, module, flat_inputs, strip) -> None:
     for name, t in module.named_parameters(remove_duplicate=False):
         if (kind := _torch.mutation_kind(t)) is not None:
@@ -175,7 +162,7 @@ def _noting_set_calls(record: TraceRecord):
 
     def set_(self, *args, **kwargs):
         caller = sys._getframe(1).f_code.co_filename
-        if not _is_library_file(caller):  # torch calls set_ internally too
+        if not is_library_file(caller):  # torch calls set_ internally too
             record.set_calls.append(user_location())
         return original(self, *args, **kwargs)
 
