@@ -10,7 +10,7 @@ from .printing import format_program
 from .region_utils import Region, inline_regions, regions
 from .training import CompiledTraining, autocast_policy, compile_training
 
-_torch.install_exception_safe_grad_region()
+_torch.install_region_runtime()
 
 __all__ = [
     "AutocastPolicy",

@@ -6,6 +6,7 @@ for; the rest of the package imports from here, never from ``torch._*``.
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
 
 import torch
@@ -17,6 +18,7 @@ from torch._functorch._aot_autograd.functional_utils import (
 )
 from torch._functorch.aot_autograd import aot_export_module
 from torch._higher_order_ops.wrap import (
+    WrapWithAutocast,
     WrapWithSetGradEnabled,
     wrap_with_autocast,
     wrap_with_set_grad_enabled,
@@ -175,8 +177,40 @@ def _exception_safe_call(self, enable_grad, wrapped_func, *args, **kwargs):
         return wrapped_func(*args, **kwargs)
 
 
-def install_exception_safe_grad_region() -> None:
+@functools.lru_cache(maxsize=64)
+def _validated_autocast(device_type, dtype, enabled, cache_enabled):
+    """What torch.autocast makes of these arguments (its checks may disable it)."""
+    a = torch.autocast(device_type, dtype, enabled, cache_enabled)
+    return a.device, a.fast_dtype, a._enabled, a._cache_enabled
+
+
+def _autocast_call(self, device_type, dtype, enabled, cache_enabled, wrapped_func, *args, **kwargs):
+    if torch._C._is_torch_function_mode_enabled():  # being traced: torch.autocast records itself
+        with torch.autocast(device_type, dtype, enabled, cache_enabled):
+            return wrapped_func(*args, **kwargs)
+    # torch.autocast.__enter__/__exit__ without their per-call Python overhead
+    device, fast_dtype, on, cache = _validated_autocast(device_type, dtype, enabled, cache_enabled)
+    prev = (torch.is_autocast_enabled(device), torch.get_autocast_dtype(device),
+            torch.is_autocast_cache_enabled())
+    torch.set_autocast_enabled(device, on)
+    torch.set_autocast_dtype(device, fast_dtype)
+    torch.autocast_increment_nesting()
+    torch.set_autocast_cache_enabled(cache)
+    try:
+        return wrapped_func(*args, **kwargs)
+    finally:
+        if torch.autocast_decrement_nesting() == 0:
+            torch.clear_autocast_cache()
+        torch.set_autocast_enabled(device, prev[0])
+        torch.set_autocast_dtype(device, prev[1])
+        torch.set_autocast_cache_enabled(prev[2])
+
+
+def install_region_runtime() -> None:
+    """Run regions exception-safely and cheaply (torch's HOPs restore grad mode
+    without `finally` and build a dynamo-disabled wrapper per call)."""
     WrapWithSetGradEnabled.__call__ = _exception_safe_call
+    WrapWithAutocast.__call__ = _autocast_call
 
 
 # --------------------------------------------------------------------------
