@@ -16,7 +16,6 @@ from torch._functorch._aot_autograd.functional_utils import (
     are_all_mutations_under_no_grad_or_inference_mode,
     has_data_mutation,
 )
-from torch._functorch.aot_autograd import aot_export_module
 from torch._higher_order_ops.wrap import (
     WrapWithAutocast,
     WrapWithSetGradEnabled,
@@ -31,7 +30,6 @@ from torch.overrides import TorchFunctionMode
 __all__ = [
     "FunctionalTensor",
     "TorchFunctionMode",
-    "aot_export_module",
     "are_all_mutations_hidden_from_autograd",
     "are_all_mutations_under_no_grad_or_inference_mode",
     "has_data_mutation",
@@ -310,3 +308,41 @@ def lazy_graph_module(root: torch.nn.Module, graph: torch.fx.Graph, class_name: 
 
     with _use_lazy_graph_module(True):
         return _make_graph_module(root, graph, class_name=class_name)
+
+
+# --------------------------------------------------------------------------
+# Capture in one pass: make_fx on the PreDispatch key with a FunctionalTensorMode
+# inside (aot_export_module traces twice: once for metadata, once for the graph).
+
+from torch._dispatch.python import enable_python_dispatcher  # noqa: E402
+from torch._functorch._aot_autograd.graph_capture_wrappers import create_functional_call  # noqa: E402
+from torch._functorch._aot_autograd.input_output_analysis import (  # noqa: E402
+    _graph_input_names as graph_input_names,
+    _graph_output_names as graph_output_names,
+)
+from torch._functorch._aot_autograd.schemas import GraphSignature  # noqa: E402
+from torch._functorch._aot_autograd.utils import create_tree_flattened_fn  # noqa: E402
+from torch.fx.experimental.proxy_tensor import make_fx  # noqa: E402
+
+
+def functional_mode() -> FunctionalTensorMode:
+    return FunctionalTensorMode(pre_dispatch=True, export=True, _allow_token_discovery=True)
+
+
+def to_functional(t):
+    return FunctionalTensor.to_functional(t) if isinstance(t, torch.Tensor) else t
+
+
+def from_functional(t):
+    if not isinstance(t, FunctionalTensor):
+        return t
+    torch._sync(t)
+    return torch._from_functional_tensor(t.elem)
+
+
+def has_metadata_mutation(t: FunctionalTensor) -> bool:
+    return torch._functionalize_has_metadata_mutation(t.elem)
+
+
+def storage_changed(t: FunctionalTensor) -> bool:
+    return torch._functionalize_was_storage_changed(t.elem)

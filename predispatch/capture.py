@@ -2,10 +2,11 @@
 
 torch.export's non-strict front end makes the fake inputs, solves dynamic
 shapes, lifts parameters, buffers and constants and names placeholders; its
-aten stage is replaced by ours: ``aot_export_module(pre_dispatch=True)``
-(a FunctionalTensorMode on the PreDispatch key) under the op policy, with
-grad mode on (so the graph is traced for training), the compiling flag set
-(so models take their export-friendly branches), and the recorder of
+aten stage is replaced by ours: :func:`functional_trace` (a FunctionalTensorMode
+on the PreDispatch key, the graph ``aot_export_module(pre_dispatch=True)``
+makes, in one pass instead of two) under the op policy, with grad mode on (so
+the graph is traced for training), the compiling flag set (so models take
+their export-friendly branches), and the recorder of
 :mod:`predispatch.trace_events` inside the forward.
 
 The graph still holds ``_set_grad_enabled`` / ``_enter_autocast`` /
@@ -20,6 +21,7 @@ import torch
 
 from . import _torch
 from .errors import ExportError, exception_location
+from .functional_trace import InputLayoutChanged, functional_trace
 from .op_policy import OpPolicy
 from .trace_events import TraceRecord, recording
 
@@ -55,10 +57,9 @@ def _aten_stage(policy: OpPolicy, record: TraceRecord):
 
     def to_aten(mod, fake_args, fake_kwargs, fake_params_buffers, constant_attrs,
                 produce_guards_callback=None, *, transform=lambda f: f, **_unused):
-        def aot_export(stack, wrapped, args, *, kwargs=None, **_flags):
+        def trace(stack, wrapped, args, *, kwargs=None, **_flags):
             with recording(wrapped, record, _strip_root):
-                return _torch.aot_export_module(
-                    wrapped, args, kwargs=kwargs, trace_joint=False, pre_dispatch=True)
+                return functional_trace(wrapped, args, kwargs)
 
         with contextlib.ExitStack() as stack:
             stack.enter_context(_torch.reparametrize_module(
@@ -67,7 +68,7 @@ def _aten_stage(policy: OpPolicy, record: TraceRecord):
             stack.enter_context(_torch.compiling_state_context())
             stack.enter_context(torch.enable_grad())
             stack.enter_context(_torch.decompose_by(policy.should_decompose))
-            gm, graph_signature = transform(aot_export)(stack, mod, fake_args, kwargs=fake_kwargs)
+            gm, graph_signature = transform(trace)(stack, mod, fake_args, kwargs=fake_kwargs)
 
         if produce_guards_callback is not None:
             try:
@@ -89,7 +90,7 @@ def capture(module, args, kwargs, dynamic_shapes, policy: OpPolicy) -> Captured:
         t._process_export_inputs(module, args, kwargs, dynamic_shapes))
     original_state_dict = t._get_original_state_dict(module)
     record = TraceRecord()
-    with (_data_dependence_as_export_error(), _duplicate_inputs_as_export_error(),
+    with (_data_dependence_as_export_error(),
           _set_as_export_error(record)):
         artifact = t._non_strict_export(
             mod=module, args=args, kwargs=kwargs, dynamic_shapes=dynamic_shapes,
@@ -118,30 +119,13 @@ def _set_as_export_error(record: TraceRecord):
     on a graph input with no other mutation. Elsewhere, name the call."""
     try:
         yield
-    except ExportError:
-        raise
     except Exception as e:
-        if not record.set_calls:
+        if not record.set_calls or (isinstance(e, ExportError) and not isinstance(e, InputLayoutChanged)):
             raise
         raise ExportError(
             f"Tensor.set_() at {record.set_calls[0]} cannot be exported soundly: it swaps the "
             "storage of a tensor that is not a graph input, or of an input that is also "
             f"mutated otherwise ({_first_line(e)})") from e
-
-
-@contextlib.contextmanager
-def _duplicate_inputs_as_export_error():
-    """aot_export refuses one tensor passed as two inputs when it is mutated;
-    the program could not tell an aliased call from a distinct one anyway."""
-    try:
-        yield
-    except RuntimeError as e:
-        if "duplicated inputs that are mutated" not in str(e):
-            raise
-        raise ExportError(
-            "the same tensor is passed as two inputs and mutated in the forward: the program "
-            "cannot know at run time whether its inputs alias; pass distinct tensors "
-            "(e.g. x and x.clone())") from e
 
 
 def _first_line(e: BaseException) -> str:
