@@ -15,6 +15,7 @@ import torch.fx
 from torch.export.graph_signature import InputKind
 
 from . import _torch
+from .errors import ExportError
 
 
 @torch.library.custom_op("predispatch::keep_history", mutates_args=())
@@ -35,6 +36,7 @@ def _backward(ctx, grad):
 keep_history.register_autograd(_backward)
 
 KEEP_HISTORY = torch.ops.predispatch.keep_history.default
+_NO_HISTORY = (torch.ops.aten.detach.default,)  # ops whose result never requires grad
 
 
 def _is_float(node: torch.fx.Node) -> bool:
@@ -62,13 +64,25 @@ def may_require_grad(gm: torch.fx.GraphModule, signature, params_requiring_grad:
             grad_on = bool(node.args[0])
             continue
         elif node.op == "call_function":
-            requires = grad_on and _is_float(node) and any(
+            requires = grad_on and node.target not in _NO_HISTORY and _is_float(node) and any(
                 i in result for i in node.all_input_nodes)
         else:
             requires = False
         if requires:
             result.add(node)
     return result
+
+
+def _insert_keep_history(graph, old, new, after, position) -> torch.fx.Node:
+    """``keep_history(old, new)`` right after ``after``; later uses of ``new`` read it."""
+    with graph.inserting_after(after):
+        kept = graph.create_node("call_function", KEEP_HISTORY, (old, new), name="keep_history")
+    kept.meta.update({k: v for k, v in new.meta.items() if k in ("val", "stack_trace", "nn_module_stack")})
+    after_at = position.get(after, len(position))
+    for user in list(new.users):
+        if user is not kept and position.get(user, after_at + 1) > after_at:
+            user.replace_input_with(new, kept)
+    return kept
 
 
 def _alive(node: torch.fx.Node, graph: torch.fx.Graph) -> bool:
@@ -90,16 +104,15 @@ def keep_history_pass(gm: torch.fx.GraphModule, replacements, may_grad) -> list[
     for r in replacements:
         if not (_alive(r.old, graph) and _alive(r.new, graph) and _alive(r.exit, graph)):
             continue
+        if r.detached_alias_at is not None and any(o in may_grad for o in r.operands):
+            # eager gives the alias itself the autograd history of this update,
+            # which functionalization's detach view replay drops
+            raise ExportError(
+                "an in-place update of a detached alias (x.detach().add_(y)) with an operand "
+                "that requires grad cannot be exported soundly: eager gives the alias a "
+                f"gradient history that the functional graph cannot carry; at {r.detached_alias_at}")
         old = kept_of.get(r.old, r.old)  # mutated again in a later span: chain
         if not (old in may_grad or old in kept_of.values()) or not _same_layout(old, r.new):
             continue
-        with graph.inserting_after(r.exit):
-            kept = graph.create_node("call_function", KEEP_HISTORY, (old, r.new), name="keep_history")
-        kept.meta.update({k: v for k, v in r.new.meta.items()
-                          if k in ("val", "stack_trace", "nn_module_stack")})
-        kept_of[r.new] = kept
-        exit_at = position[r.exit]
-        for user in list(r.new.users):
-            if user is not kept and position.get(user, exit_at + 1) > exit_at:
-                user.replace_input_with(r.new, kept)
+        kept_of[r.new] = _insert_keep_history(graph, old, r.new, r.exit, position)
     return list(kept_of.values())

@@ -39,6 +39,11 @@ def write_back_with_grad(target: torch.Tensor, value: torch.Tensor) -> torch.Ten
     if _torch.is_traced(target):  # the program is being exported again
         _torch.functional_write(target, value, hidden=False)
         return target
+    if target.is_leaf and target.requires_grad:
+        # eager can only have changed such a leaf without autograd (through
+        # a detached alias), so its history stays as it is
+        with torch.no_grad():
+            return target.copy_(value)
     return target.copy_(value)
 
 

@@ -28,11 +28,14 @@ GRAD_BLOCK = "predispatch_grad_block"  # node.meta key: (phase, block id)
 
 @dataclasses.dataclass
 class Replacement:
-    """``old`` was replaced by ``new`` under no_grad; the span ended at ``exit``."""
+    """``old`` was replaced by ``new`` without autograd seeing it (under no_grad,
+    or through a detached alias); later uses after ``exit`` keep ``old``'s history."""
 
     old: torch.fx.Node
     new: torch.fx.Node
     exit: torch.fx.Node
+    detached_alias_at: str | None = None  # source line, when through a detached alias
+    operands: tuple = ()  # the other tensor operands of that in-place update
 
 
 @dataclasses.dataclass
@@ -53,6 +56,9 @@ class _Recorder(_torch.TorchFunctionMode):
         self._owners: list[object] = []  # keeps ids unique while tracing
         self._watch: dict[int, tuple[torch.Tensor, torch.fx.Node]] | None = None
         self._span_views: list[torch.Tensor] = []  # views made since the last grad-mode change
+        # view lineage: id(view) -> the tensor it was taken from (kept alive here)
+        self._parent: dict[int, torch.Tensor] = {}
+        self._detached: set[int] = set()  # detach() results and views of them
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -62,14 +68,39 @@ class _Recorder(_torch.TorchFunctionMode):
             _refuse_stale_autocast_cache(func)
         if self._watch is not None:
             self._note_tensors(args, kwargs)
+        elif args and id(args[0]) in self._detached and _is_in_place(func):
+            return self._mutate_detached_alias(func, args, kwargs)
         out = func(*args, **kwargs)
-        self._note_views(out)
+        self._note_views(func, args, out)
         return out
 
-    def _note_views(self, out):
+    def _note_views(self, func, args, out):
+        source = args[0] if args and isinstance(args[0], torch.Tensor) else None
         for t in out if isinstance(out, (tuple, list)) else (out,):
             if isinstance(t, _torch.FunctionalTensor) and _torch.is_view(t):
                 self._span_views.append(t)
+                if source is not None and t is not source:
+                    self._parent[id(t)] = source
+                    if func is torch.Tensor.detach or id(source) in self._detached:
+                        self._detached.add(id(t))
+
+    def _base(self, t: torch.Tensor) -> torch.Tensor:
+        while id(t) in self._parent:
+            t = self._parent[id(t)]
+        return t
+
+    def _mutate_detached_alias(self, func, args, kwargs):
+        """In grad mode, an in-place op on a detached alias changes its base's
+        values without autograd seeing it: like a mutation under no_grad."""
+        base = self._base(args[0])
+        old = _torch.current_node(base)
+        operands = tuple(n for t in pytree.tree_leaves((args[1:], kwargs))
+                         if (n := _torch.current_node(t)) is not None)
+        out = func(*args, **kwargs)
+        new = _torch.current_node(base)
+        if old is not None and new is not None and new is not old:
+            self.record.replacements.append(Replacement(old, new, new, user_location(), operands))
+        return out
 
     def _set_grad_enabled(self, func, args, kwargs):
         caller = _torch.grad_mode_caller()
@@ -99,10 +130,11 @@ class _Recorder(_torch.TorchFunctionMode):
         return (phase, self._block_ids[id(owner)])
 
     def _note_tensors(self, args, kwargs):
-        for t in pytree.tree_leaves((args, kwargs)):
-            if isinstance(t, _torch.FunctionalTensor) and id(t) not in self._watch:
-                node = _torch.current_node(t)
-                if node is not None:
+        for arg in pytree.tree_leaves((args, kwargs)):
+            if not isinstance(arg, _torch.FunctionalTensor):
+                continue
+            for t in (arg, self._base(arg)):  # a view made before the span changes its base
+                if id(t) not in self._watch and (node := _torch.current_node(t)) is not None:
                     self._watch[id(t)] = (t, node)
 
     def _materialize_span_views(self):

@@ -200,3 +200,29 @@ class DecoratedSetGradEnabled(nn.Module):
 
     def forward(self, x):
         return x * self.stats(x)
+
+
+class MutatedThroughDetachedAlias(nn.Module):
+    """Eager: an in-place update of a detached alias changes x and its views
+    without touching their autograd history."""
+
+    def forward(self, x):
+        v0 = x[0]
+        v1 = v0.detach()
+        v1.mul_(0.9).add_(v1, alpha=0.1)
+        return v1 * 1.0, v0.sin()
+
+
+class ViewMadeBeforeNoGrad(nn.Module):
+    def forward(self, x):
+        v = x[1:]
+        with torch.no_grad():
+            v.mul_(2)
+        return x * 3
+
+
+class DetachedAliasUpdatedWithGrad(nn.Module):
+    def forward(self, x):
+        v0 = x.detach()
+        v0.add_(x * 2.0)
+        return v0.sum()

@@ -52,6 +52,20 @@ def test_input_mutated_with_grad():
     assert ("USER_INPUT_MUTATION", "x") in specs(ep)
 
 
+def test_input_mutated_through_a_detached_alias_keeps_history():
+    ep = assert_matches_eager(cases.MutatedThroughDetachedAlias(), (torch.randn(3, 4),))
+    assert ("USER_INPUT_MUTATION", "x") in specs(ep)
+
+
+def test_view_made_before_a_no_grad_block_and_mutated_inside():
+    assert_matches_eager(cases.ViewMadeBeforeNoGrad(), (torch.randn(3, 4),))
+
+
+def test_detached_alias_updated_with_a_grad_operand_is_refused():
+    with pytest.raises(predispatch.ExportError, match="detached alias"):
+        predispatch.export_predispatch(cases.DetachedAliasUpdatedWithGrad(), (torch.randn(3),))
+
+
 def test_ema_and_weight_decay_of_parameters_under_no_grad():
     ep = assert_matches_eager(cases.EMA(), (torch.randn(2, 4),))
     assert ("BUFFER_MUTATION", "shadow") in specs(ep)
