@@ -135,14 +135,15 @@ def grad_mode_caller() -> tuple[str, object] | None:
             return _GRAD_REGION_CODES[code], frame.f_locals["self"]
         if code.co_filename.endswith(_GRAD_MODE_FILE):
             # clone() (the decorator form) makes a fresh object: its methods own the block
-            if code.co_name in ("__init__", "__enter__", "__exit__"):
+            if code.co_name in ("__init__", "__enter__", "__exit__", "__call__"):
                 found = frame
         elif found is not None:
             break
         frame = frame.f_back
     if found is None:
         return None
-    phase = "exit" if found.f_code.co_name == "__exit__" else "enter"
+    # set_grad_enabled.__call__ (decorating, inside forward) restores what __init__ set
+    phase = "exit" if found.f_code.co_name in ("__exit__", "__call__") else "enter"
     return phase, found.f_locals.get("self")
 
 

@@ -1,8 +1,8 @@
 """``export_predispatch``: the pipeline, stage by stage.
 
     capture   -> a flat functional pre-dispatch graph + what the trace saw
-    copies    -> functionalized copies written with differentiable ops
     history   -> values mutated under no_grad keep their autograd history
+    copies    -> functionalized copies written with differentiable ops
     regions   -> grad/autocast blocks become higher-order ops
     signature -> output renames, write-back modes, the autocast policy
     program   -> a PredispatchProgram (a torch.export.ExportedProgram)
@@ -48,8 +48,8 @@ def export_predispatch(module, args, kwargs=None, *, dynamic_shapes=None, op_pol
         raise ValueError(f"args must be a tuple of example inputs, got {type(args).__name__}")
 
     captured = capture(module, args, kwargs, dynamic_shapes, op_policy)
-    replace_copies(captured.gm)
     keep_histories(captured, module)
+    replace_copies(captured.gm)  # after: the trace's record names the copy nodes
     replace_blocks_with_regions(captured.gm)
     sync_output_names(captured)
     set_program_meta(captured.gm, {

@@ -73,12 +73,15 @@ def may_require_grad(gm: torch.fx.GraphModule, signature, params_requiring_grad:
     return result
 
 
-def _insert_keep_history(graph, old, new, after, position) -> torch.fx.Node:
-    """``keep_history(old, new)`` right after ``after``; later uses of ``new`` read it."""
+def _insert_keep_history(graph, old, new, after, position) -> torch.fx.Node | None:
+    """``keep_history(old, new)`` right after ``after``; later uses of ``new``
+    read it. None if nothing reads ``new`` later (no node, no region output)."""
+    after_at = position.get(after, len(position))
+    if not any(position.get(u, after_at + 1) > after_at for u in new.users):
+        return None
     with graph.inserting_after(after):
         kept = graph.create_node("call_function", KEEP_HISTORY, (old, new), name="keep_history")
     kept.meta.update({k: v for k, v in new.meta.items() if k in ("val", "stack_trace", "nn_module_stack")})
-    after_at = position.get(after, len(position))
     for user in list(new.users):
         if user is not kept and position.get(user, after_at + 1) > after_at:
             user.replace_input_with(new, kept)
@@ -114,5 +117,7 @@ def keep_history_pass(gm: torch.fx.GraphModule, replacements, may_grad) -> list[
         old = kept_of.get(r.old, r.old)  # mutated again in a later span: chain
         if not (old in may_grad or old in kept_of.values()) or not _same_layout(old, r.new):
             continue
-        kept_of[r.new] = _insert_keep_history(graph, old, r.new, r.exit, position)
+        kept = _insert_keep_history(graph, old, r.new, r.exit, position)
+        if kept is not None:
+            kept_of[r.new] = kept
     return list(kept_of.values())

@@ -58,12 +58,15 @@ def _type(node: torch.fx.Node) -> str:
 
 
 class _Namer:
-    def __init__(self, graph: torch.fx.Graph):
+    def __init__(self, graph: torch.fx.Graph, placeholder_names=None):
         self.names: dict[torch.fx.Node, str] = {}
+        placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+        names = placeholder_names or [n.name for n in placeholders]
+        self.names.update(zip(placeholders, names))
         for node in graph.nodes:
-            if node.op in ("placeholder", "get_attr"):
-                self.names[node] = str(node.target) if node.op == "get_attr" else node.name
-        taken = {n.name for n in graph.nodes if n.op == "placeholder"}
+            if node.op == "get_attr":
+                self.names[node] = str(node.target)
+        taken = set(names)
         for node in graph.nodes:
             if node in self.names:
                 continue
@@ -86,10 +89,16 @@ class _Namer:
         return repr(a)
 
 
-def format_graph(name: str, gm: torch.fx.GraphModule) -> str:
-    namer = _Namer(gm.graph)
+def format_graph(name: str, gm: torch.fx.GraphModule, placeholder_names=None) -> str:
+    """One graph; a region's placeholders are named after the values passed
+    in, so no raw node name of torch's shows through."""
+    return "\n".join(_format_graphs(name, gm, placeholder_names))
+
+
+def _format_graphs(name: str, gm: torch.fx.GraphModule, placeholder_names=None) -> list[str]:
+    namer = _Namer(gm.graph, placeholder_names)
     params = [f"{namer.names[n]}: {_type(n)}".rstrip(": ") for n in gm.graph.nodes if n.op == "placeholder"]
-    lines = [f"def {name}({', '.join(params)}):"]
+    lines, inner = [f"def {name}({', '.join(params)}):"], []
     for node in gm.graph.nodes:
         if node.op in ("placeholder", "get_attr"):
             continue
@@ -102,24 +111,24 @@ def format_graph(name: str, gm: torch.fx.GraphModule) -> str:
         args = [namer.arg(a) for a in node.args]
         args += [f"{k}={namer.arg(v)}" for k, v in node.kwargs.items()]
         lines.append(f"    {namer.names[node]} = {_op_name(node.target)}({', '.join(args)})")
-    return "\n".join(lines)
+        sub = _region_submodule(node)
+        if sub is not None:
+            passed = [namer.arg(a) for a in node.args[node.args.index(sub) + 1:]]
+            inner += _format_graphs(f"{name}.{sub.target}" if name != "forward" else sub.target,
+                                    getattr(gm, sub.target), passed)
+    return ["\n".join(lines), *inner]
 
 
-def _graph_modules(gm: torch.fx.GraphModule, prefix=""):
-    """Submodules in the order the graph uses them, depth first."""
-    for node in gm.graph.nodes:
-        if node.op == "get_attr":
-            sub = getattr(gm, node.target, None)
-            if isinstance(sub, torch.fx.GraphModule):
-                yield f"{prefix}{node.target}", sub
-                yield from _graph_modules(sub, f"{prefix}{node.target}.")
+def _region_submodule(node: torch.fx.Node):
+    if node.op != "call_function" or not isinstance(node.target, torch._ops.HigherOrderOperator):
+        return None
+    return next((a for a in node.args if isinstance(a, torch.fx.Node) and a.op == "get_attr"), None)
 
 
 def format_program(ep_or_gm) -> str:
     """Graph, every subgraph, signature and autocast policy, normalized."""
     gm = ep_or_gm.graph_module if isinstance(ep_or_gm, ExportedProgram) else ep_or_gm
-    parts = [format_graph("forward", gm)]
-    parts += [format_graph(name, sub) for name, sub in _graph_modules(gm)]
+    parts = _format_graphs("forward", gm)
     if isinstance(ep_or_gm, ExportedProgram):
         parts.append(format_signature(ep_or_gm))
         from .autocast_policy import AutocastPolicy

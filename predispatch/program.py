@@ -92,7 +92,7 @@ def _snapshot_reads(gm: torch.fx.GraphModule, target: torch.fx.Node, value: torc
     """Readers of ``target`` that compute its new value read a snapshot.
     Other readers (reads before the mutation, in eager order) see the real
     tensor, so the version check fails exactly where eager's would."""
-    computing = _ancestors(value)
+    computing = _ancestors(value) | {value}
     readers = [u for u in target.users if u in computing]
     if not readers:
         return

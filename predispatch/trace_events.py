@@ -64,7 +64,7 @@ class _Recorder(_torch.TorchFunctionMode):
         kwargs = kwargs or {}
         if func is _torch.SET_GRAD_ENABLED:
             return self._set_grad_enabled(func, args, kwargs)
-        if args and id(args[0]) in self.parameter_ids and _is_in_place(func):
+        if args and _is_in_place(func) and id(self._base(args[0])) in self.parameter_ids:
             _refuse_stale_autocast_cache(func)
         if self._watch is not None:
             self._note_tensors(args, kwargs)
@@ -168,9 +168,9 @@ def _refuse_stale_autocast_cache(func) -> None:
     torch turns the cache off, so the block's own flag cannot tell.)"""
     if any(torch.is_autocast_enabled(d) for d in _torch.autocast_devices()):
         raise ExportError(
-            f"an in-place update ({getattr(func, '__name__', func)}) of a parameter inside an "
-            "autocast block cannot be exported soundly: eager autocast keeps using its cached "
-            f"low-precision copy of the old value; at {user_location()}. Update the parameter "
+            f"an in-place update ({getattr(func, '__name__', func)}) of a parameter or input "
+            "inside an autocast block cannot be exported soundly: eager autocast keeps using its "
+            f"cached low-precision copy of the old value; at {user_location()}. Update it "
             "outside the autocast block")
 
 
@@ -214,7 +214,10 @@ def recording(module: torch.nn.Module, record: TraceRecord, strip):
     forward = module.forward
 
     def recorded_forward(*args, **kwargs):
-        parameter_ids = frozenset(id(p) for p in module.parameters())
+        # leaves autocast caches casts of: parameters, and user inputs that may require grad
+        parameter_ids = frozenset([*(id(p) for p in module.parameters()),
+                                   *(id(t) for t in pytree.tree_leaves((args, kwargs))
+                                     if isinstance(t, torch.Tensor) and t.is_floating_point())])
         with _Recorder(record, parameter_ids), _noting_set_calls(record):
             out = forward(*args, **kwargs)
         _note_mutation_kinds(record, module, pytree.tree_leaves((args, kwargs)), strip)

@@ -110,8 +110,8 @@ def no_grad_0.enable_grad_1(mul: f32[3], p_w: f32[3]):
     no_grad_2 = wrap_with_set_grad_enabled(False, self.no_grad_2, mul_1)
     getitem = no_grad_2[0]
     return (mul_1, getitem)
-def no_grad_0.enable_grad_1.no_grad_2(mul_2: f32[3]):
-    add = aten.add.Tensor(mul_2, 1)
+def no_grad_0.enable_grad_1.no_grad_2(mul_1: f32[3]):
+    add = aten.add.Tensor(mul_1, 1)
     mul = aten.mul.Tensor(add, 3)
     return (mul,)
 inputs:
