@@ -66,8 +66,8 @@ def export_predispatch(module, args, kwargs=None, *, dynamic_shapes=None, op_pol
 def keep_histories(captured: Captured, module: torch.nn.Module) -> None:
     requiring = {name for name, p in module.named_parameters(remove_duplicate=False)
                  if p.requires_grad}
-    may_grad = may_require_grad(captured.gm, captured.signature, requiring)
-    keep_history_pass(captured.gm, captured.record.replacements, may_grad)
+    keep_history_pass(captured.gm, captured.record.replacements,
+                      lambda: may_require_grad(captured.gm, captured.signature, requiring))
 
 
 def sync_output_names(captured: Captured) -> None:

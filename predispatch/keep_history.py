@@ -98,10 +98,13 @@ def _same_layout(a: torch.fx.Node, b: torch.fx.Node) -> bool:
             and va.dtype == vb.dtype and va.shape == vb.shape)
 
 
-def keep_history_pass(gm: torch.fx.GraphModule, replacements, may_grad) -> list[torch.fx.Node]:
+def keep_history_pass(gm: torch.fx.GraphModule, replacements, analyze) -> list[torch.fx.Node]:
     """Insert keep_history after each span that replaced a value that may
-    require grad; later uses read it. Returns the inserted nodes."""
+    require grad; later uses read it. ``analyze()`` gives the nodes that may
+    require grad; it is asked again after each insertion (a value computed
+    from a kept one may now require grad). Returns the inserted nodes."""
     graph = gm.graph
+    may_grad = analyze()
     position = {n: i for i, n in enumerate(graph.nodes)}
     kept_of = {}  # kept_of: a replaced value -> its keep_history node
     for r in replacements:
@@ -120,4 +123,6 @@ def keep_history_pass(gm: torch.fx.GraphModule, replacements, may_grad) -> list[
         kept = _insert_keep_history(graph, old, r.new, r.exit, position)
         if kept is not None:
             kept_of[r.new] = kept
+            position = {n: i for i, n in enumerate(graph.nodes)}
+            may_grad = analyze()
     return list(kept_of.values())

@@ -226,3 +226,22 @@ class DetachedAliasUpdatedWithGrad(nn.Module):
         v0 = x.detach()
         v0.add_(x * 2.0)
         return v0.sum()
+
+
+class MutatedUnderNoGradAfterEnableGrad(nn.Module):
+    """A value made in an enable_grad block inside no_grad, from a parameter
+    updated under no_grad, then mutated under no_grad: both keep history."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.register_buffer("n", torch.zeros(()))
+
+    def forward(self, x):
+        with torch.no_grad():
+            self.lin.bias[0] = self.n
+            with torch.enable_grad():
+                v0 = self.n + self.lin.bias
+            v3 = v0.sin()
+            v0.mul_(0.5)
+        return v3, v0 * x

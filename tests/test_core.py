@@ -66,6 +66,10 @@ def test_detached_alias_updated_with_a_grad_operand_is_refused():
         predispatch.export_predispatch(cases.DetachedAliasUpdatedWithGrad(), (torch.randn(3),))
 
 
+def test_kept_history_feeds_later_kept_history():
+    assert_matches_eager(cases.MutatedUnderNoGradAfterEnableGrad(), (torch.randn(3, 4),))
+
+
 def test_ema_and_weight_decay_of_parameters_under_no_grad():
     ep = assert_matches_eager(cases.EMA(), (torch.randn(2, 4),))
     assert ("BUFFER_MUTATION", "shadow") in specs(ep)
