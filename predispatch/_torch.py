@@ -88,6 +88,14 @@ def autocast_devices() -> list[str]:
     return [d for d in torch._C._autocast_supported_devices() if hasattr(torch, d)]
 
 
+def autocast_nesting() -> int:
+    """How many autocast blocks are open (torch has no getter: read it by a
+    balanced increment/decrement, which changes nothing)."""
+    depth = torch.autocast_increment_nesting()
+    torch.autocast_decrement_nesting()
+    return depth - 1
+
+
 def current_node(t: torch.Tensor) -> torch.fx.Node | None:
     """The graph node holding the current value of a traced FunctionalTensor."""
     if not isinstance(t, FunctionalTensor):

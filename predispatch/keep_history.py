@@ -106,7 +106,8 @@ def keep_history_pass(gm: torch.fx.GraphModule, replacements, analyze) -> list[t
     graph = gm.graph
     may_grad = analyze()
     position = {n: i for i, n in enumerate(graph.nodes)}
-    kept_of = {}  # kept_of: a replaced value -> its keep_history node
+    history_of = {}  # a replaced value -> the node whose autograd history it carries
+    kept = []
     for r in replacements:
         if not (_alive(r.old, graph) and _alive(r.new, graph) and _alive(r.exit, graph)):
             continue
@@ -117,12 +118,13 @@ def keep_history_pass(gm: torch.fx.GraphModule, replacements, analyze) -> list[t
                 "an in-place update of a detached alias (x.detach().add_(y)) with an operand "
                 "that requires grad cannot be exported soundly: eager gives the alias a "
                 f"gradient history that the functional graph cannot carry; at {r.detached_alias_at}")
-        old = kept_of.get(r.old, r.old)  # mutated again in a later span: chain
-        if not (old in may_grad or old in kept_of.values()) or not _same_layout(old, r.new):
+        old = history_of.get(r.old, r.old)  # mutated again later: chain to the first old
+        if not (old in may_grad or old in kept) or not _same_layout(old, r.new):
             continue
-        kept = _insert_keep_history(graph, old, r.new, r.exit, position)
-        if kept is not None:
-            kept_of[r.new] = kept
+        node = _insert_keep_history(graph, old, r.new, r.exit, position)
+        history_of[r.new] = old if node is None else node  # None: no later use needs it
+        if node is not None:
+            kept.append(node)
             position = {n: i for i, n in enumerate(graph.nodes)}
             may_grad = analyze()
-    return list(kept_of.values())
+    return kept

@@ -164,9 +164,10 @@ def _refuse_stale_autocast_cache(func) -> None:
     """Eager autocast caches the low-precision cast of a parameter for the
     whole autocast block and does not see in-place updates to it: after
     ``w.mul_(-1)`` inside the block eager keeps using the old cast. A
-    functional program cannot reproduce that, so refuse. (While tracing,
-    torch turns the cache off, so the block's own flag cannot tell.)"""
-    if any(torch.is_autocast_enabled(d) for d in _torch.autocast_devices()):
+    functional program cannot reproduce that, so refuse. The cache lives until
+    the outermost block exits, even across a nested autocast(enabled=False).
+    (While tracing torch turns the cache off, so the block's flag cannot tell.)"""
+    if _torch.autocast_nesting() > 0:
         raise ExportError(
             f"an in-place update ({getattr(func, '__name__', func)}) of a parameter or input "
             "inside an autocast block cannot be exported soundly: eager autocast keeps using its "

@@ -21,12 +21,27 @@ it, so a failing example prints as a test a developer can paste::
                 v0.mul_(2.0)
             return x.sin(), v0
 
+Blocks are ``no_grad`` / ``enable_grad`` / ``set_grad_enabled(b)`` /
+``autocast("cpu", dtype=torch.bfloat16)`` / ``autocast("cpu", enabled=False)``,
+nested up to three deep, sometimes in decorator form (a decorated local
+function). Statements: ordinary ops (sin, relu, tanh, sigmoid, clone, +, *,
+-, sum, mean, ``@ self.w``, ``self.lin``, ``.float()``), views (slices,
+select, ``.t()``, ``.view``, ``.unsqueeze``, ``.detach()``) of inputs,
+parameters, buffers and intermediates, and in-place ops on any of them
+(add_, sub_, mul_, copy_, zero_, ``mul_(0)``, index assignment, EMA
+``mul_(0.9).add_(v, alpha=0.1)``). Outputs may alias inputs, parameters or
+buffers.
+
 The generator keeps a small abstract state (shape, dtype, storage root,
 grad mode at creation, "saved for backward", "requires grad") to steer away
 from programs eager itself would refuse (an in-place op on a leaf that
 requires grad, on a view created under no_grad then modified with grad, on
-a tensor saved for backward). It is a heuristic: the oracle
+a tensor saved for backward); one in-place op in ten ignores it, so those
+corners are tried too. It is a heuristic: the oracle
 (:mod:`tools.fuzz.oracle`) runs eager first and discards what it refuses.
+It never writes with an operand that partially overlaps the written memory
+(``v.add_(v[0])`` of ``v = b.t()``): eager computes that in iteration order,
+which is undefined behaviour, not something a functional program can match.
 """
 from __future__ import annotations
 
@@ -43,17 +58,46 @@ from hypothesis import strategies as st
 
 @dataclasses.dataclass
 class Stmt:
-    """One statement: ``text`` is the line (a ``with ...:`` header for a block)."""
+    """One statement: ``text`` is the line (a ``with ...:`` header for a block).
+
+    A block with a ``function`` name is rendered in decorator form: a local
+    function decorated with the context manager, returning the names its body
+    defines, and a call that binds them::
+
+        @torch.no_grad()
+        def f0():
+            v3 = v1 * 2.0
+            v1.add_(1.0)
+            return (v3,)
+        v3, = f0()
+    """
 
     text: str
     body: list["Stmt"] | None = None  # None: a simple statement
+    function: str | None = None
+
+    def defined(self) -> list[str]:
+        """Names the statement (and its body) assign."""
+        if self.body is None:
+            m = re.match(r"(v\d+) = ", self.text)
+            return [m.group(1)] if m else []
+        return [name for s in self.body for name in s.defined()]
 
     def lines(self, indent: int) -> list[str]:
         pad = "    " * indent
         if self.body is None:
             return [pad + self.text]
         inner = [line for s in self.body for line in s.lines(indent + 1)]
-        return [pad + self.text] + (inner or [pad + "    pass"])
+        if self.function is None:
+            return [pad + self.text] + (inner or [pad + "    pass"])
+        decorator = self.text[len("with "):].rstrip(":")
+        names = self.defined()
+        if names:
+            inner.append(f"{pad}    return ({', '.join(names)},)")
+            call = f"{pad}{', '.join(names)}, = {self.function}()"
+        else:
+            call = f"{pad}{self.function}()"
+        return [f"{pad}@{decorator}", f"{pad}def {self.function}():"] + (inner or [pad + "    pass"]) + [call]
 
 
 # Members the forward may use: name -> (kind, shape, __init__ lines).
@@ -155,6 +199,9 @@ class Program:
     def __repr__(self) -> str:
         return "\n" + self.source
 
+    def _repr_pretty_(self, printer, cycle) -> None:  # hypothesis prints failing examples so
+        printer.text(self.__repr__())
+
     # -- building ---------------------------------------------------------
     def build(self):
         """(module, args): exec the source (registered in linecache, so
@@ -180,6 +227,7 @@ class Program:
         root: list[Stmt] = []
         stack = [(8, root)]  # (indent of the statements, list they go to)
         returns = None
+        decorator = None
         for line in lines[start + 1:]:
             if not line.strip():
                 continue
@@ -189,6 +237,19 @@ class Program:
             text = line.strip()
             while indent < stack[-1][0]:
                 stack.pop()
+            if text.startswith("@"):
+                decorator = text[1:]
+                continue
+            if decorator is not None:  # def fN():
+                stmt = Stmt(f"with {decorator}:", [], text[len("def "):].split("(")[0])
+                decorator = None
+                stack[-1][1].append(stmt)
+                stack.append((indent + 4, stmt.body))
+                continue
+            if re.fullmatch(r"(v\d+, )*(v\d+,? = )?f\d+\(\)", text):
+                continue  # the call of a decorated function
+            if text.startswith("return ") and indent > 8:
+                continue  # a decorated function's return
             if text.startswith("return "):
                 value = text[len("return "):]
                 if value.startswith("(") and value.endswith(")"):
@@ -204,12 +265,6 @@ class Program:
         require = re.search(r"inputs_require_grad=(True|False)", source)
         return cls(root, returns or [inputs[0][0]], inputs,
                    inputs_require_grad=require is None or require.group(1) == "True")
-
-    # -- structure, for the minimizer -------------------------------------
-    def size(self) -> int:
-        def count(stmts):
-            return sum(1 + (count(s.body) if s.body is not None else 0) for s in stmts)
-        return count(self.stmts) + len(self.returns) + len(self.inputs)
 
 
 # --------------------------------------------------------------------------
@@ -276,6 +331,7 @@ class _Builder:
         self.roots: dict[str, Root] = {}
         self.vars: list[Var] = []
         self.fresh = itertools.count()
+        self.functions = itertools.count()
         self.contiguous: dict[str, bool] = {}
         for name, shape in inputs:
             self._add_root(name, "input", shape, leaf=inputs_require_grad)
@@ -353,12 +409,13 @@ class _Builder:
             ('with torch.autocast("cpu", dtype=torch.bfloat16):', ("autocast", True)),
             ('with torch.autocast("cpu", enabled=False):', ("autocast", False)),
         ])
+        as_function = self.draw(st.integers(0, 3)) == 3  # the decorator form, now and then
         self.modes.append(mode)
         try:
             body = self.statements(depth + 1, 4)
         finally:
             self.modes.pop()
-        return Stmt(header, body)
+        return Stmt(header, body, f"f{next(self.functions)}" if as_function else None)
 
     # ordinary ops: a fresh intermediate
     def _op(self, depth) -> Stmt:
@@ -469,13 +526,23 @@ class _Builder:
                     return False  # a view made under no_grad, modified with grad
         return True
 
-    def operand(self, shape):
-        """A value for an in-place op on ``shape``: a tensor that broadcasts
-        to it, or a scalar."""
-        fitting = [v for v in self.vars if _fits(v.shape, shape)]
+    def operand(self, shape, target: Var):
+        """A value for an in-place op on (part of) ``target``, of ``shape``:
+        a tensor that broadcasts to it, or a scalar."""
+        fitting = self._operand_tensors(shape, target)
         if not fitting or self.draw(st.integers(0, 3)) == 0:
             return self.pick(SCALARS)
         return self.pick_var(fitting)
+
+    def _operand_tensors(self, shape, target: Var) -> list[Var]:
+        """Tensors that broadcast to ``shape`` and do not partially overlap
+        ``target``: eager runs an in-place op whose operand is another view
+        of the written memory (``v.add_(v[0])`` of ``v = b.t()``) in
+        iteration order, which no functional program reproduces; the same
+        tensor (full overlap) is well defined."""
+        def overlaps(v):
+            return v.root == target.root and v.expr != target.expr and (v.is_view or target.is_view)
+        return [v for v in self.vars if _fits(v.shape, shape) and not overlaps(v)]
 
     def _after_mutation(self, t: Var, operand) -> None:
         if isinstance(operand, Var) and self.may_record() and self.requires(operand) and t.differentiable:
@@ -498,7 +565,7 @@ class _Builder:
         if form == "zero":
             text = self.pick([f"{t.expr}.mul_(0)", f"{t.expr}.zero_()"])
             return Stmt(text)
-        o = self.operand(t.shape)
+        o = self.operand(t.shape, t)
         if form == "copy_" and isinstance(o, str):
             o = f"torch.full_like({t.expr}, {o})"
         o_text = o.expr if isinstance(o, Var) else o
@@ -512,7 +579,10 @@ class _Builder:
         if not targets:
             return None
         t = self.pick_var(targets)
-        o = self.pick_var([v for v in self.vars if _fits(v.shape, t.shape)])
+        operands = self._operand_tensors(t.shape, t)
+        if not operands:
+            return None
+        o = self.pick_var(operands)
         self._after_mutation(t, o)
         return Stmt(f"{t.expr}.mul_(0.9).add_({o.expr}, alpha=0.1)")
 
@@ -529,7 +599,7 @@ class _Builder:
             if t.shape[1] >= 3:
                 index.append((":, 1:3", (t.shape[0], 2)))
         idx, shape = self.pick(index)
-        o = self.operand(shape)
+        o = self.operand(shape, t)
         self._after_mutation(t, o)
         return Stmt(f"{t.expr}[{idx}] = {o.expr if isinstance(o, Var) else o}")
 

@@ -76,7 +76,49 @@ def run_eager(module, args, inputs_require_grad: bool) -> None:
                    inputs_require_grad=inputs_require_grad)
 
 
+def global_state() -> tuple:
+    """Grad mode, CPU autocast state and nesting, and the mode stacks: a
+    program must leave them as it found them, even when it raises (G7)."""
+    nesting = torch.autocast_increment_nesting() - 1
+    torch.autocast_decrement_nesting()
+    return (("grad enabled", torch.is_grad_enabled()),
+            ("cpu autocast enabled", torch.is_autocast_enabled("cpu")),
+            ("cpu autocast dtype", torch.get_autocast_dtype("cpu")),
+            ("autocast cache enabled", torch.is_autocast_cache_enabled()),
+            ("autocast nesting", nesting),
+            ("torch function modes", torch._C._len_torch_function_stack()),
+            ("dispatch modes", torch._C._len_torch_dispatch_stack()))
+
+
+def _restore(state: tuple) -> None:
+    values = dict(state)
+    torch.set_grad_enabled(values["grad enabled"])
+    torch.set_autocast_enabled("cpu", values["cpu autocast enabled"])
+    torch.set_autocast_dtype("cpu", values["cpu autocast dtype"])
+    torch.set_autocast_cache_enabled(values["autocast cache enabled"])
+    while torch.autocast_decrement_nesting() > values["autocast nesting"]:
+        pass
+    if values["autocast nesting"] == 0:
+        torch.clear_autocast_cache()
+
+
 def check(program: Program) -> Outcome:
+    """The program's outcome; a program that leaves grad mode, autocast or
+    a mode stack changed behind it fails (and the state is restored, so
+    later programs are not affected)."""
+    before = global_state()
+    outcome = _check(program)
+    after = global_state()
+    if after != before:
+        leaked = ", ".join(f"{k}: {a} -> {b}" for (k, a), (_, b) in zip(before, after) if a != b)
+        _restore(before)
+        if outcome.status != FAILURE:
+            return Outcome(FAILURE, "leaked global state: " + leaked.split(":")[0],
+                           f"after the {outcome.status} check: {leaked}")
+    return outcome
+
+
+def _check(program: Program) -> Outcome:
     with _quiet():
         try:
             module, args = program.build()
@@ -105,6 +147,4 @@ def check(program: Program) -> Outcome:
                            traceback.format_exc(), e)
         except Exception as e:
             return Outcome(FAILURE, category(e), traceback.format_exc(), e)
-        finally:
-            torch.set_grad_enabled(True)
     return Outcome(MATCHED)

@@ -1,6 +1,7 @@
 """Run the differential fuzzer and print a report.
 
     python -m tools.fuzz.run --examples 1000 --seed 0     # from the repo root
+    python -m tools.fuzz.run --replay failure.py --minimize
 
 Draws N programs (``tools.fuzz.generator.programs``), checks each against
 eager (``tools.fuzz.oracle.check``) and prints: programs generated, valid,
@@ -17,7 +18,7 @@ import time
 
 from hypothesis import HealthCheck, Phase, given, seed, settings
 
-from .generator import programs
+from .generator import Program, programs
 from .minimize import minimize
 from .oracle import FAILURE, INVALID, MATCHED, REJECTED, check
 
@@ -78,6 +79,22 @@ def report(results, elapsed: float, *, error_lines: int, minimized: dict) -> Non
     print("=" * 78)
 
 
+def replay(path: str, *, minimize_it: bool) -> int:
+    """Check one program given as source (e.g. a failure pasted into a file)."""
+    with open(path) as f:
+        program = Program.from_source(f.read())
+    outcome = check(program)
+    print(f"{outcome.status}: {outcome.reason}" if outcome.reason else outcome.status)
+    if outcome.status == FAILURE:
+        print(outcome.detail)
+        if minimize_it:
+            small = minimize(program, lambda c: (lambda oc: oc.status == FAILURE
+                                                 and oc.reason == outcome.reason)(check(c)))
+            print("MINIMAL program:")
+            print(small.source)
+    return 1 if outcome.status == FAILURE else 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.fuzz.run", description=__doc__.splitlines()[0])
     parser.add_argument("--examples", type=int, default=200, help="programs to run (default 200)")
@@ -88,10 +105,15 @@ def main(argv=None) -> int:
     parser.add_argument("--error-lines", type=int, default=12,
                         help="traceback lines printed per failure (default 12)")
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    parser.add_argument("--replay", metavar="FILE",
+                        help="check the program in FILE (a printed failure) instead of fuzzing")
     args = parser.parse_args(argv)
 
     import torch
     torch.set_num_threads(1)  # see TORCH-2.13-NOTES: stalls with 2 threads on small calls
+
+    if args.replay:
+        return replay(args.replay, minimize_it=args.minimize)
 
     def progress(k, outcome):
         if not args.quiet and (k % 50 == 0 or outcome.status == FAILURE):
