@@ -1,14 +1,19 @@
 """What the tracer cannot see in the functional graph, recorded while tracing.
 
-A TorchFunctionMode pushed inside the traced forward notes three things:
+A TorchFunctionMode pushed inside the traced forward notes what the graph
+cannot show:
 
 * which ``_set_grad_enabled`` node enters and which exits a grad-mode block
   (the flat graph only shows the values, so nesting would be lost);
-* tensors whose value was replaced (an in-place op, directly or through a
-  view) while grad mode was off: eager autograd keeps their old history,
-  functionalization does not, so the keep-history pass restores it;
+* tensors whose value was replaced without autograd seeing it (an in-place
+  op under no_grad, or on a detached alias, directly or through views):
+  eager keeps their old history, functionalization does not, so the
+  keep-history pass restores it; views are brought up to date in the grad
+  mode they were made in;
 * how each graph input was mutated ("hidden" from autograd, under
-  "no_grad", or under "grad"), so the program writes it back the same way.
+  "no_grad", or under "grad"), so the program writes it back the same way;
+* constructs to refuse: a parameter or input updated in place inside an
+  autocast block (eager's cast cache goes stale), ``Tensor.set_`` calls.
 """
 from __future__ import annotations
 
@@ -56,8 +61,9 @@ class _Recorder(_torch.TorchFunctionMode):
         self._owners: list[object] = []  # keeps ids unique while tracing
         self._watch: dict[int, tuple[torch.Tensor, torch.fx.Node]] | None = None
         self._span_views: list[torch.Tensor] = []  # views made since the last grad-mode change
-        # view lineage: id(view) -> the tensor it was taken from (kept alive here)
-        self._parent: dict[int, torch.Tensor] = {}
+        # view lineage: id(view) -> (the view, the tensor it was taken from);
+        # holding both keeps the ids from being reused while tracing
+        self._parent: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self._detached: set[int] = set()  # detach() results and views of them
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
@@ -80,13 +86,13 @@ class _Recorder(_torch.TorchFunctionMode):
             if isinstance(t, _torch.FunctionalTensor) and _torch.is_view(t):
                 self._span_views.append(t)
                 if source is not None and t is not source:
-                    self._parent[id(t)] = source
+                    self._parent[id(t)] = (t, source)
                     if func is torch.Tensor.detach or id(source) in self._detached:
                         self._detached.add(id(t))
 
     def _base(self, t: torch.Tensor) -> torch.Tensor:
         while id(t) in self._parent:
-            t = self._parent[id(t)]
+            t = self._parent[id(t)][1]
         return t
 
     def _mutate_detached_alias(self, func, args, kwargs):
