@@ -17,7 +17,6 @@ the backward graph has ops autocast would treat differently, the program's
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import warnings
 
