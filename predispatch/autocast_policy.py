@@ -79,3 +79,10 @@ def _check_action(value):
     if value not in MISMATCH_ACTIONS:
         raise ValueError(f"on_backward_autocast_mismatch must be one of {MISMATCH_ACTIONS!r}, got {value!r}")
     return value
+
+
+def autocast_policy(ep) -> AutocastPolicy:
+    """The backward autocast policy recorded in an exported program (G6)."""
+    from .program import program_meta
+
+    return AutocastPolicy.from_json(program_meta(ep).get("autocast_policy", {}))

@@ -131,10 +131,9 @@ def format_program(ep_or_gm) -> str:
     parts = _format_graphs("forward", gm)
     if isinstance(ep_or_gm, ExportedProgram):
         parts.append(format_signature(ep_or_gm))
-        from .autocast_policy import AutocastPolicy
-        from .program import program_meta
+        from .autocast_policy import autocast_policy
 
-        policy = AutocastPolicy.from_json(program_meta(ep_or_gm).get("autocast_policy", {}))
+        policy = autocast_policy(ep_or_gm)
         parts.append(f"autocast policy: {policy.describe()}")
     return "\n".join(parts) + "\n"
 

@@ -25,14 +25,8 @@ import torch.fx
 import torch.utils._pytree as pytree
 
 from . import _torch
-from .autocast_policy import AutocastPolicy
+from .autocast_policy import AutocastPolicy, autocast_policy
 from .errors import BackwardAutocastMismatchError, BackwardAutocastMismatchWarning
-from .program import program_meta
-
-
-def autocast_policy(ep) -> AutocastPolicy:
-    """The backward autocast policy recorded in an exported program (G6)."""
-    return AutocastPolicy.from_json(program_meta(ep).get("autocast_policy", {}))
 
 
 # --------------------------------------------------------------------------
