@@ -310,13 +310,21 @@ def has_autocast_kernel(op, device: str) -> bool:
         return False
 
 
+from torch.fx._lazy_graph_module import _make_graph_module, _use_lazy_graph_module  # noqa: E402
+
+
 def lazy_graph_module(root: torch.nn.Module, graph: torch.fx.Graph, class_name: str) -> torch.fx.GraphModule:
     """A GraphModule whose Python code is generated on first use, not now:
     outlining a region must not cost a code generation and compile."""
-    from torch.fx._lazy_graph_module import _make_graph_module, _use_lazy_graph_module
-
     with _use_lazy_graph_module(True):
         return _make_graph_module(root, graph, class_name=class_name)
+
+
+def lazy_codegen():
+    """While exporting, graph modules made (by make_fx, by torch.export's
+    passes) and recompiled generate their Python code on first use only: the
+    program's own GraphModule is generated once, at the end."""
+    return _use_lazy_graph_module(True)
 
 
 # --------------------------------------------------------------------------
@@ -355,3 +363,22 @@ def has_metadata_mutation(t: FunctionalTensor) -> bool:
 
 def storage_changed(t: FunctionalTensor) -> bool:
     return torch._functionalize_was_storage_changed(t.elem)
+
+
+# --- node stack traces (predispatch.stack_traces)
+from torch.fx.experimental.symbolic_shapes import uninteresting_files  # noqa: E402
+from torch.fx.proxy import _STACK_TRACE_ANCHORS  # noqa: E402
+
+
+def current_tracer():
+    """The fx tracer of the make_fx trace in progress, or None."""
+    mode = get_proxy_mode()
+    return None if mode is None else mode.tracer
+
+
+def is_user_stack_frame(filename: str, name: str) -> bool:
+    """Whether torch's tracer shows this frame in a node's stack trace (the
+    forward-only filter of ``TracerBase._filter_traceback_frames``)."""
+    return ((name == "forward" or filename.endswith("torch/__init__.py")
+             or (filename, name) in _STACK_TRACE_ANCHORS)
+            and filename not in uninteresting_files())

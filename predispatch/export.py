@@ -47,15 +47,16 @@ def export_predispatch(module, args, kwargs=None, *, dynamic_shapes=None, op_pol
     if not isinstance(args, tuple):
         raise ValueError(f"args must be a tuple of example inputs, got {type(args).__name__}")
 
-    captured = capture(module, args, kwargs, dynamic_shapes, op_policy)
-    keep_histories(captured, module)
-    replace_copies(captured.gm)  # after: the trace's record names the copy nodes
-    replace_blocks_with_regions(captured.gm)
-    sync_output_names(captured)
-    set_program_meta(captured.gm, {
-        "write_back": write_back_modes(captured),
-        "autocast_policy": autocast.to_json(),
-    })
+    with _torch.lazy_codegen():
+        captured = capture(module, args, kwargs, dynamic_shapes, op_policy)
+        keep_histories(captured, module)
+        replace_copies(captured.gm)  # after: the trace's record names the copy nodes
+        replace_blocks_with_regions(captured.gm)
+        sync_output_names(captured)
+        set_program_meta(captured.gm, {
+            "write_back": write_back_modes(captured),
+            "autocast_policy": autocast.to_json(),
+        })
     return _torch.build_exported_program(
         PredispatchProgram, module, captured.artifact, captured.signature,
         args=captured.args, kwargs=captured.kwargs, dynamic_shapes=captured.dynamic_shapes,

@@ -27,6 +27,7 @@ import torch.utils._pytree as pytree
 
 from . import _torch
 from .errors import ExportError, is_library_file, user_location
+from .stack_traces import stamping_stack_traces
 
 GRAD_BLOCK = "predispatch_grad_block"  # node.meta key: (phase, block id)
 
@@ -225,7 +226,8 @@ def recording(module: torch.nn.Module, record: TraceRecord, strip):
         parameter_ids = frozenset([*(id(p) for p in module.parameters()),
                                    *(id(t) for t in pytree.tree_leaves((args, kwargs))
                                      if isinstance(t, torch.Tensor) and t.is_floating_point())])
-        with _Recorder(record, parameter_ids), _noting_set_calls(record):
+        # the stamper on top: nodes the recorder's own calls make get the user's stack too
+        with _Recorder(record, parameter_ids), stamping_stack_traces(), _noting_set_calls(record):
             out = forward(*args, **kwargs)
         _note_mutation_kinds(record, module, pytree.tree_leaves((args, kwargs)), strip)
         return out

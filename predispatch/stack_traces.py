@@ -1,0 +1,81 @@
+"""Node stack traces, computed once per user-level torch call.
+
+torch's tracer symbolizes the whole Python stack and reads the source lines
+for every node it creates, then keeps only the ``forward`` frames: about a
+sixth of an export's time. Every node one torch call creates gets the same
+filtered stack, and those frames repeat from layer to layer. So while
+tracing, torch's per-node capture is off and :func:`stamping_stack_traces`
+stamps each node with the stack of the torch call that created it: the same
+frames in the same format as torch's (``TracerBase._filter_traceback_frames``),
+formatted once per distinct stack.
+"""
+from __future__ import annotations
+
+import contextlib
+import sys
+import traceback
+import types
+
+import torch.fx
+
+from . import _torch
+
+
+class _Stamper(_torch.TorchFunctionMode):
+    def __init__(self, tracer, outer_frame):
+        super().__init__()
+        self.tracer = tracer
+        self._kept: dict[types.CodeType, bool] = {}  # code -> is the frame shown
+        self._texts: dict[tuple, str] = {}  # shown (code, line) pairs -> formatted stack
+        # the frames around the traced forward are the same for every call: walk them once
+        self._outer_frame = outer_frame
+        self._outer = self._shown_frames(outer_frame, None)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        last = self.tracer.graph._root.prev
+        self.tracer.record_stack_traces = False
+        try:
+            out = func(*args, **(kwargs or {}))
+        finally:
+            self.tracer.record_stack_traces = True
+        node = last.next
+        if node.op != "root":
+            text = self._stack_text(sys._getframe(1))
+            while node.op != "root":
+                if not node.stack_trace:
+                    node.stack_trace = text
+                node = node.next
+        return out
+
+    def _shown_frames(self, frame, stop) -> tuple:
+        """(code, line) of the frames torch would show, outermost first."""
+        kept, shown = self._kept, []
+        while frame is not None and frame is not stop:
+            code = frame.f_code
+            keep = kept.get(code)
+            if keep is None:
+                keep = kept[code] = _torch.is_user_stack_frame(code.co_filename, code.co_name)
+            if keep:
+                shown.append((code, frame.f_lineno))
+            frame = frame.f_back
+        return tuple(reversed(shown))
+
+    def _stack_text(self, frame) -> str:
+        key = self._outer + self._shown_frames(frame, self._outer_frame)
+        text = self._texts.get(key)
+        if text is None:
+            summary = traceback.StackSummary.from_list(
+                [(code.co_filename, line, code.co_name, None) for code, line in key])
+            text = self._texts[key] = "".join(summary.format()).strip()
+        return text
+
+
+@contextlib.contextmanager
+def stamping_stack_traces():
+    """Inside a make_fx trace: stamp user stack traces per torch call."""
+    tracer = _torch.current_tracer()
+    if tracer is None or not tracer.record_stack_traces:
+        yield
+        return
+    with _Stamper(tracer, sys._getframe(2)):  # the frame entering this context
+        yield
