@@ -25,6 +25,8 @@ from torch._higher_order_ops.wrap import (
 from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
 from torch.export import _trace as _export_trace
 from torch.fx.experimental.proxy_tensor import get_proxy_mode, get_proxy_slot
+from torch.fx._lazy_graph_module import _LazyGraphModule
+from torch.nn.modules import module as _nn_module
 from torch.overrides import TorchFunctionMode
 
 __all__ = [
@@ -180,8 +182,32 @@ _GRAD_REGION_CODES = {_GradRegion.__enter__.__code__: "enter", _GradRegion.__exi
 
 
 def _exception_safe_call(self, enable_grad, wrapped_func, *args, **kwargs):
-    with _GradRegion(enable_grad):
-        return wrapped_func(*args, **kwargs)
+    if torch._C._is_torch_function_mode_enabled():  # being traced: the recorder reads _GradRegion's frames
+        with _GradRegion(enable_grad):
+            return wrapped_func(*args, **kwargs)
+    prev = torch.is_grad_enabled()
+    torch._C._set_grad_enabled(enable_grad)
+    try:
+        return _call_region_body(wrapped_func, args, kwargs)
+    finally:
+        torch._C._set_grad_enabled(prev)
+
+
+def _call_region_body(body, args, kwargs):
+    """A region's submodule runs once per call of the program: skip
+    nn.Module.__call__'s bookkeeping (a few microseconds) unless hooks need it."""
+    if isinstance(body, torch.nn.Module):
+        if not _has_module_hooks(body):
+            return body.forward(*args, **kwargs)
+        _LazyGraphModule.force_recompile(body)  # else its first call runs the hooks twice
+    return body(*args, **kwargs)
+
+
+def _has_module_hooks(m: torch.nn.Module) -> bool:
+    g = _nn_module
+    return bool(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks
+                or m._backward_pre_hooks or g._global_forward_hooks or g._global_forward_pre_hooks
+                or g._global_backward_hooks or g._global_backward_pre_hooks)
 
 
 @functools.lru_cache(maxsize=64)
@@ -204,7 +230,7 @@ def _autocast_call(self, device_type, dtype, enabled, cache_enabled, wrapped_fun
     torch.autocast_increment_nesting()
     torch.set_autocast_cache_enabled(cache)
     try:
-        return wrapped_func(*args, **kwargs)
+        return _call_region_body(wrapped_func, args, kwargs)
     finally:
         if torch.autocast_decrement_nesting() == 0:
             torch.clear_autocast_cache()

@@ -190,3 +190,20 @@ def test_exception_in_region_does_not_leak_grad_mode():
     with pytest.raises(Exception):
         torch.ops.higher_order.wrap_with_set_grad_enabled(False, ep.graph_module.no_grad_0, torch.randn(5))
     assert torch.is_grad_enabled()
+
+
+def test_exception_in_autocast_region_does_not_leak_autocast():
+    ep = predispatch.export_predispatch(cases.AutocastBlocks(), (torch.randn(2, 4),))
+    with pytest.raises(Exception):
+        ep.module()(torch.randn(2, 5))  # the linear fails inside the region
+    assert not torch.is_autocast_enabled("cpu")
+    assert torch.get_autocast_dtype("cpu") == torch.bfloat16  # the default, restored
+
+
+def test_hooks_on_a_region_submodule_still_run():
+    """Regions skip nn.Module.__call__ for speed, but not when it has hooks to run."""
+    program = predispatch.export_predispatch(cases.Seed(), (torch.randn(3),)).module()
+    seen = []
+    program.no_grad_0.register_forward_hook(lambda mod, args, out: seen.append(torch.is_grad_enabled()))
+    program(torch.randn(3))
+    assert seen == [False]
