@@ -16,6 +16,7 @@ from torch.export.graph_signature import InputKind
 
 from . import _torch
 from .errors import ExportError
+from .trace_events import NO_GRAD_VIEW_REPLAY
 
 
 @torch.library.custom_op("predispatch::keep_history", mutates_args=())
@@ -83,7 +84,8 @@ def _insert_keep_history(graph, old, new, after, position) -> torch.fx.Node | No
         kept = graph.create_node("call_function", KEEP_HISTORY, (old, new), name="keep_history")
     kept.meta.update({k: v for k, v in new.meta.items() if k in ("val", "stack_trace", "nn_module_stack")})
     for user in list(new.users):
-        if user is not kept and position.get(user, after_at + 1) > after_at:
+        if (user is not kept and position.get(user, after_at + 1) > after_at
+                and not user.meta.get(NO_GRAD_VIEW_REPLAY)):
             user.replace_input_with(new, kept)
     return kept
 

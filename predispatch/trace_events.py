@@ -30,6 +30,9 @@ from .errors import ExportError, is_library_file, user_location
 from .stack_traces import stamping_stack_traces
 
 GRAD_BLOCK = "predispatch_grad_block"  # node.meta key: (phase, block id)
+# node.meta key: a view op replaying a view made under no_grad, which in eager
+# never requires grad; the keep-history pass leaves its inputs without history
+NO_GRAD_VIEW_REPLAY = "predispatch_no_grad_view_replay"
 
 
 @dataclasses.dataclass
@@ -66,6 +69,7 @@ class _Recorder(_torch.TorchFunctionMode):
         # holding both keeps the ids from being reused while tracing
         self._parent: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self._detached: set[int] = set()  # detach() results and views of them
+        self._no_grad_views: set[int] = set()  # views made under no_grad, and views of them
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -77,8 +81,37 @@ class _Recorder(_torch.TorchFunctionMode):
             self._note_tensors(args, kwargs)
         elif args and id(args[0]) in self._detached and _is_in_place(func):
             return self._mutate_detached_alias(func, args, kwargs)
-        out = func(*args, **kwargs)
+        if self._watch is None and self._no_grad_views and self._reads_no_grad_view(args, kwargs):
+            out = self._call_marking_view_replays(func, args, kwargs)
+        else:
+            out = func(*args, **kwargs)
         self._note_views(func, args, out)
+        return out
+
+    def sync_no_grad_view_outputs(self, out) -> None:
+        """Outputs are brought up to date after the forward; replay those that
+        are views made under no_grad now, marked."""
+        for t in pytree.tree_leaves(out):
+            if isinstance(t, _torch.FunctionalTensor) and id(t) in self._no_grad_views:
+                self._call_marking_view_replays(torch._sync, (t,), {})
+
+    def _reads_no_grad_view(self, args, kwargs) -> bool:
+        return any(id(t) in self._no_grad_views for t in pytree.tree_leaves((args, kwargs))
+                   if isinstance(t, _torch.FunctionalTensor))
+
+    def _call_marking_view_replays(self, func, args, kwargs):
+        """In grad mode, functionalization may replay a view made under no_grad
+        from its base, in grad mode, reading a value that keeps its history:
+        the replay would require grad where eager's view does not. Mark the
+        view ops this call creates."""
+        graph = _torch.current_tracer().graph
+        last = graph._root.prev
+        out = func(*args, **kwargs)
+        node = last.next
+        while node.op != "root":
+            if getattr(node.target, "is_view", False):
+                node.meta[NO_GRAD_VIEW_REPLAY] = True
+            node = node.next
         return out
 
     def _note_views(self, func, args, out):
@@ -87,9 +120,11 @@ class _Recorder(_torch.TorchFunctionMode):
             if isinstance(t, _torch.FunctionalTensor) and _torch.is_view(t):
                 self._span_views.append(t)
                 if source is not None and t is not source:
-                    self._parent[id(t)] = (t, source)
+                    self._parent[id(t)] = (t, source)  # also keeps t alive while its id is noted
                     if func is torch.Tensor.detach or id(source) in self._detached:
                         self._detached.add(id(t))
+                    if not torch.is_grad_enabled() or id(source) in self._no_grad_views:
+                        self._no_grad_views.add(id(t))
 
     def _base(self, t: torch.Tensor) -> torch.Tensor:
         while id(t) in self._parent:
@@ -227,8 +262,10 @@ def recording(module: torch.nn.Module, record: TraceRecord, strip):
                                    *(id(t) for t in pytree.tree_leaves((args, kwargs))
                                      if isinstance(t, torch.Tensor) and t.is_floating_point())])
         # the stamper on top: nodes the recorder's own calls make get the user's stack too
-        with _Recorder(record, parameter_ids), stamping_stack_traces(), _noting_set_calls(record):
+        with _Recorder(record, parameter_ids) as recorder, stamping_stack_traces(), \
+                _noting_set_calls(record):
             out = forward(*args, **kwargs)
+            recorder.sync_no_grad_view_outputs(out)
         _note_mutation_kinds(record, module, pytree.tree_leaves((args, kwargs)), strip)
         return out
 

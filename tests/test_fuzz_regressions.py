@@ -1,8 +1,8 @@
 """Bugs found by the differential fuzzer (tools/fuzz), each as the minimal
 module it shrank to, with the diagnosis. Open ones are xfail(strict=True):
-remove the marker with the fix. Fixed: 1-4 (e88dd64), 5 and 7 (6b06944),
-6, 8, 9, 11, 12 and 4b except the nested autocast(enabled=False) case
-(cbbb265), 13 (0aefd87). Open: 4b (nested autocast off), 10, 14.
+remove the marker with the fix. Fixed: 1-14 (4b's nested
+autocast(enabled=False) case by the refusal reading autocast nesting, 10 by
+marking no_grad view replays). Open: 15.
 
 A test passes when the program matches eager (outputs, gradients, states,
 G1/G3, G7) or, where ``refusal_ok``, when export refuses it with
@@ -444,9 +444,11 @@ def test_copy_under_no_grad_keeps_history(module, n_inputs):
 # as select+view at the point of the call, in grad mode, reading the
 # keep_history'd parameter, so the output requires grad and the parameter
 # gets a gradient eager never gives. (The fix for 3 materializes the view
-# itself in its block, not views derived from it later.) Fix idea: in the
-# recorder, run a view op whose input was made in another grad mode under
-# that mode (a tiny region), so the replay happens there.
+# itself in its block, not views derived from it later.) Fixed: the recorder
+# tracks views made under no_grad (and views of them) and marks the view ops
+# functionalization replays for them in grad mode (in a call that reads one,
+# or when an output is one); the keep-history pass leaves their inputs
+# without history.
 
 class ViewOfNoGradView(nn.Module):
     def __init__(self):
@@ -461,7 +463,6 @@ class ViewOfNoGradView(nn.Module):
         return v0.view(-1)
 
 
-@pytest.mark.xfail(strict=True, reason="a view of a no_grad view is replayed from the base in grad mode")
 def test_view_of_no_grad_view_does_not_require_grad():
     assert_sound(ViewOfNoGradView(), inputs((3, 4)))
 
