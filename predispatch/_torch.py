@@ -239,11 +239,28 @@ def _autocast_call(self, device_type, dtype, enabled, cache_enabled, wrapped_fun
         torch.set_autocast_cache_enabled(prev[2])
 
 
+_TORCH_REGION_CALLS = {WrapWithSetGradEnabled: WrapWithSetGradEnabled.__call__,
+                       WrapWithAutocast: WrapWithAutocast.__call__}
+
+
 def install_region_runtime() -> None:
     """Run regions exception-safely and cheaply (torch's HOPs restore grad mode
     without `finally` and build a dynamo-disabled wrapper per call)."""
     WrapWithSetGradEnabled.__call__ = _exception_safe_call
     WrapWithAutocast.__call__ = _autocast_call
+
+
+@contextlib.contextmanager
+def torch_region_runtime():
+    """torch's own region calls, for a while (the benchmark's reference)."""
+    ours = {cls: cls.__call__ for cls in _TORCH_REGION_CALLS}
+    for cls, call in _TORCH_REGION_CALLS.items():
+        cls.__call__ = call
+    try:
+        yield
+    finally:
+        for cls, call in ours.items():
+            cls.__call__ = call
 
 
 # --------------------------------------------------------------------------

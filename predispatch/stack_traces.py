@@ -16,6 +16,7 @@ import sys
 import traceback
 import types
 
+import torch
 import torch.fx
 
 from . import _torch
@@ -32,15 +33,19 @@ class _Stamper(_torch.TorchFunctionMode):
         self._outer = self._shown_frames(outer_frame, None)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
+        return self.call(sys._getframe(1), func, args, kwargs or {})
+
+    def call(self, caller, func, args, kwargs):
+        """``func(*args, **kwargs)``, its new nodes stamped with ``caller``'s stack."""
         last = self.tracer.graph._root.prev
         self.tracer.record_stack_traces = False
         try:
-            out = func(*args, **(kwargs or {}))
+            out = func(*args, **kwargs)
         finally:
             self.tracer.record_stack_traces = True
         node = last.next
         if node.op != "root":
-            text = self._stack_text(sys._getframe(1))
+            text = self._stack_text(caller)
             while node.op != "root":
                 if not node.stack_trace:
                     node.stack_trace = text
@@ -77,5 +82,26 @@ def stamping_stack_traces():
     if tracer is None or not tracer.record_stack_traces:
         yield
         return
-    with _Stamper(tracer, sys._getframe(2)):  # the frame entering this context
+    stamper = _Stamper(tracer, sys._getframe(2))  # the frame entering this context
+    with stamper, _stamping_autocast_blocks(stamper):
         yield
+
+
+@contextlib.contextmanager
+def _stamping_autocast_blocks(stamper: _Stamper):
+    """autocast's __enter__/__exit__ hand their nodes to make_fx's mode
+    directly, past any other torch-function mode: stamp them here."""
+    cls = torch.autocast
+    enter, exit_ = cls.__enter__, cls.__exit__
+
+    def stamped_enter(self):
+        return stamper.call(sys._getframe(1), enter, (self,), {})
+
+    def stamped_exit(self, *exc):
+        return stamper.call(sys._getframe(1), exit_, (self, *exc), {})
+
+    cls.__enter__, cls.__exit__ = stamped_enter, stamped_exit
+    try:
+        yield
+    finally:
+        cls.__enter__, cls.__exit__ = enter, exit_

@@ -30,9 +30,10 @@ def _tiny_llama():
 @pytest.mark.parametrize("build", [
     lambda: (cases.NestedGrad(), (torch.randn(3, requires_grad=True),)),
     lambda: (cases.AutocastBlocks(), (torch.randn(2, 4),)),
+    lambda: (cases.NoGradInsideAutocast(), (torch.randn(2, 4),)),
     lambda: (cases.InputMutatedThroughView(), (torch.randn(4), torch.randn(4))),
     _tiny_llama,
-], ids=["nested-grad", "autocast", "mutation-through-view", "llama"])
+], ids=["nested-grad", "autocast", "no-grad-in-autocast", "mutation-through-view", "llama"])
 def test_stamped_stack_traces_equal_torchs_own(build, monkeypatch):
     module, args = build()
     stamped = _traces(predispatch.export_predispatch(module, args))

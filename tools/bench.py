@@ -424,26 +424,32 @@ def fwd_bwd_seconds(fn, params, args) -> float:
     return time.perf_counter() - start
 
 
+def torch_fwd_bwd_seconds(fn, params, args) -> float:
+    """torch.export's program as users have it: with torch's own region calls."""
+    with predispatch._torch.torch_region_runtime():
+        return fwd_bwd_seconds(fn, params, args)
+
+
 def measure_run_time(model, args, iters: int) -> dict:
-    """ep.module() forward+backward vs eager forward+backward, interleaved."""
-    ep = export_pd(model, args)
-    program = ep.module()
-    eager_params = list(model.parameters())
-    ep_params = list(program.parameters())
+    """ep.module() forward+backward vs eager forward+backward, interleaved; torch.export's
+    own program alongside, as the reference users have today."""
+    program = export_pd(model, args).module()
+    torch_program = export_torch(model, args).module()
     with torch.no_grad():
         match = torch.allclose(program(*args), model(*args), atol=1e-4, rtol=1e-4)
-    runners = [("eager", model, eager_params), ("ep", program, ep_params)]
-    samples = {"eager": [], "ep": []}
+    runners = [(name, fn, list(fn.parameters()), timer) for name, fn, timer in (
+        ("eager", model, fwd_bwd_seconds), ("ep", program, fwd_bwd_seconds),
+        ("torch_ep", torch_program, torch_fwd_bwd_seconds))]
+    samples = {name: [] for name, *_ in runners}
     for i in range(iters + 2):  # two warm-up steps each
-        for name, fn, params in rotated(runners, i):
-            seconds = fwd_bwd_seconds(fn, params, args)
+        for name, fn, params, timer in rotated(runners, i):
+            seconds = timer(fn, params, args)
             if i >= 2:
                 samples[name].append(seconds)
-    eager_ms = 1e3 * statistics.median(samples["eager"])
-    ep_ms = 1e3 * statistics.median(samples["ep"])
+    ms = {name: 1e3 * statistics.median(ts) for name, ts in samples.items()}
     min_ratio = min(samples["ep"]) / min(samples["eager"])
-    return {"eager_ms": eager_ms, "ep_ms": ep_ms, "ratio": ep_ms / eager_ms,
-            "min_ratio": min_ratio, "match": match}
+    return {"eager_ms": ms["eager"], "ep_ms": ms["ep"], "torch_ep_ms": ms["torch_ep"],
+            "ratio": ms["ep"] / ms["eager"], "min_ratio": min_ratio, "match": match}
 
 
 def run_case(case: Case, opts) -> Result:
@@ -489,6 +495,7 @@ def print_case(res: Result, wall: float) -> None:
         r = res.run
         print(f"    run fwd+bwd: eager {r['eager_ms']:.3f} ms, ep.module() {r['ep_ms']:.3f} ms, "
               f"ratio {r['ratio']:.3f} (ratio of mins {r['min_ratio']:.3f}), "
+              f"torch.export's ep.module() {fmt(r.get('torch_ep_ms'))} ms, "
               f"outputs match: {r['match']}")
     for k, v in res.errors.items():
         if k not in EXPORTERS:
@@ -520,14 +527,19 @@ def both(mib: dict, spec: str) -> str:
 
 def run_time_table(results: list[Result]) -> str:
     rows = ["| model | eager fwd+bwd ms | ep.module() fwd+bwd ms | ratio | ratio of mins "
-            "| overhead us/region | outputs match |", "|" + "---|" * 7]
+            "| overhead us/region | torch.export's ep.module() ms | its overhead us/region "
+            "| outputs match |", "|" + "---|" * 9]
     for res in results:
         if not res.run:
             continue
         r, n = res.run, res.case.regions
+        torch_ms = r.get("torch_ep_ms")
         per_region = fmt(1e3 * (r["ep_ms"] - r["eager_ms"]) / n, ".2f") if n else "-"
+        torch_per_region = (fmt(1e3 * (torch_ms - r["eager_ms"]) / n, ".2f")
+                            if n and torch_ms is not None else "-")
         rows.append(f"| {res.case.name} | {r['eager_ms']:.3f} | {r['ep_ms']:.3f} "
-                    f"| {r['ratio']:.3f} | {r['min_ratio']:.3f} | {per_region} | {r['match']} |")
+                    f"| {r['ratio']:.3f} | {r['min_ratio']:.3f} | {per_region} "
+                    f"| {fmt(torch_ms, '.3f')} | {torch_per_region} | {r['match']} |")
     return "\n".join(rows) if len(rows) > 2 else ""
 
 
@@ -592,14 +604,18 @@ def run_region_report(results) -> tuple[list[str], float | None]:
     lines, worst = [], None
     for kind in ("no_grad", "autocast"):
         names = [c.name for c in CASES if c.group == "regions" and c.name.startswith(kind)]
-        pts = per_unit_costs(results, names, lambda c: c.regions,
-                             lambda r: (r.run["ep_ms"] - r.run["eager_ms"]) if r.run else None)
-        if len(pts) < 2:
-            continue
-        b = 1e3 * slope(*zip(*pts))
-        per = ", ".join(f"N={n}: {1e3 * d / n:.2f}" for n, d in pts)
-        lines.append(f"  {kind:8s} run-time overhead us/region {per}; marginal {b:.2f} us/region")
-        worst = b if worst is None else max(worst, b)
+        for program, key in (("predispatch", "ep_ms"), ("torch.export", "torch_ep_ms")):
+            pts = per_unit_costs(results, names, lambda c: c.regions,
+                                 lambda r, k=key: (r.run[k] - r.run["eager_ms"])
+                                 if r.run.get(k) is not None else None)
+            if len(pts) < 2:
+                continue
+            b = 1e3 * slope(*zip(*pts))
+            per = ", ".join(f"N={n}: {1e3 * d / n:.2f}" for n, d in pts)
+            lines.append(f"  {kind:8s} {program:12s} run-time overhead us/region {per}; "
+                         f"marginal {b:.2f} us/region")
+            if program == "predispatch":
+                worst = b if worst is None else max(worst, b)
     return lines, worst
 
 
