@@ -99,10 +99,16 @@ def autocast_nesting() -> int:
 
 
 def current_node(t: torch.Tensor) -> torch.fx.Node | None:
-    """The graph node holding the current value of a traced FunctionalTensor."""
+    """The graph node holding the current value of a traced FunctionalTensor
+    (a stale view is brought up to date first, in the current grad mode)."""
     if not isinstance(t, FunctionalTensor):
         return None
     torch._sync(t)
+    return materialized_node(t)
+
+
+def materialized_node(t: FunctionalTensor) -> torch.fx.Node | None:
+    """The graph node of the value ``t`` last got, up to date or not."""
     inner = torch._from_functional_tensor(t.elem)
     mode = get_proxy_mode()
     if mode is None:

@@ -59,7 +59,9 @@ def _aten_stage(policy: OpPolicy, record: TraceRecord):
                 produce_guards_callback=None, *, transform=lambda f: f, **_unused):
         def trace(stack, wrapped, args, *, kwargs=None, **_flags):
             with recording(wrapped, record, _strip_root):
-                return functional_trace(wrapped, args, kwargs)
+                # the history stage may need a replaced value nothing else uses
+                return functional_trace(wrapped, args, kwargs,
+                                        keep=lambda: {r.old for r in record.replacements})
 
         with contextlib.ExitStack() as stack:
             stack.enter_context(_torch.reparametrize_module(

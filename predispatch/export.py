@@ -2,6 +2,7 @@
 
     capture   -> a flat functional pre-dispatch graph + what the trace saw
     history   -> values mutated under no_grad keep their autograd history
+    dead code -> replaced values the history stage did not need go
     copies    -> functionalized copies written with differentiable ops
     regions   -> grad/autocast blocks become higher-order ops
     signature -> output renames, write-back modes, the autocast policy
@@ -50,6 +51,7 @@ def export_predispatch(module, args, kwargs=None, *, dynamic_shapes=None, op_pol
     with _torch.lazy_codegen():
         captured = capture(module, args, kwargs, dynamic_shapes, op_policy)
         keep_histories(captured, module)
+        eliminate_dead_code(captured.gm)  # what the history stage did not need
         replace_copies(captured.gm)  # after: the trace's record names the copy nodes
         replace_blocks_with_regions(captured.gm)
         sync_output_names(captured)
@@ -69,6 +71,11 @@ def keep_histories(captured: Captured, module: torch.nn.Module) -> None:
                  if p.requires_grad}
     keep_history_pass(captured.gm, captured.record.replacements,
                       lambda: may_require_grad(captured.gm, captured.signature, requiring))
+
+
+def eliminate_dead_code(gm: torch.fx.GraphModule) -> None:
+    gm.graph.eliminate_dead_code()
+    gm.recompile()
 
 
 def sync_output_names(captured: Captured) -> None:

@@ -34,8 +34,9 @@ def _refuse_aliased_mutated_inputs(flat_args, mutated: list[int]) -> None:
                 "tensors (e.g. x and x.clone())")
 
 
-def functional_trace(mod: torch.nn.Module, args, kwargs):
-    """(graph module, aot-style GraphSignature) of ``mod(*args, **kwargs)``."""
+def functional_trace(mod: torch.nn.Module, args, kwargs, keep=frozenset):
+    """(graph module, aot-style GraphSignature) of ``mod(*args, **kwargs)``.
+    Dead code goes, except the nodes ``keep()`` names."""
     kwargs = kwargs or {}
     named_parameters = dict(mod.named_parameters(remove_duplicate=False))
     named_buffers = dict(mod.named_buffers(remove_duplicate=False))
@@ -68,7 +69,8 @@ def functional_trace(mod: torch.nn.Module, args, kwargs):
     with _torch.enable_python_dispatcher():
         gm = _torch.make_fx(functionalized, record_module_stack=True, pre_dispatch=True)(*flat_args)
     _refuse_aliased_mutated_inputs(flat_args, mutated)
-    gm.graph.eliminate_dead_code()
+    kept = keep()
+    gm.graph.eliminate_dead_code(is_impure_node=lambda n: n in kept or n.is_impure())
     gm.recompile()
     return gm, _signature(gm, named_parameters, named_buffers, mutated, in_spec, out_spec.spec)
 

@@ -70,6 +70,8 @@ class _Recorder(_torch.TorchFunctionMode):
         self._parent: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self._detached: set[int] = set()  # detach() results and views of them
         self._no_grad_views: set[int] = set()  # views made under no_grad, and views of them
+        # grad-mode views -> their node when the current no_grad span began
+        self._views_at_entry: dict[int, tuple[torch.Tensor, torch.fx.Node]] = {}
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -150,6 +152,8 @@ class _Recorder(_torch.TorchFunctionMode):
         if was_enabled != bool(args[0]):
             self._materialize_span_views()
         turning_on = not was_enabled and bool(args[0])
+        if was_enabled and not bool(args[0]):
+            self._note_views_at_entry()
         replaced = self._replaced_in_span() if turning_on else []
         node = func(*args, **kwargs)
         if isinstance(node, torch.fx.Node):
@@ -188,13 +192,30 @@ class _Recorder(_torch.TorchFunctionMode):
             _torch.current_node(t)
         self._span_views = []
 
+    def _note_views_at_entry(self):
+        """Views made in grad mode have history in eager. If one is replayed
+        inside the span (its base was mutated there) and used after it, the
+        replay must keep that history: note each one's grad-mode value now."""
+        self._views_at_entry = {}
+        for key, (view, _source) in self._parent.items():
+            if key not in self._no_grad_views and key not in self._detached:
+                if (node := _torch.current_node(view)) is not None:
+                    self._views_at_entry[key] = (view, node)
+
     def _replaced_in_span(self):
-        pairs = []
+        """(old, new) node pairs of the values the span replaced: tensors it
+        used (noted at first use) and grad-mode views replayed inside it."""
+        pairs = {}
         for t, old in (self._watch or {}).values():
             new = _torch.current_node(t)
             if new is not None and new is not old:
-                pairs.append((old, new))
-        return pairs
+                pairs[new] = old
+        for view, old in self._views_at_entry.values():
+            new = _torch.materialized_node(view)  # replayed inside the span, or not at all
+            if new is not None and new is not old:
+                pairs[new] = old  # the grad-mode value, even if first used after a mutation
+        self._views_at_entry = {}
+        return [(old, new) for new, old in pairs.items()]
 
 
 def _is_in_place(func) -> bool:

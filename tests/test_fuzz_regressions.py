@@ -1,8 +1,9 @@
 """Bugs found by the differential fuzzer (tools/fuzz), each as the minimal
 module it shrank to, with the diagnosis. Open ones are xfail(strict=True):
-remove the marker with the fix. Fixed: 1-14 (4b's nested
+remove the marker with the fix. Fixed: 1-16 (4b's nested
 autocast(enabled=False) case by the refusal reading autocast nesting, 10 by
-marking no_grad view replays). Open: 15.
+marking no_grad view replays, 15 and 16 by noting grad-mode views at no_grad
+entries). Open: none.
 
 A test passes when the program matches eager (outputs, gradients, states,
 G1/G3, G7) or, where ``refusal_ok``, when export refuses it with
@@ -588,11 +589,17 @@ def test_view_update_then_detached_update_keeps_history():
 
 
 # --------------------------------------------------------------------------
-# 15. (open) Found by the long run on the final tree (seed 7): eager gives
+# 15. Found by the long run on the final tree (seed 7): eager gives
 # lin.bias a zero gradient (b takes bias's history through `b[1:] = bias`,
 # then `b.copy_(...)` gives it CopyBackwards, which sends zeros), the program
-# gives None: the zero-gradient path through the buffer's aliases is lost
-# (values and other gradients agree). Not diagnosed further yet.
+# gives None. Diagnosis: v0 = b[1:] is made in grad mode; b is mutated under
+# no_grad and v0 used there (`v0[0]`), so functionalization replays v0 inside
+# the no_grad span; `v0.sin()` after the span reads that replay, which has no
+# history. The same loses a real gradient in the smaller module of 16. Fixed:
+# at each no_grad entry the recorder notes the grad-mode value of every
+# grad-mode view; a view replayed inside the span is a replacement (old = that
+# value), so later uses read keep_history; dead code is eliminated only after
+# the history stage, which may need such an otherwise unused old value.
 
 class BufferAliasesOfParameterThenOverwritten(nn.Module):
     def __init__(self):
@@ -617,6 +624,25 @@ class BufferAliasesOfParameterThenOverwritten(nn.Module):
         return (v6, v2)
 
 
-@pytest.mark.xfail(strict=True, reason="a zero gradient through a buffer's aliases comes out as None")
 def test_zero_gradient_through_overwritten_buffer_aliases():
     assert_sound(BufferAliasesOfParameterThenOverwritten(), inputs((3, 4)))
+
+
+# --------------------------------------------------------------------------
+# 16. (found while diagnosing 15) A view made in grad mode, its base mutated
+# under no_grad and the view used there, then used again in grad mode: eager
+# sends the gradient through the view to the base's history; the program read
+# the view's replay inside the span and gave the input no gradient at all.
+
+class ViewReplayedInsideNoGrad(nn.Module):
+    def forward(self, x):
+        w2 = x * 1.0
+        v0 = w2[0]
+        with torch.no_grad():
+            w2.add_(1.0)
+            s = v0.sum()
+        return v0 * 3 + s
+
+
+def test_view_replayed_inside_no_grad_keeps_history():
+    assert_sound(ViewReplayedInsideNoGrad(), inputs((3, 4)))
