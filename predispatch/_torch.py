@@ -24,8 +24,8 @@ from torch._higher_order_ops.wrap import (
 )
 from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
 from torch.export import _trace as _export_trace
+from torch.fx._lazy_graph_module import _LazyGraphModule, _make_graph_module, _use_lazy_graph_module
 from torch.fx.experimental.proxy_tensor import get_proxy_mode, get_proxy_slot
-from torch.fx._lazy_graph_module import _LazyGraphModule
 from torch.nn.modules import module as _nn_module
 from torch.overrides import TorchFunctionMode
 
@@ -359,9 +359,6 @@ def has_autocast_kernel(op, device: str) -> bool:
         return False
 
 
-from torch.fx._lazy_graph_module import _make_graph_module, _use_lazy_graph_module  # noqa: E402
-
-
 def lazy_graph_module(root: torch.nn.Module, graph: torch.fx.Graph, class_name: str) -> torch.fx.GraphModule:
     """A GraphModule whose Python code is generated on first use, not now:
     outlining a region must not cost a code generation and compile."""
@@ -423,6 +420,19 @@ def current_tracer():
     """The fx tracer of the make_fx trace in progress, or None."""
     mode = get_proxy_mode()
     return None if mode is None else mode.tracer
+
+
+def last_node(graph: torch.fx.Graph) -> torch.fx.Node:
+    """The graph's last node (its root sentinel when empty): the mark before
+    a call whose new nodes :func:`nodes_after` then walks."""
+    return graph._root.prev
+
+
+def nodes_after(node: torch.fx.Node):
+    node = node.next
+    while node.op != "root":
+        yield node
+        node = node.next
 
 
 def is_user_stack_frame(filename: str, name: str) -> bool:

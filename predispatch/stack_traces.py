@@ -3,11 +3,12 @@
 torch's tracer symbolizes the whole Python stack and reads the source lines
 for every node it creates, then keeps only the ``forward`` frames: about a
 sixth of an export's time. Every node one torch call creates gets the same
-filtered stack, and those frames repeat from layer to layer. So while
-tracing, torch's per-node capture is off and :func:`stamping_stack_traces`
-stamps each node with the stack of the torch call that created it: the same
-frames in the same format as torch's (``TracerBase._filter_traceback_frames``),
-formatted once per distinct stack.
+filtered stack, and those frames repeat from layer to layer. So during each
+torch call the traced code makes (and each autocast enter/exit, which reach
+make_fx's mode directly), torch's per-node capture is off and the nodes the
+call created are stamped with the call's stack: the same frames in the same
+format as torch's (``TracerBase._filter_traceback_frames``), formatted once
+per distinct stack. Nodes made outside such calls keep torch's own capture.
 """
 from __future__ import annotations
 
@@ -37,19 +38,17 @@ class _Stamper(_torch.TorchFunctionMode):
 
     def call(self, caller, func, args, kwargs):
         """``func(*args, **kwargs)``, its new nodes stamped with ``caller``'s stack."""
-        last = self.tracer.graph._root.prev
+        last = _torch.last_node(self.tracer.graph)
         self.tracer.record_stack_traces = False
         try:
             out = func(*args, **kwargs)
         finally:
             self.tracer.record_stack_traces = True
-        node = last.next
-        if node.op != "root":
-            text = self._stack_text(caller)
-            while node.op != "root":
-                if not node.stack_trace:
-                    node.stack_trace = text
-                node = node.next
+        text = None
+        for node in _torch.nodes_after(last):
+            if not node.stack_trace:
+                text = text or self._stack_text(caller)
+                node.stack_trace = text
         return out
 
     def _shown_frames(self, frame, stop) -> tuple:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import sys
+import weakref
 
 import torch
 import torch.fx
@@ -30,6 +31,10 @@ from .errors import ExportError, is_library_file, user_location
 from .stack_traces import stamping_stack_traces
 
 GRAD_BLOCK = "predispatch_grad_block"  # node.meta key: (phase, block id)
+# attributes the recorder sets on the views it sees
+_SOURCE = "_predispatch_source"  # the tensor the view was taken from
+_DETACHED = "_predispatch_detached"  # a detach() result, or a view of one
+_NO_GRAD_VIEW = "_predispatch_no_grad_view"  # made under no_grad, or a view of such a view
 # node.meta key: a view op replaying a view made under no_grad, which in eager
 # never requires grad; the keep-history pass leaves its inputs without history
 NO_GRAD_VIEW_REPLAY = "predispatch_no_grad_view_replay"
@@ -65,13 +70,11 @@ class _Recorder(_torch.TorchFunctionMode):
         self._owners: list[object] = []  # keeps ids unique while tracing
         self._watch: dict[int, tuple[torch.Tensor, torch.fx.Node]] | None = None
         self._span_views: list[torch.Tensor] = []  # views made since the last grad-mode change
-        # view lineage: id(view) -> (the view, the tensor it was taken from);
-        # holding both keeps the ids from being reused while tracing
-        self._parent: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        self._detached: set[int] = set()  # detach() results and views of them
-        self._no_grad_views: set[int] = set()  # views made under no_grad, and views of them
-        # grad-mode views -> their node when the current no_grad span began
+        # a view's lineage lives on the view (see _note_views), so it goes when the view goes;
+        # grad-mode views still alive, and their nodes when the current no_grad span began
+        self._grad_views: weakref.WeakSet = weakref.WeakSet()
         self._views_at_entry: dict[int, tuple[torch.Tensor, torch.fx.Node]] = {}
+        self._any_no_grad_view = False
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -81,9 +84,9 @@ class _Recorder(_torch.TorchFunctionMode):
             _refuse_stale_autocast_cache(func)
         if self._watch is not None:
             self._note_tensors(args, kwargs)
-        elif args and id(args[0]) in self._detached and _is_in_place(func):
+        elif args and getattr(args[0], _DETACHED, False) and _is_in_place(func):
             return self._mutate_detached_alias(func, args, kwargs)
-        if self._watch is None and self._no_grad_views and self._reads_no_grad_view(args, kwargs):
+        if self._watch is None and self._any_no_grad_view and _reads_no_grad_view(args, kwargs):
             out = self._call_marking_view_replays(func, args, kwargs)
         else:
             out = func(*args, **kwargs)
@@ -94,26 +97,19 @@ class _Recorder(_torch.TorchFunctionMode):
         """Outputs are brought up to date after the forward; replay those that
         are views made under no_grad now, marked."""
         for t in pytree.tree_leaves(out):
-            if isinstance(t, _torch.FunctionalTensor) and id(t) in self._no_grad_views:
+            if getattr(t, _NO_GRAD_VIEW, False):
                 self._call_marking_view_replays(torch._sync, (t,), {})
-
-    def _reads_no_grad_view(self, args, kwargs) -> bool:
-        return any(id(t) in self._no_grad_views for t in pytree.tree_leaves((args, kwargs))
-                   if isinstance(t, _torch.FunctionalTensor))
 
     def _call_marking_view_replays(self, func, args, kwargs):
         """In grad mode, functionalization may replay a view made under no_grad
         from its base, in grad mode, reading a value that keeps its history:
         the replay would require grad where eager's view does not. Mark the
         view ops this call creates."""
-        graph = _torch.current_tracer().graph
-        last = graph._root.prev
+        last = _torch.last_node(_torch.current_tracer().graph)
         out = func(*args, **kwargs)
-        node = last.next
-        while node.op != "root":
+        for node in _torch.nodes_after(last):
             if getattr(node.target, "is_view", False):
                 node.meta[NO_GRAD_VIEW_REPLAY] = True
-            node = node.next
         return out
 
     def _note_views(self, func, args, out):
@@ -121,16 +117,22 @@ class _Recorder(_torch.TorchFunctionMode):
         for t in out if isinstance(out, (tuple, list)) else (out,):
             if isinstance(t, _torch.FunctionalTensor) and _torch.is_view(t):
                 self._span_views.append(t)
-                if source is not None and t is not source:
-                    self._parent[id(t)] = (t, source)  # also keeps t alive while its id is noted
-                    if func is torch.Tensor.detach or id(source) in self._detached:
-                        self._detached.add(id(t))
-                    if not torch.is_grad_enabled() or id(source) in self._no_grad_views:
-                        self._no_grad_views.add(id(t))
+                if source is not None and t is not source and not hasattr(t, _SOURCE):
+                    setattr(t, _SOURCE, source)
+                    detached = func is torch.Tensor.detach or getattr(source, _DETACHED, False)
+                    no_grad = not torch.is_grad_enabled() or getattr(source, _NO_GRAD_VIEW, False)
+                    if detached:
+                        setattr(t, _DETACHED, True)
+                    if no_grad:
+                        setattr(t, _NO_GRAD_VIEW, True)
+                        self._any_no_grad_view = True
+                    if not (detached or no_grad):  # a view with eager autograd history
+                        self._grad_views.add(t)
 
-    def _base(self, t: torch.Tensor) -> torch.Tensor:
-        while id(t) in self._parent:
-            t = self._parent[id(t)][1]
+    @staticmethod
+    def _base(t: torch.Tensor) -> torch.Tensor:
+        while (source := getattr(t, _SOURCE, None)) is not None:
+            t = source
         return t
 
     def _mutate_detached_alias(self, func, args, kwargs):
@@ -197,10 +199,9 @@ class _Recorder(_torch.TorchFunctionMode):
         inside the span (its base was mutated there) and used after it, the
         replay must keep that history: note each one's grad-mode value now."""
         self._views_at_entry = {}
-        for key, (view, _source) in self._parent.items():
-            if key not in self._no_grad_views and key not in self._detached:
-                if (node := _torch.current_node(view)) is not None:
-                    self._views_at_entry[key] = (view, node)
+        for view in list(self._grad_views):
+            if (node := _torch.current_node(view)) is not None:
+                self._views_at_entry[id(view)] = (view, node)
 
     def _replaced_in_span(self):
         """(old, new) node pairs of the values the span replaced: tensors it
@@ -216,6 +217,11 @@ class _Recorder(_torch.TorchFunctionMode):
                 pairs[new] = old  # the grad-mode value, even if first used after a mutation
         self._views_at_entry = {}
         return [(old, new) for new, old in pairs.items()]
+
+
+def _reads_no_grad_view(args, kwargs) -> bool:
+    return any(getattr(t, _NO_GRAD_VIEW, False) for t in pytree.tree_leaves((args, kwargs))
+               if isinstance(t, _torch.FunctionalTensor))
 
 
 def _is_in_place(func) -> bool:
