@@ -84,7 +84,7 @@ class _Recorder(_torch.TorchFunctionMode):
             _refuse_stale_autocast_cache(func)
         if self._watch is not None:
             self._note_tensors(args, kwargs)
-        elif args and getattr(args[0], _DETACHED, False) and _is_in_place(func):
+        elif args and _is_in_place(func) and getattr(args[0], _DETACHED, False):
             return self._mutate_detached_alias(func, args, kwargs)
         if self._watch is None and self._any_no_grad_view and _reads_no_grad_view(args, kwargs):
             out = self._call_marking_view_replays(func, args, kwargs)
