@@ -11,7 +11,7 @@
 from __future__ import annotations
 
 import torch
-from torch.export.graph_signature import OutputSpec, TensorArgument
+from torch.export.graph_signature import InputKind, OutputSpec, TensorArgument
 
 from . import _torch
 from .autocast_policy import AutocastPolicy
@@ -51,7 +51,7 @@ def export_predispatch(module, args, kwargs=None, *, dynamic_shapes=None, op_pol
     with _torch.lazy_codegen():
         captured = capture(module, args, kwargs, dynamic_shapes, op_policy)
         keep_histories(captured, module)
-        eliminate_dead_code(captured.gm)  # what the history stage did not need
+        eliminate_dead_code(captured)  # what the history stage did not need
         replace_copies(captured.gm)  # after: the trace's record names the copy nodes
         replace_blocks_with_regions(captured.gm)
         sync_output_names(captured)
@@ -73,8 +73,17 @@ def keep_histories(captured: Captured, module: torch.nn.Module) -> None:
                       lambda: may_require_grad(captured.gm, captured.signature, requiring))
 
 
-def eliminate_dead_code(gm: torch.fx.GraphModule) -> None:
+def eliminate_dead_code(captured: Captured) -> None:
+    """Dead code goes, and so do the lifted constants only dead code read (a
+    replaced value the history stage did not need kept them in the trace)."""
+    gm, signature = captured.gm, captured.signature
     gm.graph.eliminate_dead_code()
+    unused = {n.name: n for n in gm.graph.nodes if n.op == "placeholder" and not n.users}
+    for spec in [s for s in signature.input_specs
+                 if s.kind == InputKind.CONSTANT_TENSOR and s.arg.name in unused]:
+        gm.graph.erase_node(unused[spec.arg.name])
+        signature.input_specs.remove(spec)
+        captured.artifact.aten.constants.pop(spec.target, None)
     gm.recompile()
 
 

@@ -1,6 +1,6 @@
 """Bugs found by the differential fuzzer (tools/fuzz), each as the minimal
 module it shrank to, with the diagnosis. Open ones are xfail(strict=True):
-remove the marker with the fix. Fixed: 1-16 (4b's nested
+remove the marker with the fix. Fixed: 1-17 (4b's nested
 autocast(enabled=False) case by the refusal reading autocast nesting, 10 by
 marking no_grad view replays, 15 and 16 by noting grad-mode views at no_grad
 entries). Open: none.
@@ -646,3 +646,34 @@ class ViewReplayedInsideNoGrad(nn.Module):
 
 def test_view_replayed_inside_no_grad_keeps_history():
     assert_sound(ViewReplayedInsideNoGrad(), inputs((3, 4)))
+
+
+# --------------------------------------------------------------------------
+# 17. (found by a 3000-program run, seed 23, after the fix of 15) G7: the
+# first export kept an unused lifted constant (`-1.0` of `v0[:, 1:3] = -1.0`)
+# as a CONSTANT_TENSOR input. The trace keeps replaced values alive for the
+# history stage, so torch lifted the constant they read; when the history
+# stage did not need them, they died, and the constant's input stayed.
+# Fixed: the dead-code stage also drops constants only dead code read.
+
+class ConstantReadOnlyByAnUnneededReplacedValue(nn.Module):
+    def __init__(self):
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.w = nn.Parameter(torch.randn(4, 4, generator=g) * 0.5)
+
+    def forward(self, y):
+        v0 = y @ self.w
+        v0.mul_(0)
+        with torch.autocast("cpu", enabled=False):
+            v2 = v0 * 2.0
+        v0[:, 1:3] = -1.0
+        with torch.no_grad():
+            v0.sub_(0.5)
+            v4 = v2.float()
+        v0.add_(v0)
+        return v4
+
+
+def test_unused_lifted_constant_is_not_an_input():
+    assert_sound(ConstantReadOnlyByAnUnneededReplacedValue(), inputs((3, 4)))
