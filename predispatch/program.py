@@ -11,6 +11,8 @@ saved). The write-back modes travel in a node's ``meta["custom"]``, which
 """
 from __future__ import annotations
 
+import copy
+
 import torch
 from torch.export import ExportedProgram
 
@@ -111,6 +113,35 @@ def fix_write_backs(gm: torch.fx.GraphModule, modes: dict[str, str]) -> None:
                 node.target = _WRITE_BACK[mode]
             if mode == "grad":
                 _snapshot_reads(gm, *node.args)
+
+
+# Ops the run-time module calls through their Python binding: the same aten
+# op, without the boxed OpOverload call (``_assert_tensor_metadata``, which
+# guards every ``.to()``, costs 3 us that way and 0.5 us through its binding).
+# Each has one overload, so the binding cannot pick another; tracing the
+# binding records the same op, so a re-export gives the same graph.
+_RUN_TIME_CALLS = {
+    torch.ops.aten._assert_tensor_metadata.default: torch._C._VariableFunctions._assert_tensor_metadata,
+}
+
+
+def _needs_run_time_calls(gm: torch.fx.GraphModule) -> bool:
+    return any(n.op == "call_function" and n.target in _RUN_TIME_CALLS for n in gm.graph.nodes)
+
+
+def use_run_time_calls(gm: torch.fx.GraphModule) -> None:
+    """Swap ``_RUN_TIME_CALLS`` into ``gm`` and its region submodules. The
+    unlifted module shares its submodules with the program: those it changes
+    are copied first, so the program's graphs keep their aten ops."""
+    for name, child in list(gm.named_children()):
+        if isinstance(child, torch.fx.GraphModule) and any(
+                _needs_run_time_calls(m) for m in child.modules() if isinstance(m, torch.fx.GraphModule)):
+            own = _torch.lazy_graph_module(child, copy.deepcopy(child.graph), name)
+            setattr(gm, name, own)
+            use_run_time_calls(own)
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target in _RUN_TIME_CALLS:
+            node.target = _RUN_TIME_CALLS[node.target]
     gm.recompile()
 
 
@@ -120,6 +151,7 @@ class PredispatchProgram(ExportedProgram):
     def module(self, check_guards: bool = True) -> torch.fx.GraphModule:
         unlifted = super().module(check_guards=check_guards)
         fix_write_backs(unlifted, program_meta(self).get("write_back", {}))
+        use_run_time_calls(unlifted)  # recompiles
         return unlifted
 
 

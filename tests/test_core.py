@@ -207,3 +207,31 @@ def test_hooks_on_a_region_submodule_still_run():
     program.no_grad_0.register_forward_hook(lambda mod, args, out: seen.append(torch.is_grad_enabled()))
     program(torch.randn(3))
     assert seen == [False]
+
+
+class _CastBack(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = self.lin(x).float()
+        return (x @ self.lin.weight).float() + y
+
+
+def test_run_time_module_checks_dtypes_through_the_cheap_binding():
+    """ep.module() calls the ``.to()`` guard ``_assert_tensor_metadata``
+    through its Python binding (a sixth of the boxed call's cost): the
+    program keeps the aten op, and the check still fires."""
+    assert_matches_eager(_CastBack(), (torch.randn(2, 4),))
+    ep = predispatch.export_predispatch(_CastBack(), (torch.randn(2, 4),))
+    program = ep.module()
+    guard = torch.ops.aten._assert_tensor_metadata.default
+    assert guard in ops(ep)  # in the region and out of it
+    program_ops = {n.target for m in all_graph_modules(program) for n in m.graph.nodes
+                   if n.op == "call_function"}
+    assert guard not in program_ops and torch._assert_tensor_metadata in program_ops
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # x @ w is bf16 now, not the traced float32
+        with pytest.raises(RuntimeError, match="dtype mismatch"):
+            program(torch.randn(2, 4))
