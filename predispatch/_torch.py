@@ -301,6 +301,14 @@ def is_traced(t: torch.Tensor) -> bool:
     return isinstance(t, FunctionalTensor)
 
 
+def requires_grad_in_trace(t: torch.Tensor) -> bool:
+    """Whether ``t`` requires grad, as eager would say: while tracing above
+    autograd, the functional wrapper does not know; the tensor below it does."""
+    if isinstance(t, FunctionalTensor):
+        return torch._from_functional_tensor(t.elem).requires_grad
+    return t.requires_grad
+
+
 def functional_write(target: FunctionalTensor, value: FunctionalTensor, *, hidden: bool) -> None:
     """Replay ``target.copy_(value)`` while tracing, as data flow with no node:
     later reads of ``target`` read ``value``, and the mutation is recorded

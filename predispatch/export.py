@@ -100,8 +100,9 @@ def sync_output_names(captured: Captured) -> None:
 def write_back_modes(captured: Captured) -> dict[str, str]:
     """Mutation target name (as in the output specs) -> how it was mutated."""
     kinds = captured.record.mutation_kinds
-    user_inputs = [s.arg.name for s in captured.signature.input_specs
-                   if s.kind.name == "USER_INPUT" and hasattr(s.arg, "name")]
+    # one USER_INPUT spec per flat input leaf, constants (bool, int, None, str) included
+    user_inputs = [getattr(s.arg, "name", None) for s in captured.signature.input_specs
+                   if s.kind.name == "USER_INPUT"]
     modes = {}
     for spec in captured.signature.output_specs:
         if spec.kind.name == "PARAMETER_MUTATION":
@@ -117,11 +118,11 @@ def write_back_modes(captured: Captured) -> dict[str, str]:
     return modes
 
 
-def _flat_input_index(captured: Captured, name: str, user_inputs: list[str]) -> int:
+def _flat_input_index(captured: Captured, name: str, user_inputs: list) -> int:
+    """The position of input ``name`` among the flat example inputs (the
+    recorder's key for it)."""
     import torch.utils._pytree as pytree
 
-    leaves = pytree.tree_leaves((captured.args, captured.kwargs))
-    tensor_positions = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
-    if len(tensor_positions) != len(user_inputs):
+    if len(pytree.tree_leaves((captured.args, captured.kwargs))) != len(user_inputs):
         raise ExportError("internal: user inputs of the signature do not match the example inputs")
-    return tensor_positions[user_inputs.index(name)]
+    return user_inputs.index(name)

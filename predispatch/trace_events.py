@@ -13,7 +13,8 @@ cannot show:
 * how each graph input was mutated ("hidden" from autograd, under
   "no_grad", or under "grad"), so the program writes it back the same way;
 * constructs to refuse: a parameter or input updated in place inside an
-  autocast block (eager's cast cache goes stale), ``Tensor.set_`` calls.
+  autocast block (eager's cast cache goes stale), ``Tensor.set_`` calls, a
+  ``torch.autograd.Function`` whose custom backward would run.
 """
 from __future__ import annotations
 
@@ -279,6 +280,39 @@ def _noting_set_calls(record: TraceRecord):
 
 
 @contextlib.contextmanager
+def _refusing_custom_backwards():
+    """``torch.autograd.Function.apply`` runs the forward below torch-function
+    modes with autograd off, and installs the custom backward on the result:
+    the graph gets the forward's ops, and the program would differentiate
+    them rather than run the custom backward (a straight-through estimator
+    would get round()'s zero gradient). Refuse when that backward could run:
+    in grad mode, on a tensor that requires grad or may at run time (a
+    floating-point one: the caller decides whether inputs require grad).
+    Calls on the tensors below the functional layer are torch's own (the
+    autograd kernel of a custom op with a registered backward): not ours to judge."""
+    function = torch.autograd.Function
+    original = function.__dict__["apply"]  # the classmethod
+
+    def apply(cls, *args, **kwargs):
+        if torch.is_grad_enabled() and any(
+                _torch.is_traced(t) and (t.is_floating_point() or t.is_complex()
+                                         or _torch.requires_grad_in_trace(t))
+                for t in pytree.tree_leaves((args, kwargs))):
+            raise ExportError(
+                f"torch.autograd.Function {cls.__qualname__} at {user_location()} cannot be "
+                "exported soundly: its custom backward is not part of a graph, and the program "
+                "would differentiate its forward's ops instead. Write it as differentiable ops, "
+                "or as a torch.library.custom_op with register_autograd (kept as one op)")
+        return original.__func__(cls, *args, **kwargs)
+
+    function.apply = classmethod(apply)
+    try:
+        yield
+    finally:
+        function.apply = original
+
+
+@contextlib.contextmanager
 def recording(module: torch.nn.Module, record: TraceRecord, strip):
     """Run ``module``'s forward under the recorder while it is traced."""
     forward = module.forward
@@ -290,7 +324,7 @@ def recording(module: torch.nn.Module, record: TraceRecord, strip):
                                      if isinstance(t, torch.Tensor) and t.is_floating_point())])
         # the stamper on top: nodes the recorder's own calls make get the user's stack too
         with _Recorder(record, parameter_ids) as recorder, stamping_stack_traces(), \
-                _noting_set_calls(record):
+                _noting_set_calls(record), _refusing_custom_backwards():
             out = forward(*args, **kwargs)
             recorder.sync_no_grad_view_outputs(out)
         _note_mutation_kinds(record, module, pytree.tree_leaves((args, kwargs)), strip)

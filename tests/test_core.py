@@ -235,3 +235,22 @@ def test_run_time_module_checks_dtypes_through_the_cheap_binding():
     with torch.autocast("cpu", dtype=torch.bfloat16):  # x @ w is bf16 now, not the traced float32
         with pytest.raises(RuntimeError, match="dtype mismatch"):
             program(torch.randn(2, 4))
+
+
+class _MutatesAfterConstants(torch.nn.Module):
+    def forward(self, flag, x, n=3, y=None, note="a"):
+        with torch.no_grad():  # written back under no_grad, as eager did
+            y.mul_(n)
+            x.add_(1.0)
+        return x * y if flag else x
+
+
+def test_input_mutations_among_constant_inputs():
+    """Constant inputs (bool, int, None, str) are flat inputs too: the
+    mutated tensors after them keep their own write-back mode (found by the
+    model sweep: Whisper's SpecAugment with use_cache=False)."""
+    args = (True, torch.randn(3))
+    kwargs = {"n": 2, "y": torch.randn(3), "note": "b"}
+    assert_matches_eager(_MutatesAfterConstants(), args, kwargs)
+    ep = predispatch.export_predispatch(_MutatesAfterConstants(), args, kwargs)
+    assert [k for k, _ in specs(ep)] == ["USER_INPUT_MUTATION", "USER_INPUT_MUTATION", "USER_OUTPUT"]

@@ -44,7 +44,42 @@ class GradModeNeverRestored(torch.nn.Module):
         return y
 
 
+class StraightThrough(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return torch.round(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
+class CustomBackward(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return StraightThrough.apply(self.lin(x))
+
+
+class CustomBackwardThatCannotRun(torch.nn.Module):
+    """Under no_grad the Function's backward never runs, so tracing its
+    forward is sound."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        with torch.no_grad():
+            y = StraightThrough.apply(self.lin(x))
+        return self.lin(x + y)
+
+
 @pytest.mark.parametrize("module, args, construct, code", [
+    (CustomBackward(), (torch.randn(2, 4),), "torch.autograd.Function StraightThrough",
+     "StraightThrough.apply("),
     (SetDetachesView(), (torch.randn(3, 4),), "Tensor.set_()", "v.set_("),
     (SetOnMutatedInput(), (torch.randn(4), torch.randn(4)), "Tensor.set_()", "x.set_(y)"),
     (DataDependentBranch(), (torch.randn(3),), "data-dependent Python control flow", "if x.sum() > 0"),
@@ -68,3 +103,9 @@ def test_unsound_constructs_name_themselves_and_the_line(module, args, construct
 def test_bad_options_are_value_errors(kwargs, match):
     with pytest.raises(ValueError, match=match):
         predispatch.export_predispatch(torch.nn.Linear(2, 2), (torch.randn(1, 2),), **kwargs)
+
+
+def test_a_custom_backward_that_cannot_run_is_traced_through():
+    from predispatch.testing.eager import assert_matches_eager
+
+    assert_matches_eager(CustomBackwardThatCannotRun(), (torch.randn(2, 4),))
