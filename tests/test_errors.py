@@ -109,3 +109,29 @@ def test_a_custom_backward_that_cannot_run_is_traced_through():
     from predispatch.testing.eager import assert_matches_eager
 
     assert_matches_eager(CustomBackwardThatCannotRun(), (torch.randn(2, 4),))
+
+
+@torch.library.custom_op("predispatch_test::ste_round", mutates_args=())
+def ste_round(x: torch.Tensor) -> torch.Tensor:
+    return torch.round(x)
+
+
+ste_round.register_fake(lambda x: torch.empty_like(x))
+ste_round.register_autograd(lambda ctx, grad: grad)
+
+
+class CustomOpBackward(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return ste_round(self.lin(x))
+
+
+def test_the_custom_op_the_error_suggests_keeps_its_backward():
+    from predispatch.testing.eager import assert_matches_eager
+
+    ep = assert_matches_eager(CustomOpBackward(), (torch.randn(2, 4),))
+    targets = [n.target for n in ep.graph_module.graph.nodes if n.op == "call_function"]
+    assert torch.ops.predispatch_test.ste_round.default in targets
