@@ -10,6 +10,7 @@ import functools
 import sys
 
 import torch
+import torch.utils.checkpoint
 import torch.fx
 from torch._functorch._aot_autograd.functional_utils import (
     are_all_mutations_hidden_from_autograd,
@@ -295,6 +296,9 @@ def build_exported_program(cls, module, artifact, signature, *, args, kwargs, dy
 
 
 preserve_version_counter = torch.autograd._unsafe_preserve_version_counter
+
+
+REENTRANT_CHECKPOINT = torch.utils.checkpoint.CheckpointFunction
 
 
 def is_traced(t: torch.Tensor) -> bool:

@@ -298,11 +298,14 @@ def _refusing_custom_backwards():
                 _torch.is_traced(t) and (t.is_floating_point() or t.is_complex()
                                          or _torch.requires_grad_in_trace(t))
                 for t in pytree.tree_leaves((args, kwargs))):
+            fix = ("call torch.utils.checkpoint with use_reentrant=False"
+                   if cls is _torch.REENTRANT_CHECKPOINT else
+                   "write it as differentiable ops, or as a torch.library.custom_op with "
+                   "register_autograd (kept as one op)")
             raise ExportError(
                 f"torch.autograd.Function {cls.__qualname__} at {user_location()} cannot be "
                 "exported soundly: its custom backward is not part of a graph, and the program "
-                "would differentiate its forward's ops instead. Write it as differentiable ops, "
-                "or as a torch.library.custom_op with register_autograd (kept as one op)")
+                f"would differentiate its forward's ops instead; {fix}")
         return original.__func__(cls, *args, **kwargs)
 
     function.apply = classmethod(apply)

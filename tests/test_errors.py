@@ -63,6 +63,15 @@ class CustomBackward(torch.nn.Module):
         return StraightThrough.apply(self.lin(x))
 
 
+class ReentrantCheckpoint(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return torch.utils.checkpoint.checkpoint(self.lin, x, use_reentrant=True)
+
+
 class CustomBackwardThatCannotRun(torch.nn.Module):
     """Under no_grad the Function's backward never runs, so tracing its
     forward is sound."""
@@ -80,6 +89,7 @@ class CustomBackwardThatCannotRun(torch.nn.Module):
 @pytest.mark.parametrize("module, args, construct, code", [
     (CustomBackward(), (torch.randn(2, 4),), "torch.autograd.Function StraightThrough",
      "StraightThrough.apply("),
+    (ReentrantCheckpoint(), (torch.randn(2, 4),), "use_reentrant=False", "checkpoint(self.lin"),
     (SetDetachesView(), (torch.randn(3, 4),), "Tensor.set_()", "v.set_("),
     (SetOnMutatedInput(), (torch.randn(4), torch.randn(4)), "Tensor.set_()", "x.set_(y)"),
     (DataDependentBranch(), (torch.randn(3),), "data-dependent Python control flow", "if x.sum() > 0"),
