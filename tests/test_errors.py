@@ -72,6 +72,22 @@ class ReentrantCheckpoint(torch.nn.Module):
         return torch.utils.checkpoint.checkpoint(self.lin, x, use_reentrant=True)
 
 
+class NumpyLayerDrop(torch.nn.Module):
+    def forward(self, x):
+        import numpy as np
+
+        if np.random.random() < 0.5:
+            return x
+        return x * 2
+
+
+class PythonRandomScale(torch.nn.Module):
+    def forward(self, x):
+        import random
+
+        return x * random.uniform(0.5, 1.5)
+
+
 class CustomBackwardThatCannotRun(torch.nn.Module):
     """Under no_grad the Function's backward never runs, so tracing its
     forward is sound."""
@@ -90,6 +106,10 @@ class CustomBackwardThatCannotRun(torch.nn.Module):
     (CustomBackward(), (torch.randn(2, 4),), "torch.autograd.Function StraightThrough",
      "StraightThrough.apply("),
     (ReentrantCheckpoint(), (torch.randn(2, 4),), "use_reentrant=False", "checkpoint(self.lin"),
+    (NumpyLayerDrop(), (torch.randn(3),), "random numbers drawn with numpy.random",
+     "np.random.random()"),
+    (PythonRandomScale(), (torch.randn(3),), "random numbers drawn with Python's random",
+     "random.uniform("),
     (SetDetachesView(), (torch.randn(3, 4),), "Tensor.set_()", "v.set_("),
     (SetOnMutatedInput(), (torch.randn(4), torch.randn(4)), "Tensor.set_()", "x.set_(y)"),
     (DataDependentBranch(), (torch.randn(3),), "data-dependent Python control flow", "if x.sum() > 0"),
