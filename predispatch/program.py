@@ -154,6 +154,14 @@ class PredispatchProgram(ExportedProgram):
         use_run_time_calls(unlifted)  # recompiles
         return unlifted
 
+    def run_decompositions(self, *args, **kwargs) -> PredispatchProgram:
+        """torch's ``run_decompositions``, as for any program: the graph is
+        traced below autograd, so regions are inlined and their grad and
+        autocast semantics are lost (gradients through a no_grad block are
+        no longer cut). The result still writes mutations back as eager did
+        (the write-back record survives decomposition)."""
+        return as_predispatch_program(super().run_decompositions(*args, **kwargs))
+
 
 def as_predispatch_program(ep: ExportedProgram) -> PredispatchProgram:
     """The same program, as a PredispatchProgram (e.g. after torch.export.load)."""

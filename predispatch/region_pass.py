@@ -187,9 +187,9 @@ def _outline(gm: torch.fx.GraphModule, block: Block) -> None:
         submod = graph.get_attr(block.name)
         call = graph.call_function(block.kind.hop, (*block.args, submod, *inputs))
         call.meta["val"] = tuple(o.meta.get("val") for o in outputs)
-        for key in ("stack_trace", "nn_module_stack"):
+        for key in ("stack_trace", "nn_module_stack"):  # unflatten places nodes by module stack
             if key in block.enter.meta:
-                call.meta[key] = block.enter.meta[key]
+                submod.meta[key] = call.meta[key] = block.enter.meta[key]
         results = []
         for i, o in enumerate(outputs):
             item = graph.call_function(operator.getitem, (call, i))

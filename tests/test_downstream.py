@@ -1,0 +1,47 @@
+"""Tools that take an ExportedProgram keep working on ours (the contract:
+``run_decompositions``, ``torch.export.unflatten``, save and load), compared
+with eager: outputs, gradients, parameters and buffers after the call."""
+import copy
+
+import pytest
+import torch
+
+import cases
+import predispatch
+from predispatch.testing.eager import assert_runs_match, run_module
+
+
+def _check_against_eager(module, args, runnable, grad_mode=True):
+    eager = run_module(copy.deepcopy(module), args, None, grad_mode=grad_mode)
+    mine = run_module(runnable, args, None, grad_mode=grad_mode)
+    assert_runs_match(eager, mine)
+
+
+@pytest.mark.parametrize("case, args", [
+    (cases.EMA, (torch.randn(2, 4),)),  # a parameter and a buffer updated under no_grad
+    (cases.Seed, (torch.randn(3),)),
+])
+def test_run_decompositions_keeps_eager_write_backs(case, args):
+    """Outputs and states after the call; not gradients: torch's
+    run_decompositions traces below autograd and inlines the regions, so a
+    no_grad block no longer cuts gradients (EMA's shadow would pass one)."""
+    torch.manual_seed(0)
+    module = case()
+    ep = predispatch.export_predispatch(copy.deepcopy(module), args)
+    decomposed = ep.run_decompositions()
+    assert isinstance(decomposed, predispatch.PredispatchProgram)
+    assert predispatch.autocast_policy(decomposed) == predispatch.autocast_policy(ep)
+    _check_against_eager(module, args, copy.deepcopy(decomposed.module()), grad_mode=False)
+
+
+@pytest.mark.parametrize("case, args", [
+    (cases.Seed, (torch.randn(3),)),
+    (cases.AutocastBlocks, (torch.randn(2, 4),)),
+])
+def test_unflatten_places_regions_in_their_modules(case, args):
+    """torch.export.unflatten places each node by its module stack: the
+    region's submodule and call carry the stack of the code that opened it."""
+    torch.manual_seed(0)
+    module = case()
+    ep = predispatch.export_predispatch(copy.deepcopy(module), args)
+    _check_against_eager(module, args, torch.export.unflatten(ep))
