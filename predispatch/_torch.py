@@ -189,6 +189,8 @@ _GRAD_REGION_CODES = {_GradRegion.__enter__.__code__: "enter", _GradRegion.__exi
 
 
 def _exception_safe_call(self, enable_grad, wrapped_func, *args, **kwargs):
+    if torch.compiler.is_compiling():  # dynamo knows torch's own call, not this one
+        return _TORCH_REGION_CALLS[WrapWithSetGradEnabled](self, enable_grad, wrapped_func, *args, **kwargs)
     if torch._C._is_torch_function_mode_enabled():  # being traced: the recorder reads _GradRegion's frames
         with _GradRegion(enable_grad):
             return wrapped_func(*args, **kwargs)
@@ -225,6 +227,9 @@ def _validated_autocast(device_type, dtype, enabled, cache_enabled):
 
 
 def _autocast_call(self, device_type, dtype, enabled, cache_enabled, wrapped_func, *args, **kwargs):
+    if torch.compiler.is_compiling():
+        return _TORCH_REGION_CALLS[WrapWithAutocast](
+            self, device_type, dtype, enabled, cache_enabled, wrapped_func, *args, **kwargs)
     if torch._C._is_torch_function_mode_enabled():  # being traced: torch.autocast records itself
         with torch.autocast(device_type, dtype, enabled, cache_enabled):
             return wrapped_func(*args, **kwargs)

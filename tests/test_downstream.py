@@ -45,3 +45,19 @@ def test_unflatten_places_regions_in_their_modules(case, args):
     module = case()
     ep = predispatch.export_predispatch(copy.deepcopy(module), args)
     _check_against_eager(module, args, torch.export.unflatten(ep))
+
+
+@pytest.mark.parametrize("case, args", [
+    (cases.AutocastBlocks, (torch.randn(2, 4),)),
+    (cases.EMA, (torch.randn(2, 4),)),
+])
+def test_torch_compile_of_the_program_module(case, args):
+    """Dynamo traces torch's own region calls (it does not know our faster
+    ones), and a failed trace must not leave autocast state behind."""
+    torch.manual_seed(0)
+    module = case()
+    ep = predispatch.export_predispatch(copy.deepcopy(module), args)
+    program = copy.deepcopy(ep.module())
+    program.compile(backend="aot_eager")
+    _check_against_eager(module, args, program)
+    assert not torch.is_autocast_enabled("cpu")
