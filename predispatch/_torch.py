@@ -189,7 +189,7 @@ _GRAD_REGION_CODES = {_GradRegion.__enter__.__code__: "enter", _GradRegion.__exi
 
 
 def _exception_safe_call(self, enable_grad, wrapped_func, *args, **kwargs):
-    if torch.compiler.is_compiling():  # dynamo knows torch's own call, not this one
+    if torch.compiler.is_dynamo_compiling():  # dynamo knows torch's own call, not this one
         return _TORCH_REGION_CALLS[WrapWithSetGradEnabled](self, enable_grad, wrapped_func, *args, **kwargs)
     if torch._C._is_torch_function_mode_enabled():  # being traced: the recorder reads _GradRegion's frames
         with _GradRegion(enable_grad):
@@ -227,7 +227,7 @@ def _validated_autocast(device_type, dtype, enabled, cache_enabled):
 
 
 def _autocast_call(self, device_type, dtype, enabled, cache_enabled, wrapped_func, *args, **kwargs):
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_dynamo_compiling():
         return _TORCH_REGION_CALLS[WrapWithAutocast](
             self, device_type, dtype, enabled, cache_enabled, wrapped_func, *args, **kwargs)
     if torch._C._is_torch_function_mode_enabled():  # being traced: torch.autocast records itself
