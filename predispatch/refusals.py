@@ -7,7 +7,6 @@ construct and the user's line.
 from __future__ import annotations
 
 import contextlib
-import sys
 
 import torch
 import torch.utils._pytree as pytree
@@ -50,61 +49,3 @@ def refusing_custom_backwards():
         yield
     finally:
         function.apply = original
-
-
-def _host_generators() -> dict:
-    """Python's and numpy's global random generators: name -> (module, instance)."""
-    import random
-
-    generators = {"Python's random": (random, random._inst)}
-    numpy = sys.modules.get("numpy")
-    if numpy is not None:
-        generators["numpy.random"] = (numpy.random, numpy.random.mtrand._rand)
-    return generators
-
-
-def _generator_state(instance):
-    if hasattr(instance, "getstate"):  # Python's
-        return instance.getstate()
-    state = instance.get_state(legacy=False)  # numpy's: a dict holding an array
-    return state["state"]["key"].tobytes(), state["state"]["pos"], state["has_gauss"], state["gauss"]
-
-
-@contextlib.contextmanager
-def refusing_host_randomness():
-    """Random numbers drawn with Python's or numpy's generator are constants
-    to the tracer: the program would reuse this trace's draws on every call
-    where eager draws anew (transformers' SpecAugment masks, numpy layer
-    drop). torch's RNG is recorded as ops; these are refused. The module
-    functions (``np.random.rand``, ``random.random``, ...) are wrapped to
-    name the line; a changed generator state catches any other path."""
-    generators = _host_generators()
-    before = {name: _generator_state(inst) for name, (_, inst) in generators.items()}
-    first_call: dict[str, str] = {}
-    wrapped = []
-
-    def wrap(name, module, attr, fn):
-        def call(*args, **kwargs):
-            first_call.setdefault(name, user_location())
-            return fn(*args, **kwargs)
-        setattr(module, attr, call)
-        wrapped.append((module, attr, fn))
-
-    for name, (module, inst) in generators.items():
-        for attr in dir(module):
-            fn = getattr(module, attr, None)
-            if callable(fn) and getattr(fn, "__self__", None) is inst and not attr.startswith("_"):
-                wrap(name, module, attr, fn)
-    try:
-        yield
-    finally:
-        for module, attr, fn in wrapped:
-            setattr(module, attr, fn)
-    for name, (_, inst) in generators.items():
-        if _generator_state(inst) != before[name]:
-            raise ExportError(
-                f"random numbers drawn with {name} at {first_call.get(name, 'an unknown line')} "
-                "cannot be exported soundly: the tracer sees them as constants, so the program "
-                "would reuse this export's draws on every call where eager draws anew. Draw "
-                "them with torch's generator (torch.rand, torch.randint, ...), which the graph "
-                "records, or turn the feature off for export")

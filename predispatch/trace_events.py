@@ -29,7 +29,8 @@ import torch.utils._pytree as pytree
 
 from . import _torch
 from .errors import ExportError, is_library_file, user_location
-from .refusals import refusing_custom_backwards, refusing_host_randomness
+from .host_random import HostDraws, refusing_host_randomness
+from .refusals import refusing_custom_backwards
 from .stack_traces import stamping_stack_traces
 
 GRAD_BLOCK = "predispatch_grad_block"  # node.meta key: (phase, block id)
@@ -64,9 +65,10 @@ class TraceRecord:
 
 
 class _Recorder(_torch.TorchFunctionMode):
-    def __init__(self, record: TraceRecord, parameter_ids: frozenset = frozenset()):
+    def __init__(self, record: TraceRecord, parameter_ids: frozenset = frozenset(), draws=None):
         super().__init__()
         self.record = record
+        self.draws = draws  # host random draws: one passed to torch is read
         self.parameter_ids = parameter_ids
         self._block_ids: dict[int, int] = {}
         self._owners: list[object] = []  # keeps ids unique while tracing
@@ -80,6 +82,8 @@ class _Recorder(_torch.TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if self.draws is not None and self.draws.pending:
+            self.draws.note_torch_call(args, kwargs)
         if func is _torch.SET_GRAD_ENABLED:
             return self._set_grad_enabled(func, args, kwargs)
         if args and _is_in_place(func) and id(self._base(args[0])) in self.parameter_ids:
@@ -291,11 +295,13 @@ def recording(module: torch.nn.Module, record: TraceRecord, strip):
                                    *(id(t) for t in pytree.tree_leaves((args, kwargs))
                                      if isinstance(t, torch.Tensor) and t.is_floating_point())])
         # the stamper on top: nodes the recorder's own calls make get the user's stack too
-        with _Recorder(record, parameter_ids) as recorder, stamping_stack_traces(), \
+        draws = HostDraws()
+        with _Recorder(record, parameter_ids, draws) as recorder, stamping_stack_traces(), \
                 _noting_set_calls(record), refusing_custom_backwards(), \
-                refusing_host_randomness():
+                refusing_host_randomness(draws):
             out = forward(*args, **kwargs)
             recorder.sync_no_grad_view_outputs(out)
+            draws.note_torch_call(out, None)  # a draw returned is replayed too
         _note_mutation_kinds(record, module, pytree.tree_leaves((args, kwargs)), strip)
         return out
 

@@ -165,3 +165,46 @@ def test_the_custom_op_the_error_suggests_keeps_its_backward():
     ep = assert_matches_eager(CustomOpBackward(), (torch.randn(2, 4),))
     targets = [n.target for n in ep.graph_module.graph.nodes if n.op == "call_function"]
     assert torch.ops.predispatch_test.ste_round.default in targets
+
+
+class UnreadLayerDrop(torch.nn.Module):
+    """MusicGen's layer drop: a draw per layer, read only in training with
+    layerdrop > 0 (``uniform(0, 1) < 0.0`` holds for no draw)."""
+
+    def __init__(self, layerdrop=0.0):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(4, 4) for _ in range(2))
+        self.layerdrop = layerdrop
+
+    def forward(self, x):
+        import random
+
+        for layer in self.layers:
+            p = random.uniform(0, 1)
+            if self.training and p < self.layerdrop:
+                continue
+            x = layer(x)
+        return x
+
+
+class SeededPermutation(torch.nn.Module):
+    """BigBird seeds numpy before drawing: the same draws every call."""
+
+    def forward(self, x):
+        import numpy as np
+
+        np.random.seed(0)
+        return x[:, torch.tensor(np.random.permutation(4))] * 2
+
+
+@pytest.mark.parametrize("module", [UnreadLayerDrop().train(), UnreadLayerDrop().eval(),
+                                    SeededPermutation()], ids=["train", "eval", "seeded"])
+def test_host_draws_that_cannot_change_the_program_export(module):
+    from predispatch.testing.eager import assert_matches_eager
+
+    assert_matches_eager(module, (torch.randn(2, 4),))
+
+
+def test_a_host_draw_read_in_training_is_refused():
+    with pytest.raises(predispatch.ExportError, match="random.uniform"):
+        predispatch.export_predispatch(UnreadLayerDrop(0.5).train(), (torch.randn(2, 4),))
