@@ -25,23 +25,28 @@ def refusing_custom_backwards():
     in grad mode, on a tensor that requires grad or may at run time (a
     floating-point one: the caller decides whether inputs require grad).
     Calls on the tensors below the functional layer are torch's own (the
-    autograd kernel of a custom op with a registered backward): not ours to judge."""
+    autograd kernel of a custom op with a registered backward): not ours to judge.
+
+    torch.utils.checkpoint's reentrant Function is the exception: its backward
+    recomputes the forward (with the same random state) and differentiates
+    it, which is what the graph does anyway; its function is traced inline,
+    in grad mode (when to recompute is the compiler's choice in a graph)."""
     function = torch.autograd.Function
     original = function.__dict__["apply"]  # the classmethod
 
     def apply(cls, *args, **kwargs):
+        if cls is _torch.REENTRANT_CHECKPOINT:
+            run_function, _preserve_rng_state, *inputs = args
+            return run_function(*inputs)
         if torch.is_grad_enabled() and any(
                 _torch.is_traced(t) and (t.is_floating_point() or t.is_complex()
                                          or _torch.requires_grad_in_trace(t))
                 for t in pytree.tree_leaves((args, kwargs))):
-            fix = ("call torch.utils.checkpoint with use_reentrant=False"
-                   if cls is _torch.REENTRANT_CHECKPOINT else
-                   "write it as differentiable ops, or as a torch.library.custom_op with "
-                   "register_autograd (kept as one op)")
             raise ExportError(
                 f"torch.autograd.Function {cls.__qualname__} at {user_location()} cannot be "
                 "exported soundly: its custom backward is not part of a graph, and the program "
-                f"would differentiate its forward's ops instead; {fix}")
+                "would differentiate its forward's ops instead; write it as differentiable ops, "
+                "or as a torch.library.custom_op with register_autograd (kept as one op)")
         return original.__func__(cls, *args, **kwargs)
 
     function.apply = classmethod(apply)

@@ -64,12 +64,17 @@ class CustomBackward(torch.nn.Module):
 
 
 class ReentrantCheckpoint(torch.nn.Module):
+    """Its Function's backward recomputes the forward: traced inline, in grad
+    mode (its forward runs under no_grad, which would cut the gradient)."""
+
     def __init__(self):
         super().__init__()
         self.lin = torch.nn.Linear(4, 4)
+        self.drop = torch.nn.Dropout(0.5)
 
     def forward(self, x):
-        return torch.utils.checkpoint.checkpoint(self.lin, x, use_reentrant=True)
+        return torch.utils.checkpoint.checkpoint(
+            lambda t: self.drop(self.lin(t)), x, use_reentrant=True) * 2
 
 
 class NumpyLayerDrop(torch.nn.Module):
@@ -105,7 +110,6 @@ class CustomBackwardThatCannotRun(torch.nn.Module):
 @pytest.mark.parametrize("module, args, construct, code", [
     (CustomBackward(), (torch.randn(2, 4),), "torch.autograd.Function StraightThrough",
      "StraightThrough.apply("),
-    (ReentrantCheckpoint(), (torch.randn(2, 4),), "use_reentrant=False", "checkpoint(self.lin"),
     (NumpyLayerDrop(), (torch.randn(3),), "random numbers drawn with numpy.random",
      "np.random.random()"),
     (PythonRandomScale(), (torch.randn(3),), "random numbers drawn with Python's random",
@@ -135,10 +139,11 @@ def test_bad_options_are_value_errors(kwargs, match):
         predispatch.export_predispatch(torch.nn.Linear(2, 2), (torch.randn(1, 2),), **kwargs)
 
 
-def test_a_custom_backward_that_cannot_run_is_traced_through():
+@pytest.mark.parametrize("module", [CustomBackwardThatCannotRun(), ReentrantCheckpoint()])
+def test_custom_backwards_that_a_graph_can_hold_are_traced_through(module):
     from predispatch.testing.eager import assert_matches_eager
 
-    assert_matches_eager(CustomBackwardThatCannotRun(), (torch.randn(2, 4),))
+    assert_matches_eager(module, (torch.randn(2, 4),))
 
 
 @torch.library.custom_op("predispatch_test::ste_round", mutates_args=())
