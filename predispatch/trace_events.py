@@ -285,6 +285,30 @@ def _noting_set_calls(record: TraceRecord):
 
 
 @contextlib.contextmanager
+def _inference_mode_as_no_grad():
+    """``torch.inference_mode()`` switches grad mode off in C++, where the
+    recorder cannot see it: the program would differentiate the block. While
+    tracing, the block is a ``torch.no_grad()`` block (what it means for
+    gradients; inference tensors' other restrictions are not kept), and
+    ``inference_mode(False)`` changes nothing, as it does not touch grad mode."""
+    cls = torch.inference_mode
+    enter, exit_ = cls.__enter__, cls.__exit__
+
+    def no_grad_enter(self):
+        self._predispatch_block = torch.no_grad() if self.mode else contextlib.nullcontext()
+        self._predispatch_block.__enter__()
+
+    def no_grad_exit(self, *exc):
+        self._predispatch_block.__exit__(*exc)
+
+    cls.__enter__, cls.__exit__ = no_grad_enter, no_grad_exit
+    try:
+        yield
+    finally:
+        cls.__enter__, cls.__exit__ = enter, exit_
+
+
+@contextlib.contextmanager
 def recording(module: torch.nn.Module, record: TraceRecord, strip):
     """Run ``module``'s forward under the recorder while it is traced."""
     forward = module.forward
@@ -298,7 +322,7 @@ def recording(module: torch.nn.Module, record: TraceRecord, strip):
         draws = HostDraws()
         with _Recorder(record, parameter_ids, draws) as recorder, stamping_stack_traces(), \
                 _noting_set_calls(record), refusing_custom_backwards(), \
-                refusing_host_randomness(draws):
+                refusing_host_randomness(draws), _inference_mode_as_no_grad():
             out = forward(*args, **kwargs)
             recorder.sync_no_grad_view_outputs(out)
             draws.note_torch_call(out, None)  # a draw returned is replayed too

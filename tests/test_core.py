@@ -254,3 +254,27 @@ def test_input_mutations_among_constant_inputs():
     assert_matches_eager(_MutatesAfterConstants(), args, kwargs)
     ep = predispatch.export_predispatch(_MutatesAfterConstants(), args, kwargs)
     assert [k for k, _ in specs(ep)] == ["USER_INPUT_MUTATION", "USER_INPUT_MUTATION", "USER_OUTPUT"]
+
+
+class _InferenceModeBlocks(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    @torch.inference_mode()
+    def statistic(self, x):
+        return self.lin(x).mean()
+
+    def forward(self, x):
+        with torch.inference_mode():
+            y = self.lin(x) * 2
+        with torch.inference_mode(False):  # leaves grad mode alone
+            z = self.lin(x)
+        return z + y + self.statistic(x)
+
+
+def test_inference_mode_blocks_are_no_grad_regions():
+    """inference_mode switches grad mode off in C++, out of the tracer's
+    sight: without the region the program would differentiate the block."""
+    ep = assert_matches_eager(_InferenceModeBlocks(), (torch.randn(2, 4),))
+    assert [(d, args) for d, _, args in region_tree(ep.graph_module)] == [(0, (False,)), (0, (False,))]
