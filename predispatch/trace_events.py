@@ -82,6 +82,8 @@ class _Recorder(_torch.TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if getattr(func, "__self__", None) is _DATA:
+            func, args = _data_access(func, args)
         if self.draws is not None and self.draws.pending:
             self.draws.note_torch_call(args, kwargs)
         if func is _torch.SET_GRAD_ENABLED:
@@ -223,6 +225,21 @@ class _Recorder(_torch.TorchFunctionMode):
                 pairs[new] = old  # the grad-mode value, even if first used after a mutation
         self._views_at_entry = {}
         return [(old, new) for new, old in pairs.items()]
+
+
+_DATA = torch._C.TensorBase.__dict__["data"]  # torch-function modes see its __get__ / __set__
+
+
+def _data_access(func, args):
+    """``t.data`` is a detached alias for which the tracer records no node
+    (the graph would keep the history): traced as ``t.detach()``, whose node
+    and alias handling are the same. ``t.data = v`` swaps the storage: refused."""
+    if func.__name__ == "__get__":
+        return torch.Tensor.detach, args[:1]
+    raise ExportError(
+        f"assigning Tensor.data at {user_location()} cannot be exported soundly: it swaps the "
+        "tensor's storage, which a functional graph cannot express; update it in place instead "
+        "(with torch.no_grad(): t.copy_(value))")
 
 
 def _reads_no_grad_view(args, kwargs) -> bool:

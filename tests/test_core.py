@@ -278,3 +278,25 @@ def test_inference_mode_blocks_are_no_grad_regions():
     sight: without the region the program would differentiate the block."""
     ep = assert_matches_eager(_InferenceModeBlocks(), (torch.randn(2, 4),))
     assert [(d, args) for d, _, args in region_tree(ep.graph_module)] == [(0, (False,)), (0, (False,))]
+
+
+class _DataEMA(torch.nn.Module):
+    """Older EMA and weight-clipping code works through ``.data``."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.register_buffer("ema", torch.zeros(4, 4))
+
+    def forward(self, x):
+        self.ema.data.mul_(0.9).add_(0.1 * self.lin.weight.data)
+        self.lin.weight.data.clamp_(-0.3, 0.3)
+        w = self.lin.weight.data  # read without history
+        return self.lin(x) + self.ema.sum() + (w * 2).sum()
+
+
+def test_data_is_a_detached_alias():
+    """``t.data`` leaves no node in the trace: read as ``t.detach()``, so
+    neither reads nor in-place updates through it carry gradients."""
+    ep = assert_matches_eager(_DataEMA(), (torch.randn(2, 4),))
+    assert {("BUFFER_MUTATION", "ema"), ("PARAMETER_MUTATION", "lin.weight")} <= set(specs(ep))

@@ -77,6 +77,16 @@ class ReentrantCheckpoint(torch.nn.Module):
             lambda t: self.drop(self.lin(t)), x, use_reentrant=True) * 2
 
 
+class AssignsData(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        self.lin.weight.data = self.lin.weight.data * 0.5
+        return self.lin(x)
+
+
 class NumpyLayerDrop(torch.nn.Module):
     def forward(self, x):
         import numpy as np
@@ -110,6 +120,7 @@ class CustomBackwardThatCannotRun(torch.nn.Module):
 @pytest.mark.parametrize("module, args, construct, code", [
     (CustomBackward(), (torch.randn(2, 4),), "torch.autograd.Function StraightThrough",
      "StraightThrough.apply("),
+    (AssignsData(), (torch.randn(2, 4),), "assigning Tensor.data", "self.lin.weight.data ="),
     (NumpyLayerDrop(), (torch.randn(3),), "random numbers drawn with numpy.random",
      "np.random.random()"),
     (PythonRandomScale(), (torch.randn(3),), "random numbers drawn with Python's random",
