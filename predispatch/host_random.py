@@ -23,6 +23,7 @@ import sys
 import torch.utils._pytree as pytree
 
 from .errors import ExportError, is_library_file, user_location
+from .patching import patched
 
 _NOT_DRAWS = {"getstate", "get_state", "get_bit_generator"}
 _SEEDING = {"seed", "setstate", "set_state", "set_bit_generator"}
@@ -123,9 +124,14 @@ class HostDraws:
             if isinstance(leaf, Draw):
                 leaf.on_read()
 
-    def wrap(self, generator: str, attr: str, fn):
+    def watching(self, generator: str, attr: str):
+        """A replacement maker for ``patched``: ``fn`` draws, or seeds."""
+        return lambda fn: self._watched(generator, attr, fn)
+
+    def _watched(self, generator: str, attr: str, fn):
         def call(*args, **kwargs):
-            if is_library_file(sys._getframe(1).f_code.co_filename):  # torch's own use
+            # called through patched()'s dispatch: the caller is 2 frames up
+            if is_library_file(sys._getframe(2).f_code.co_filename):  # torch's own use
                 return fn(*args, **kwargs)
             if attr in _SEEDING:
                 self.seeded.add(generator)
@@ -150,19 +156,14 @@ def refusing_host_randomness(draws: HostDraws):
     ``random.uniform``, ...) while the forward runs; refuse read draws after."""
     generators = _generators()
     before = {name: _state(inst) for name, (_, inst) in generators.items()}
-    wrapped = []
-    for name, (module, inst) in generators.items():
-        for attr in dir(module):
-            fn = getattr(module, attr, None)
-            bound = getattr(fn, "__self__", None) is inst or attr in _SEEDING  # np.random.seed is not bound
-            if callable(fn) and bound and not attr.startswith("_") and attr not in _NOT_DRAWS:
-                setattr(module, attr, draws.wrap(name, attr, fn))
-                wrapped.append((module, attr, fn))
-    try:
+    with contextlib.ExitStack() as stack:
+        for name, (module, inst) in generators.items():
+            for attr in dir(module):
+                fn = getattr(module, attr, None)
+                bound = getattr(fn, "__self__", None) is inst or attr in _SEEDING  # np.random.seed is not bound
+                if callable(fn) and bound and not attr.startswith("_") and attr not in _NOT_DRAWS:
+                    stack.enter_context(patched(module, attr, draws.watching(name, attr)))
         yield
-    finally:
-        for module, attr, fn in wrapped:
-            setattr(module, attr, fn)
     for name, (_, inst) in generators.items():
         unseen = name not in draws.drawn and name not in draws.seeded and _state(inst) != before[name]
         if name in draws.read_at or unseen:

@@ -13,6 +13,7 @@ import torch.utils._pytree as pytree
 
 from . import _torch
 from .errors import ExportError, user_location
+from .patching import patched
 
 
 @contextlib.contextmanager
@@ -31,26 +32,23 @@ def refusing_custom_backwards():
     recomputes the forward (with the same random state) and differentiates
     it, which is what the graph does anyway; its function is traced inline,
     in grad mode (when to recompute is the compiler's choice in a graph)."""
-    function = torch.autograd.Function
-    original = function.__dict__["apply"]  # the classmethod
+    def refusing(apply):
+        def call(cls, *args, **kwargs):
+            if cls is _torch.REENTRANT_CHECKPOINT:
+                run_function, _preserve_rng_state, *inputs = args
+                return run_function(*inputs)
+            if torch.is_grad_enabled() and any(
+                    _torch.is_traced(t) and (t.is_floating_point() or t.is_complex()
+                                             or _torch.requires_grad_in_trace(t))
+                    for t in pytree.tree_leaves((args, kwargs))):
+                raise ExportError(
+                    f"torch.autograd.Function {cls.__qualname__} at {user_location()} cannot be "
+                    "exported soundly: its custom backward is not part of a graph, and the "
+                    "program would differentiate its forward's ops instead; write it as "
+                    "differentiable ops, or as a torch.library.custom_op with register_autograd "
+                    "(kept as one op)")
+            return apply(cls, *args, **kwargs)
+        return call
 
-    def apply(cls, *args, **kwargs):
-        if cls is _torch.REENTRANT_CHECKPOINT:
-            run_function, _preserve_rng_state, *inputs = args
-            return run_function(*inputs)
-        if torch.is_grad_enabled() and any(
-                _torch.is_traced(t) and (t.is_floating_point() or t.is_complex()
-                                         or _torch.requires_grad_in_trace(t))
-                for t in pytree.tree_leaves((args, kwargs))):
-            raise ExportError(
-                f"torch.autograd.Function {cls.__qualname__} at {user_location()} cannot be "
-                "exported soundly: its custom backward is not part of a graph, and the program "
-                "would differentiate its forward's ops instead; write it as differentiable ops, "
-                "or as a torch.library.custom_op with register_autograd (kept as one op)")
-        return original.__func__(cls, *args, **kwargs)
-
-    function.apply = classmethod(apply)
-    try:
+    with patched(torch.autograd.Function, "apply", refusing):
         yield
-    finally:
-        function.apply = original

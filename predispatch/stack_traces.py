@@ -21,6 +21,7 @@ import torch
 import torch.fx
 
 from . import _torch
+from .patching import patched
 
 
 class _Stamper(_torch.TorchFunctionMode):
@@ -90,17 +91,10 @@ def stamping_stack_traces():
 def _stamping_autocast_blocks(stamper: _Stamper):
     """autocast's __enter__/__exit__ hand their nodes to make_fx's mode
     directly, past any other torch-function mode: stamp them here."""
-    cls = torch.autocast
-    enter, exit_ = cls.__enter__, cls.__exit__
+    def stamped(method):
+        def call(self, *exc):  # called through patched()'s dispatch: the user's frame is 2 up
+            return stamper.call(sys._getframe(2), method, (self, *exc), {})
+        return call
 
-    def stamped_enter(self):
-        return stamper.call(sys._getframe(1), enter, (self,), {})
-
-    def stamped_exit(self, *exc):
-        return stamper.call(sys._getframe(1), exit_, (self, *exc), {})
-
-    cls.__enter__, cls.__exit__ = stamped_enter, stamped_exit
-    try:
+    with patched(torch.autocast, "__enter__", stamped), patched(torch.autocast, "__exit__", stamped):
         yield
-    finally:
-        cls.__enter__, cls.__exit__ = enter, exit_

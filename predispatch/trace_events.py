@@ -30,6 +30,7 @@ import torch.utils._pytree as pytree
 from . import _torch
 from .errors import ExportError, is_library_file, user_location
 from .host_random import HostDraws, refusing_host_randomness
+from .patching import patched
 from .refusals import refusing_custom_backwards
 from .stack_traces import stamping_stack_traces
 
@@ -279,26 +280,15 @@ def _note_mutation_kinds(record: TraceRecord, module, flat_inputs, strip) -> Non
             record.mutation_kinds[f"input:{i}"] = kind
 
 
-@contextlib.contextmanager
 def _noting_set_calls(record: TraceRecord):
     """Tensor.set_ bypasses torch-function modes, so wrap the method itself."""
-    had_own = "set_" in torch.Tensor.__dict__
-    original = torch.Tensor.set_
-
-    def set_(self, *args, **kwargs):
-        caller = sys._getframe(1).f_code.co_filename
-        if not is_library_file(caller):  # torch calls set_ internally too
-            record.set_calls.append(user_location())
-        return original(self, *args, **kwargs)
-
-    torch.Tensor.set_ = set_
-    try:
-        yield
-    finally:
-        if had_own:
-            torch.Tensor.set_ = original
-        else:
-            del torch.Tensor.set_
+    def noting(set_):
+        def call(self, *args, **kwargs):
+            if not is_library_file(sys._getframe(2).f_code.co_filename):  # torch calls set_ too
+                record.set_calls.append(user_location())
+            return set_(self, *args, **kwargs)
+        return call
+    return patched(torch.Tensor, "set_", noting)
 
 
 @contextlib.contextmanager
@@ -308,21 +298,18 @@ def _inference_mode_as_no_grad():
     tracing, the block is a ``torch.no_grad()`` block (what it means for
     gradients; inference tensors' other restrictions are not kept), and
     ``inference_mode(False)`` changes nothing, as it does not touch grad mode."""
-    cls = torch.inference_mode
-    enter, exit_ = cls.__enter__, cls.__exit__
+    def enter(_original):
+        def call(self):
+            self._predispatch_block = torch.no_grad() if self.mode else contextlib.nullcontext()
+            self._predispatch_block.__enter__()
+        return call
 
-    def no_grad_enter(self):
-        self._predispatch_block = torch.no_grad() if self.mode else contextlib.nullcontext()
-        self._predispatch_block.__enter__()
+    def exit_(_original):
+        return lambda self, *exc: self._predispatch_block.__exit__(*exc)
 
-    def no_grad_exit(self, *exc):
-        self._predispatch_block.__exit__(*exc)
-
-    cls.__enter__, cls.__exit__ = no_grad_enter, no_grad_exit
-    try:
+    with patched(torch.inference_mode, "__enter__", enter), \
+            patched(torch.inference_mode, "__exit__", exit_):
         yield
-    finally:
-        cls.__enter__, cls.__exit__ = enter, exit_
 
 
 @contextlib.contextmanager
