@@ -85,12 +85,23 @@ class Block:
     empty: bool = True  # no op between its markers: never a region
 
 
+def _grad_mode(stack: list[Block]) -> bool:
+    """The grad mode inside the innermost open grad block (the trace runs with grad on)."""
+    return next((b.args[0] for b in reversed(stack) if b.kind is GRAD), True)
+
+
 def read_blocks(graph: torch.fx.Graph) -> tuple[list[Block], list[torch.fx.Node]]:
     """The block tree from the markers, and the redundant markers to drop
-    (``set_grad_enabled`` sets its mode in both __init__ and __enter__)."""
+    (``set_grad_enabled`` sets its mode in both __init__ and __enter__).
+
+    ``torch.set_grad_enabled(b)`` called as a function has no exit: such a
+    toggle opens a block that the next toggle back to the previous mode, at
+    the same nesting, closes (``prev = torch.is_grad_enabled();
+    torch.set_grad_enabled(False); ...; torch.set_grad_enabled(prev)``)."""
     top, stack, redundant = [], [], []
-    for node in graph.nodes:
-        m = marker(node)
+    markers = [(node, marker(node)) for node in graph.nodes]
+    exits = {m.key for _, m in markers if m is not None and m.phase == "exit"}
+    for node, m in markers:
         if m is None:
             if node.op not in ("placeholder", "output"):
                 for open_block in stack:
@@ -100,6 +111,16 @@ def read_blocks(graph: torch.fx.Graph) -> tuple[list[Block], list[torch.fx.Node]
             raise ExportError(
                 f"a bare torch._C._set_grad_enabled call, outside any grad-mode context "
                 f"manager, cannot be exported soundly, at {_where(node)}")
+        if m.phase == "enter" and m.kind is GRAD and m.key not in exits:  # a function-call toggle
+            if m.args[0] == _grad_mode(stack):
+                redundant.append(node)
+            elif stack and stack[-1].key == "toggle":
+                stack.pop().exit = node
+            else:
+                block = Block(m.kind, m.args, "toggle", node)
+                (stack[-1].children if stack else top).append(block)
+                stack.append(block)
+            continue
         if m.phase == "enter":
             if stack and stack[-1].key == m.key:
                 redundant.append(node)

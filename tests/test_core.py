@@ -300,3 +300,28 @@ def test_data_is_a_detached_alias():
     neither reads nor in-place updates through it carry gradients."""
     ep = assert_matches_eager(_DataEMA(), (torch.randn(2, 4),))
     assert {("BUFFER_MUTATION", "ema"), ("PARAMETER_MUTATION", "lin.weight")} <= set(specs(ep))
+
+
+class _GradModeToggles(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        previous = torch.is_grad_enabled()
+        torch.set_grad_enabled(False)  # a function call, not a block
+        frozen = self.lin(x)
+        torch.set_grad_enabled(False)  # no change: no block
+        torch.set_grad_enabled(previous)
+        with torch.no_grad():
+            torch.set_grad_enabled(True)  # toggles nest in blocks
+            inner = self.lin(frozen)
+            torch.set_grad_enabled(False)
+        return self.lin(x) + frozen + inner
+
+
+def test_set_grad_enabled_called_as_a_function_and_restored():
+    """A toggle and the toggle back to the previous mode make a region."""
+    ep = assert_matches_eager(_GradModeToggles(), (torch.randn(2, 4),))
+    assert [(d, args) for d, _, args in region_tree(ep.graph_module)] == [
+        (0, (False,)), (0, (False,)), (1, (True,))]
