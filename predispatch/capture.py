@@ -93,7 +93,8 @@ def capture(module, args, kwargs, dynamic_shapes, policy: OpPolicy) -> Captured:
     original_state_dict = t._get_original_state_dict(module)
     record = TraceRecord()
     with (_data_dependence_as_export_error(),
-          _set_as_export_error(record)):
+          _set_as_export_error(record),
+          _foreign_mutation_as_export_error()):
         artifact = t._non_strict_export(
             mod=module, args=args, kwargs=kwargs, dynamic_shapes=dynamic_shapes,
             preserve_module_call_signature=(), orig_in_spec=orig_in_spec,
@@ -113,6 +114,22 @@ def _data_dependence_as_export_error():
             "data-dependent Python control flow (a Python bool/int/float/item() of a "
             f"tensor's value) cannot be exported soundly, at {exception_location(e)} ({_first_line(e)})"
         ) from e
+
+
+@contextlib.contextmanager
+def _foreign_mutation_as_export_error():
+    """A tensor the trace does not own (a global, a closure's) mutated with a
+    traced value: functionalization's internal assert, said in user terms."""
+    try:
+        yield
+    except RuntimeError as e:
+        if "mutating a non-functional tensor" not in str(e):
+            raise
+        raise ExportError(
+            f"an in-place update at {exception_location(e)} of a tensor that is neither a "
+            "parameter, a buffer nor an input (a plain tensor attribute, a global, a closure's "
+            "tensor) cannot be exported soundly; register it with register_buffer or pass it "
+            "as an input") from e
 
 
 @contextlib.contextmanager

@@ -17,7 +17,7 @@ from . import _torch
 from .autocast_policy import AutocastPolicy
 from .capture import Captured, capture
 from .copy_pass import replace_copies
-from .errors import ExportError
+from .errors import ExportError, node_location
 from .keep_history import keep_history_pass, may_require_grad
 from .op_policy import OpPolicy
 from .program import PredispatchProgram, set_program_meta
@@ -54,6 +54,7 @@ def export_predispatch(module, args, kwargs=None, *, dynamic_shapes=None, op_pol
         eliminate_dead_code(captured)  # what the history stage did not need
         replace_copies(captured.gm)  # after: the trace's record names the copy nodes
         replace_blocks_with_regions(captured.gm)
+        refuse_remaining_mutations(captured.gm)
         sync_output_names(captured)
         set_program_meta(captured.gm, {
             "write_back": write_back_modes(captured),
@@ -64,6 +65,24 @@ def export_predispatch(module, args, kwargs=None, *, dynamic_shapes=None, op_pol
         args=captured.args, kwargs=captured.kwargs, dynamic_shapes=captured.dynamic_shapes,
         state_dict=captured.original_state_dict,
         verify_additional_inputs=captured.verify_additional_inputs)
+
+
+def refuse_remaining_mutations(gm: torch.fx.GraphModule) -> None:
+    """G1's safety net. Functionalization turns mutations of parameters,
+    buffers, inputs and intermediates into data flow; an in-place op left in
+    the graph mutates something else (a plain tensor attribute, lifted as a
+    constant), which a functional program cannot express."""
+    for m in gm.modules():
+        if not isinstance(m, torch.fx.GraphModule):
+            continue
+        for node in m.graph.nodes:
+            schema = getattr(node.target, "_schema", None)
+            if node.op == "call_function" and schema is not None and schema.is_mutable:
+                raise ExportError(
+                    f"an in-place update ({node.target}) at {node_location(node.meta.get('stack_trace'))} "
+                    "of a tensor that is neither a parameter, a buffer nor an input (a plain tensor "
+                    "attribute, a global, a closure's tensor) cannot be exported soundly; register "
+                    "it with register_buffer or pass it as an input")
 
 
 def keep_histories(captured: Captured, module: torch.nn.Module) -> None:

@@ -75,6 +75,27 @@ class ReentrantCheckpoint(torch.nn.Module):
             lambda t: self.drop(self.lin(t)), x, use_reentrant=True) * 2
 
 
+class MutatesPlainTensorAttribute(torch.nn.Module):
+    def __init__(self, by_input=True):
+        super().__init__()
+        self.total = torch.zeros(2, 4)  # not a buffer: a constant to the program
+        self.by_input = by_input
+
+    def forward(self, x):
+        self.total.add_(x if self.by_input else 1.0)
+        return x + self.total
+
+
+_GLOBAL_TOTAL = torch.zeros(2, 4)
+
+
+class MutatesGlobalTensor(torch.nn.Module):
+    def forward(self, x):
+        with torch.no_grad():
+            _GLOBAL_TOTAL.add_(x)
+        return x * 2
+
+
 class AssignsData(torch.nn.Module):
     def __init__(self):
         super().__init__()
@@ -119,6 +140,12 @@ class CustomBackwardThatCannotRun(torch.nn.Module):
     (CustomBackward(), (torch.randn(2, 4),), "torch.autograd.Function StraightThrough",
      "StraightThrough.apply("),
     (AssignsData(), (torch.randn(2, 4),), "assigning Tensor.data", "self.lin.weight.data ="),
+    (MutatesPlainTensorAttribute(), (torch.randn(2, 4),), "neither a parameter, a buffer nor",
+     "self.total.add_("),
+    (MutatesPlainTensorAttribute(by_input=False), (torch.randn(2, 4),),
+     "neither a parameter, a buffer nor", "self.total.add_("),
+    (MutatesGlobalTensor(), (torch.randn(2, 4),), "neither a parameter, a buffer nor",
+     "_GLOBAL_TOTAL.add_(x)"),
     (NumpyLayerDrop(), (torch.randn(3),), "random numbers drawn with numpy.random",
      "np.random.random()"),
     (PythonRandomScale(), (torch.randn(3),), "random numbers drawn with Python's random",
