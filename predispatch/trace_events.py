@@ -312,6 +312,27 @@ def _inference_mode_as_no_grad():
         yield
 
 
+def _buffer_reassignment_as_update():
+    """``self.b = value`` for a registered buffer rebinds the attribute:
+    functionalization sees no mutation, and the program would never update
+    the buffer. While tracing it is ``self.b.copy_(value)``, a buffer mutation
+    like any other (eager's module holds the new value after the call either
+    way); a value of another shape, dtype or device is refused."""
+    def setting(setattr_):
+        def call(self, name, value):
+            old = self.__dict__.get("_buffers", {}).get(name)
+            if old is None or not isinstance(value, torch.Tensor) or value is old:
+                return setattr_(self, name, value)
+            if (old.shape, old.dtype, old.device) != (value.shape, value.dtype, value.device):
+                raise ExportError(
+                    f"reassigning buffer {name!r} at {user_location()} with a tensor of another "
+                    f"shape, dtype or device ({tuple(value.shape)}, {value.dtype}) cannot be "
+                    "exported soundly: the program's buffers keep their shape")
+            old.copy_(value)
+        return call
+    return patched(torch.nn.Module, "__setattr__", setting)
+
+
 @contextlib.contextmanager
 def recording(module: torch.nn.Module, record: TraceRecord, strip):
     """Run ``module``'s forward under the recorder while it is traced."""
@@ -326,7 +347,8 @@ def recording(module: torch.nn.Module, record: TraceRecord, strip):
         draws = HostDraws()
         with _Recorder(record, parameter_ids, draws) as recorder, stamping_stack_traces(), \
                 _noting_set_calls(record), refusing_custom_backwards(), \
-                refusing_host_randomness(draws), _inference_mode_as_no_grad():
+                refusing_host_randomness(draws), _inference_mode_as_no_grad(), \
+                _buffer_reassignment_as_update():
             out = forward(*args, **kwargs)
             recorder.sync_no_grad_view_outputs(out)
             draws.note_torch_call(out, None)  # a draw returned is replayed too

@@ -325,3 +325,25 @@ def test_set_grad_enabled_called_as_a_function_and_restored():
     ep = assert_matches_eager(_GradModeToggles(), (torch.randn(2, 4),))
     assert [(d, args) for d, _, args in region_tree(ep.graph_module)] == [
         (0, (False,)), (0, (False,)), (1, (True,))]
+
+
+class _ReassignedBuffers(torch.nn.Module):
+    """Custom running statistics are often rebound, not updated in place."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.register_buffer("running_mean", torch.zeros(4))
+        self.register_buffer("steps", torch.zeros((), dtype=torch.long))
+
+    def forward(self, x):
+        y = self.lin(x)
+        with torch.no_grad():
+            self.running_mean = 0.9 * self.running_mean + 0.1 * y.mean(0)
+        self.steps = self.steps + 1
+        return y - self.running_mean
+
+
+def test_reassigned_buffers_are_buffer_mutations():
+    ep = assert_matches_eager(_ReassignedBuffers(), (torch.randn(2, 4),))
+    assert {("BUFFER_MUTATION", "running_mean"), ("BUFFER_MUTATION", "steps")} <= set(specs(ep))
