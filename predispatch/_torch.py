@@ -212,6 +212,15 @@ def _call_region_body(body, args, kwargs):
     return body(*args, **kwargs)
 
 
+def backward_hooks(module: torch.nn.Module) -> list[tuple[str | None, object]]:
+    """(module path, hook) of every module backward (pre-)hook; global ones have path None."""
+    g = _nn_module
+    found = [(None, h) for h in (*g._global_backward_hooks.values(), *g._global_backward_pre_hooks.values())]
+    for path, m in module.named_modules():
+        found += [(path, h) for h in (*m._backward_hooks.values(), *m._backward_pre_hooks.values())]
+    return found
+
+
 def _has_module_hooks(m: torch.nn.Module) -> bool:
     g = _nn_module
     return bool(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks

@@ -86,7 +86,24 @@ def _aten_stage(policy: OpPolicy, record: TraceRecord):
     return to_aten
 
 
+def _hooked(path: str | None) -> str:
+    return "every module (global)" if path is None else f"submodule {path!r}" if path else "the module"
+
+
+def _refuse_backward_hooks(module: torch.nn.Module) -> None:
+    """A module backward hook changes eager's gradients; a graph cannot call it."""
+    for path, hook in _torch.backward_hooks(module):
+        code = getattr(hook, "__code__", None)
+        where = f"{code.co_filename}:{code.co_firstlineno}" if code else repr(hook)
+        raise ExportError(
+            f"a backward hook on {_hooked(path)} "
+            f"({getattr(hook, '__qualname__', hook)}, defined at {where}) cannot be exported "
+            "soundly: the program's backward would not call it; remove it before exporting, or "
+            "register it on ep.module()")
+
+
 def capture(module, args, kwargs, dynamic_shapes, policy: OpPolicy) -> Captured:
+    _refuse_backward_hooks(module)
     t = _torch.export_trace
     args, kwargs, orig_in_spec, dynamic_shapes, verify_additional_inputs = (
         t._process_export_inputs(module, args, kwargs, dynamic_shapes))

@@ -7,12 +7,13 @@ construct and the user's line.
 from __future__ import annotations
 
 import contextlib
+import sys
 
 import torch
 import torch.utils._pytree as pytree
 
 from . import _torch
-from .errors import ExportError, user_location
+from .errors import ExportError, is_library_file, user_location
 from .patching import patched
 
 
@@ -51,4 +52,42 @@ def refusing_custom_backwards():
         return call
 
     with patched(torch.autograd.Function, "apply", refusing):
+        yield
+
+
+# Global state a function call changes, which a graph does not record: the
+# program would run under the caller's state instead. (torch's own calls, e.g.
+# torch.autocast's __enter__ setting the autocast state, are not refused.)
+_AUTOCAST_CALL = ("an autocast mode set by a function call rather than a block: the program "
+                  "would run without it; use `with torch.autocast(...)`")
+_RNG_CALL = ("torch's random generator re-seeded or restored: the program would draw from the "
+             "caller's generator state instead")
+_REFUSED_CALLS = {
+    **{(torch, name): _AUTOCAST_CALL for name in (
+        "set_autocast_enabled", "set_autocast_dtype", "set_autocast_cpu_enabled",
+        "set_autocast_cpu_dtype", "set_autocast_gpu_dtype", "set_autocast_cache_enabled")},
+    **{(module, name): _RNG_CALL for module in (torch, torch.random)
+       for name in ("manual_seed", "seed", "set_rng_state")},
+    (torch.random, "fork_rng"): _RNG_CALL,
+}
+
+
+@contextlib.contextmanager
+def refusing_state_calls():
+    """The calls of ``_REFUSED_CALLS`` from the user's code raise ``ExportError``."""
+    def refusing(why):
+        def make(fn):
+            def call(*args, **kwargs):
+                # called through patched()'s dispatch: the caller is 2 frames up
+                if is_library_file(sys._getframe(2).f_code.co_filename):
+                    return fn(*args, **kwargs)
+                raise ExportError(f"{fn.__name__}() at {user_location()} cannot be exported "
+                                  f"soundly: {why}")
+            return call
+        return make
+
+    with contextlib.ExitStack() as stack:
+        for (module, name), why in _REFUSED_CALLS.items():
+            if hasattr(module, name):
+                stack.enter_context(patched(module, name, refusing(why)))
         yield

@@ -31,7 +31,7 @@ from . import _torch
 from .errors import ExportError, is_library_file, user_location
 from .host_random import HostDraws, refusing_host_randomness
 from .patching import patched
-from .refusals import refusing_custom_backwards
+from .refusals import refusing_custom_backwards, refusing_state_calls
 from .stack_traces import stamping_stack_traces
 
 GRAD_BLOCK = "predispatch_grad_block"  # node.meta key: (phase, block id)
@@ -348,7 +348,7 @@ def recording(module: torch.nn.Module, record: TraceRecord, strip):
         with _Recorder(record, parameter_ids, draws) as recorder, stamping_stack_traces(), \
                 _noting_set_calls(record), refusing_custom_backwards(), \
                 refusing_host_randomness(draws), _inference_mode_as_no_grad(), \
-                _buffer_reassignment_as_update():
+                _buffer_reassignment_as_update(), refusing_state_calls():
             out = forward(*args, **kwargs)
             recorder.sync_no_grad_view_outputs(out)
             draws.note_torch_call(out, None)  # a draw returned is replayed too

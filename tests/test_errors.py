@@ -96,6 +96,20 @@ class MutatesGlobalTensor(torch.nn.Module):
         return x * 2
 
 
+class ReseedsTorch(torch.nn.Module):
+    def forward(self, x):
+        torch.manual_seed(0)
+        return x * torch.rand(2, 4)
+
+
+class SetsAutocastByCall(torch.nn.Module):
+    def forward(self, x):
+        torch.set_autocast_enabled("cpu", True)
+        y = x @ x.T
+        torch.set_autocast_enabled("cpu", False)
+        return y
+
+
 class AssignsData(torch.nn.Module):
     def __init__(self):
         super().__init__()
@@ -140,6 +154,9 @@ class CustomBackwardThatCannotRun(torch.nn.Module):
     (CustomBackward(), (torch.randn(2, 4),), "torch.autograd.Function StraightThrough",
      "StraightThrough.apply("),
     (AssignsData(), (torch.randn(2, 4),), "assigning Tensor.data", "self.lin.weight.data ="),
+    (ReseedsTorch(), (torch.randn(2, 4),), "random generator re-seeded", "torch.manual_seed(0)"),
+    (SetsAutocastByCall(), (torch.randn(2, 4),), "autocast mode set by a function call",
+     'torch.set_autocast_enabled("cpu", True)'),
     (MutatesPlainTensorAttribute(), (torch.randn(2, 4),), "neither a parameter, a buffer nor",
      "self.total.add_("),
     (MutatesPlainTensorAttribute(by_input=False), (torch.randn(2, 4),),
@@ -249,3 +266,14 @@ def test_host_draws_that_cannot_change_the_program_export(module):
 def test_a_host_draw_read_in_training_is_refused():
     with pytest.raises(predispatch.ExportError, match="random.uniform"):
         predispatch.export_predispatch(UnreadLayerDrop(0.5).train(), (torch.randn(2, 4),))
+
+
+def test_a_module_backward_hook_is_refused_naming_it():
+    module = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+
+    def triple(mod, grad_input, grad_output):
+        return tuple(g * 3 if g is not None else None for g in grad_input)
+
+    module[0].register_full_backward_hook(triple)
+    with pytest.raises(predispatch.ExportError, match=r"backward hook on submodule '0' \(.*triple"):
+        predispatch.export_predispatch(module, (torch.randn(2, 4),))
