@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import inspect
 import sys
 import weakref
 
 import torch
 import torch.fx
+import torch.nn.functional as F
 import torch.utils._pytree as pytree
 
 from . import _torch
@@ -89,6 +91,8 @@ class _Recorder(_torch.TorchFunctionMode):
             self.draws.note_torch_call(args, kwargs)
         if func is _torch.SET_GRAD_ENABLED:
             return self._set_grad_enabled(func, args, kwargs)
+        if func in _RENORMING_LOOKUPS:
+            return self._lookup_renorming_visibly(func, args, kwargs)
         if args and _is_in_place(func) and id(self._base(args[0])) in self.parameter_ids:
             _refuse_stale_autocast_cache(func)
         if self._watch is not None:
@@ -101,6 +105,21 @@ class _Recorder(_torch.TorchFunctionMode):
             out = func(*args, **kwargs)
         self._note_views(func, args, out)
         return out
+
+    def _lookup_renorming_visibly(self, func, args, kwargs):
+        """``F.embedding(max_norm=...)`` renorms the weight in place through a
+        detached alias inside the call, where this mode does not see it (the
+        graph would drop the weight's history). Renorm first, under this
+        mode, then look up without max_norm."""
+        bound = _RENORMING_LOOKUPS[func].bind(*args, **kwargs)
+        max_norm = bound.arguments.get("max_norm")
+        if max_norm is not None:
+            norm_type = bound.arguments.get("norm_type", 2.0)
+            with self:  # the mode is off inside its own handler
+                torch.embedding_renorm_(bound.arguments["weight"].detach(),
+                                        bound.arguments["input"].contiguous(), max_norm, norm_type)
+            bound.arguments["max_norm"] = None
+        return func(*bound.args, **bound.kwargs)
 
     def sync_no_grad_view_outputs(self, out) -> None:
         """Outputs are brought up to date after the forward; replay those that
@@ -228,6 +247,7 @@ class _Recorder(_torch.TorchFunctionMode):
         return [(old, new) for new, old in pairs.items()]
 
 
+_RENORMING_LOOKUPS = {f: inspect.signature(f) for f in (F.embedding, F.embedding_bag)}
 _DATA = torch._C.TensorBase.__dict__["data"]  # torch-function modes see its __get__ / __set__
 
 

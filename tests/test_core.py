@@ -347,3 +347,21 @@ class _ReassignedBuffers(torch.nn.Module):
 def test_reassigned_buffers_are_buffer_mutations():
     ep = assert_matches_eager(_ReassignedBuffers(), (torch.randn(2, 4),))
     assert {("BUFFER_MUTATION", "running_mean"), ("BUFFER_MUTATION", "steps")} <= set(specs(ep))
+
+
+class _RenormedEmbeddings(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(10, 4, max_norm=1.0)
+        self.bag = torch.nn.EmbeddingBag(10, 4, max_norm=0.5, mode="mean")
+
+    def forward(self, ids):
+        return self.emb(ids).sum(1) + self.bag(ids)
+
+
+def test_embedding_max_norm_renorms_without_losing_the_weight_gradient():
+    """F.embedding renorms the weight in place through a detached alias,
+    inside the call: replayed where the recorder sees it."""
+    ids = torch.tensor([[1, 2, 4], [4, 3, 9]])
+    ep = assert_matches_eager(_RenormedEmbeddings(), (ids,))
+    assert {("PARAMETER_MUTATION", "emb.weight"), ("PARAMETER_MUTATION", "bag.weight")} <= set(specs(ep))
