@@ -354,9 +354,45 @@ def _buffer_reassignment_as_update():
 
 
 @contextlib.contextmanager
+def _autocast_cache_flag_as_in_eager(eager_default: bool):
+    """make_fx turns autocast's cast cache off while tracing, so a block that
+    does not say ``cache_enabled`` would be recorded with the cache off, and
+    the program would cast a weight used twice twice, rounding its gradient
+    otherwise than eager. The block records eager's default; the trace itself
+    keeps the cache off."""
+    def init(original):
+        def call(self, device_type, dtype=None, enabled=True, cache_enabled=None):
+            original(self, device_type, dtype, enabled,
+                     eager_default if cache_enabled is None else cache_enabled)
+        return call
+
+    def enter(original):
+        def call(self):
+            tracing = torch.is_autocast_cache_enabled()
+            entered = original(self)  # sets the cache flag and records the block with it
+            torch.set_autocast_cache_enabled(tracing)
+            return entered
+        return call
+
+    with patched(torch.autocast, "__init__", init), patched(torch.autocast, "__enter__", enter):
+        yield
+
+
+@contextlib.contextmanager
+def _wrapping_what_modes_miss(record: TraceRecord, draws: HostDraws):
+    """What bypasses torch-function modes, wrapped where it lives while the
+    forward runs (see :mod:`predispatch.patching`)."""
+    with _noting_set_calls(record), refusing_custom_backwards(), \
+            refusing_host_randomness(draws), _inference_mode_as_no_grad(), \
+            _buffer_reassignment_as_update(), refusing_state_calls():
+        yield
+
+
+@contextlib.contextmanager
 def recording(module: torch.nn.Module, record: TraceRecord, strip):
     """Run ``module``'s forward under the recorder while it is traced."""
     forward = module.forward
+    eager_autocast_cache = torch.is_autocast_cache_enabled()  # make_fx turns it off
 
     def recorded_forward(*args, **kwargs):
         # leaves autocast caches casts of: parameters, and user inputs that may require grad
@@ -364,11 +400,11 @@ def recording(module: torch.nn.Module, record: TraceRecord, strip):
                                    *(id(t) for t in pytree.tree_leaves((args, kwargs))
                                      if isinstance(t, torch.Tensor) and t.is_floating_point())])
         # the stamper on top: nodes the recorder's own calls make get the user's stack too
+        # (and it stamps autocast's enter/exit as wrapped for the cache flag below it)
         draws = HostDraws()
-        with _Recorder(record, parameter_ids, draws) as recorder, stamping_stack_traces(), \
-                _noting_set_calls(record), refusing_custom_backwards(), \
-                refusing_host_randomness(draws), _inference_mode_as_no_grad(), \
-                _buffer_reassignment_as_update(), refusing_state_calls():
+        with _autocast_cache_flag_as_in_eager(eager_autocast_cache), \
+                _Recorder(record, parameter_ids, draws) as recorder, stamping_stack_traces(), \
+                _wrapping_what_modes_miss(record, draws):
             out = forward(*args, **kwargs)
             recorder.sync_no_grad_view_outputs(out)
             draws.note_torch_call(out, None)  # a draw returned is replayed too

@@ -107,7 +107,7 @@ def test_set_grad_enabled_decorator_form():
 def test_autocast_disabled_inside_autocast():
     ep = assert_matches_eager(cases.AutocastBlocks(), (torch.randn(2, 4),), atol=1e-2, rtol=1e-2)
     assert region_tree(ep.graph_module) == [
-        (0, "autocast_bfloat16_0", ("cpu", torch.bfloat16, True, False)),
+        (0, "autocast_bfloat16_0", ("cpu", torch.bfloat16, True, True)),
         (1, "autocast_off_1", ("cpu", None, False, False)),
     ] or [r[:2] for r in region_tree(ep.graph_module)] == [(0, "autocast_bfloat16_0"), (1, "autocast_off_1")]
 
@@ -365,3 +365,25 @@ def test_embedding_max_norm_renorms_without_losing_the_weight_gradient():
     ids = torch.tensor([[1, 2, 4], [4, 3, 9]])
     ep = assert_matches_eager(_RenormedEmbeddings(), (ids,))
     assert {("PARAMETER_MUTATION", "emb.weight"), ("PARAMETER_MUTATION", "bag.weight")} <= set(specs(ep))
+
+
+class _SharedWeightUnderAutocast(torch.nn.Module):
+    """A weight used twice in one autocast block (ALBERT's shared layers, an
+    unrolled RNN cell): eager casts it once, through autocast's cast cache."""
+
+    def __init__(self):
+        super().__init__()
+        self.cell = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            h = torch.tanh(self.cell(x))
+            h = torch.tanh(self.cell(h))
+        return h.float()
+
+
+def test_autocast_regions_keep_the_cast_cache_flag_eager_uses():
+    """While tracing torch turns the cache off; the region records the flag
+    the block has in eager (the default: on), so gradients round the same."""
+    ep = assert_matches_eager(_SharedWeightUnderAutocast(), (torch.randn(3, 4),))
+    assert [args for _, _, args in region_tree(ep.graph_module)] == [("cpu", torch.bfloat16, True, True)]

@@ -128,7 +128,7 @@ autocast policy: backward_pass_autocast='same_as_forward', on_backward_autocast_
                                             on_backward_autocast_mismatch="warn")
         self.assertGraphExpectedInline(ep, """\
 def forward(p_lin_weight: f32[4, 4], p_lin_bias: f32[4], x: f32[2, 4]):
-    autocast_bfloat16_0 = wrap_with_autocast('cpu', torch.bfloat16, True, False, self.autocast_bfloat16_0, x, p_lin_weight, p_lin_bias)
+    autocast_bfloat16_0 = wrap_with_autocast('cpu', torch.bfloat16, True, True, self.autocast_bfloat16_0, x, p_lin_weight, p_lin_bias)
     getitem = autocast_bfloat16_0[0]
     getitem_1 = autocast_bfloat16_0[1]
     _assert_tensor_metadata = aten._assert_tensor_metadata.default(getitem_1, None, None, torch.bfloat16, device=device(type='cpu'), layout=torch.strided)

@@ -35,8 +35,8 @@ transformers = pytest.importorskip("transformers")
 VOCAB, BATCH, SEQ = 128, 2, 8
 aten = torch.ops.aten
 HOPS = (torch.ops.higher_order.wrap_with_set_grad_enabled, torch.ops.higher_order.wrap_with_autocast)
-BF16 = ("cpu", torch.bfloat16, True, False)
-OFF = ("cpu", torch.bfloat16, False, False)  # autocast(enabled=False) records the default dtype
+BF16 = ("cpu", torch.bfloat16, True, True)
+OFF = ("cpu", torch.bfloat16, False, True)  # autocast(enabled=False) records the default dtype
 
 
 @pytest.fixture(autouse=True, scope="module")
