@@ -10,6 +10,7 @@ import contextlib
 import sys
 
 import torch
+import torch.autograd.forward_ad
 import torch.utils._pytree as pytree
 
 from . import _torch
@@ -62,7 +63,21 @@ _AUTOCAST_CALL = ("an autocast mode set by a function call rather than a block: 
                   "would run without it; use `with torch.autocast(...)`")
 _RNG_CALL = ("torch's random generator re-seeded or restored: the program would draw from the "
              "caller's generator state instead")
+_AUTOGRAD_CALL = ("autograd run inside the forward (a gradient, a hook on the backward): a "
+                  "pre-dispatch graph records the forward's ops, and the program's backward "
+                  "would not do it; compute it outside the exported module")
+_TRANSFORM_CALL = ("a torch.func transform inside the forward: the functional pre-dispatch "
+                   "trace cannot capture it")
 _REFUSED_CALLS = {
+    (torch.autograd, "grad"): _AUTOGRAD_CALL,
+    (torch.autograd, "backward"): _AUTOGRAD_CALL,
+    (torch.Tensor, "backward"): _AUTOGRAD_CALL,
+    (torch.Tensor, "register_hook"): _AUTOGRAD_CALL,
+    (torch.autograd.graph.saved_tensors_hooks, "__init__"): _AUTOGRAD_CALL,
+    (torch.autograd.forward_ad, "make_dual"): _AUTOGRAD_CALL,
+    **{(module, name): _TRANSFORM_CALL for module in (torch, torch.func)
+       for name in ("vmap", "grad", "grad_and_value", "vjp", "jvp", "jacrev", "jacfwd",
+                    "hessian", "linearize")},
     **{(torch, name): _AUTOCAST_CALL for name in (
         "set_autocast_enabled", "set_autocast_dtype", "set_autocast_cpu_enabled",
         "set_autocast_cpu_dtype", "set_autocast_gpu_dtype", "set_autocast_cache_enabled")},
@@ -81,8 +96,8 @@ def refusing_state_calls():
                 # called through patched()'s dispatch: the caller is 2 frames up
                 if is_library_file(sys._getframe(2).f_code.co_filename):
                     return fn(*args, **kwargs)
-                raise ExportError(f"{fn.__name__}() at {user_location()} cannot be exported "
-                                  f"soundly: {why}")
+                raise ExportError(f"{getattr(fn, '__qualname__', fn)}() at {user_location()} "
+                                  f"cannot be exported soundly: {why}")
             return call
         return make
 

@@ -110,6 +110,22 @@ class SetsAutocastByCall(torch.nn.Module):
         return y
 
 
+class GradientPenalty(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        y = self.lin(x).sum()
+        (g,) = torch.autograd.grad(y, self.lin.weight, create_graph=True)
+        return y + g.square().sum()
+
+
+class VmapInForward(torch.nn.Module):
+    def forward(self, x):
+        return torch.vmap(torch.outer)(x, x)
+
+
 class AssignsData(torch.nn.Module):
     def __init__(self):
         super().__init__()
@@ -155,6 +171,9 @@ class CustomBackwardThatCannotRun(torch.nn.Module):
      "StraightThrough.apply("),
     (AssignsData(), (torch.randn(2, 4),), "assigning Tensor.data", "self.lin.weight.data ="),
     (ReseedsTorch(), (torch.randn(2, 4),), "random generator re-seeded", "torch.manual_seed(0)"),
+    (GradientPenalty(), (torch.randn(2, 4),), "autograd run inside the forward",
+     "torch.autograd.grad(y"),
+    (VmapInForward(), (torch.randn(2, 4),), "torch.func transform", "torch.vmap(torch.outer)"),
     (SetsAutocastByCall(), (torch.randn(2, 4),), "autocast mode set by a function call",
      'torch.set_autocast_enabled("cpu", True)'),
     (MutatesPlainTensorAttribute(), (torch.randn(2, 4),), "neither a parameter, a buffer nor",
