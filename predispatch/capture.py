@@ -156,6 +156,8 @@ def _set_as_export_error(record: TraceRecord):
     try:
         yield
     except Exception as e:
+        if isinstance(e, InputLayoutChanged) and record.layout_changes and not record.set_calls:
+            raise ExportError(f"{e} (at {record.layout_changes[0]})") from e
         if not record.set_calls or (isinstance(e, ExportError) and not isinstance(e, InputLayoutChanged)):
             raise
         raise ExportError(

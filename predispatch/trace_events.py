@@ -65,6 +65,8 @@ class TraceRecord:
     mutation_kinds: dict[str, str] = dataclasses.field(default_factory=dict)
     # source locations of Tensor.set_ calls, to name them if the trace fails
     set_calls: list[str] = dataclasses.field(default_factory=list)
+    # source locations of in-place layout changes (t_, unsqueeze_, ...) of an input first
+    layout_changes: list[str] = dataclasses.field(default_factory=list)
 
 
 class _Recorder(_torch.TorchFunctionMode):
@@ -95,6 +97,10 @@ class _Recorder(_torch.TorchFunctionMode):
             return self._lookup_renorming_visibly(func, args, kwargs)
         if args and _is_in_place(func) and id(self._base(args[0])) in self.parameter_ids:
             _refuse_stale_autocast_cache(func)
+        if getattr(func, "__name__", None) in _LAYOUT_IN_PLACE:
+            on_input = args and id(self._base(args[0])) in self.parameter_ids
+            self.record.layout_changes.insert(0 if on_input else len(self.record.layout_changes),
+                                              user_location())
         if self._watch is not None:
             self._note_tensors(args, kwargs)
         elif args and _is_in_place(func) and getattr(args[0], _DETACHED, False):
@@ -247,6 +253,9 @@ class _Recorder(_torch.TorchFunctionMode):
         return [(old, new) for new, old in pairs.items()]
 
 
+# in-place ops that change a tensor's shape or strides, not its values
+_LAYOUT_IN_PLACE = frozenset({"t_", "transpose_", "swapdims_", "swapaxes_", "unsqueeze_",
+                              "squeeze_", "resize_", "resize_as_", "as_strided_"})
 _RENORMING_LOOKUPS = {f: inspect.signature(f) for f in (F.embedding, F.embedding_bag)}
 _DATA = torch._C.TensorBase.__dict__["data"]  # torch-function modes see its __get__ / __set__
 

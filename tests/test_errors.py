@@ -110,6 +110,14 @@ class SetsAutocastByCall(torch.nn.Module):
         return y
 
 
+class ChangesInputLayout(torch.nn.Module):
+    def forward(self, x):
+        y = x * 2
+        y.t_()  # an intermediate's layout: fine
+        x.unsqueeze_(0)
+        return x.sum() + y.sum()
+
+
 class GradientPenalty(torch.nn.Module):
     def __init__(self):
         super().__init__()
@@ -171,6 +179,8 @@ class CustomBackwardThatCannotRun(torch.nn.Module):
      "StraightThrough.apply("),
     (AssignsData(), (torch.randn(2, 4),), "assigning Tensor.data", "self.lin.weight.data ="),
     (ReseedsTorch(), (torch.randn(2, 4),), "random generator re-seeded", "torch.manual_seed(0)"),
+    (ChangesInputLayout(), (torch.randn(2, 3),), "shape, strides or storage is changed",
+     "x.unsqueeze_(0)"),
     (GradientPenalty(), (torch.randn(2, 4),), "autograd run inside the forward",
      "torch.autograd.grad(y"),
     (VmapInForward(), (torch.randn(2, 4),), "torch.func transform", "torch.vmap(torch.outer)"),
