@@ -44,18 +44,22 @@ def functional_trace(mod: torch.nn.Module, args, kwargs, keep=frozenset):
     call = _torch.create_functional_call(mod, state_spec, len(state_flat), store_orig_mod=True)
     flat_fn, out_spec = _torch.create_tree_flattened_fn(call, [*state_flat, *args], kwargs)
     flat_args, in_spec = pytree.tree_flatten(([*state_flat, *args], kwargs))
+    n_state = len(state_flat)
     mutated: list[int] = []
 
     @functools.wraps(flat_fn)  # carries the module: make_fx records nn_module_stack and stack traces
     def functionalized(*flat):
         mode = _torch.functional_mode()
+        wrapped = {}  # a tied parameter or buffer (one tensor, two names) is wrapped once
         with mode:
-            inputs = [_torch.to_functional(a) for a in flat]
+            inputs = [wrapped.setdefault(id(a), _torch.to_functional(a)) if i < n_state
+                      else _torch.to_functional(a) for i, a in enumerate(flat)]
             outputs = flat_fn(*inputs)
-        new_values = []
+        new_values, done = [], set()
         for i, f in enumerate(inputs):
-            if not isinstance(f, _torch.FunctionalTensor):
-                continue
+            if not isinstance(f, _torch.FunctionalTensor) or id(f) in done:
+                continue  # a tied tensor's mutation is written back once, under its first name
+            done.add(id(f))
             torch._sync(f)
             if _torch.has_metadata_mutation(f) or _torch.storage_changed(f):
                 raise InputLayoutChanged(
@@ -68,7 +72,7 @@ def functional_trace(mod: torch.nn.Module, args, kwargs, keep=frozenset):
 
     with _torch.enable_python_dispatcher():
         gm = _torch.make_fx(functionalized, record_module_stack=True, pre_dispatch=True)(*flat_args)
-    _refuse_aliased_mutated_inputs(flat_args, mutated)
+    _refuse_aliased_mutated_inputs(flat_args[n_state:], [i - n_state for i in mutated])
     kept = keep()
     gm.graph.eliminate_dead_code(is_impure_node=lambda n: n in kept or n.is_impure())
     gm.recompile()

@@ -387,3 +387,22 @@ def test_autocast_regions_keep_the_cast_cache_flag_eager_uses():
     the block has in eager (the default: on), so gradients round the same."""
     ep = assert_matches_eager(_SharedWeightUnderAutocast(), (torch.randn(3, 4),))
     assert [args for _, _, args in region_tree(ep.graph_module)] == [("cpu", torch.bfloat16, True, True)]
+
+
+class _TiedAndMutated(torch.nn.Module):
+    """One parameter under two names, decayed through one, read through the other."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+        self.b.weight = self.a.weight
+
+    def forward(self, x):
+        with torch.no_grad():
+            self.b.weight.mul_(0.5)
+        return self.a(x) + self.b(x)
+
+
+def test_tied_parameters_mutated_through_one_name():
+    ep = assert_matches_eager(_TiedAndMutated(), (torch.randn(2, 4),))
+    assert [k for k, _ in specs(ep)].count("PARAMETER_MUTATION") == 1
