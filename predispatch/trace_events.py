@@ -200,7 +200,7 @@ class _Recorder(_torch.TorchFunctionMode):
             self._watch = {}
         elif turning_on:
             self._watch = None
-        return node
+        return None  # what eager's call returns (make_fx hands back its node)
 
     def _block_mark(self, caller):
         if caller is None:
