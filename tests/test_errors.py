@@ -306,3 +306,10 @@ def test_a_module_backward_hook_is_refused_naming_it():
     module[0].register_full_backward_hook(triple)
     with pytest.raises(predispatch.ExportError, match=r"backward hook on submodule '0' \(.*triple"):
         predispatch.export_predispatch(module, (torch.randn(2, 4),))
+
+
+def test_a_torch_module_exported_as_it_is_names_its_own_line():
+    """No user frame: the error names the torch.nn code (BatchNorm with
+    momentum=None reads num_batches_tracked's value)."""
+    with pytest.raises(predispatch.ExportError, match=r"nn/modules/batchnorm\.py:\d+ in forward"):
+        predispatch.export_predispatch(torch.nn.BatchNorm1d(4, momentum=None), (torch.randn(3, 4),))
