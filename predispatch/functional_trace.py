@@ -51,9 +51,16 @@ def functional_trace(mod: torch.nn.Module, args, kwargs, keep=frozenset):
     def functionalized(*flat):
         mode = _torch.functional_mode()
         wrapped = {}  # a tied parameter or buffer (one tensor, two names) is wrapped once
+
+        def wrap(i, a):
+            if i >= n_state:  # user inputs: the same tensor twice is refused below if mutated
+                return _torch.to_functional(a)
+            if id(a) not in wrapped:
+                wrapped[id(a)] = _torch.to_functional(a)
+            return wrapped[id(a)]
+
         with mode:
-            inputs = [wrapped.setdefault(id(a), _torch.to_functional(a)) if i < n_state
-                      else _torch.to_functional(a) for i, a in enumerate(flat)]
+            inputs = [wrap(i, a) for i, a in enumerate(flat)]
             outputs = flat_fn(*inputs)
         new_values, done = [], set()
         for i, f in enumerate(inputs):
