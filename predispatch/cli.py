@@ -83,10 +83,10 @@ def op_summary(ep, policy) -> str:
     """Which composites the program keeps, and which ops it uses, by count."""
     import torch
 
-    from .testing.invariants import all_graph_modules
+    from .region_utils import graph_modules
 
     counts = collections.Counter(
-        node.target for gm in all_graph_modules(ep.graph_module) for node in gm.graph.nodes
+        node.target for gm in graph_modules(ep.graph_module) for node in gm.graph.nodes
         if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload))
     kept = sorted(str(op) for op in counts if policy.should_decompose(op) is False)
     lines = [f"ops: {sum(counts.values())} calls of {len(counts)} ops",

@@ -22,6 +22,7 @@ from .keep_history import keep_history_pass, may_require_grad
 from .op_policy import OpPolicy
 from .program import PredispatchProgram, set_program_meta
 from .region_pass import replace_blocks_with_regions
+from .region_utils import mutable_op_nodes
 
 
 def export_predispatch(module, args, kwargs=None, *, dynamic_shapes=None, op_policy=None,
@@ -72,17 +73,12 @@ def refuse_remaining_mutations(gm: torch.fx.GraphModule) -> None:
     buffers, inputs and intermediates into data flow; an in-place op left in
     the graph mutates something else (a plain tensor attribute, lifted as a
     constant), which a functional program cannot express."""
-    for m in gm.modules():
-        if not isinstance(m, torch.fx.GraphModule):
-            continue
-        for node in m.graph.nodes:
-            schema = getattr(node.target, "_schema", None)
-            if node.op == "call_function" and schema is not None and schema.is_mutable:
-                raise ExportError(
-                    f"an in-place update ({node.target}) at {node_location(node.meta.get('stack_trace'))} "
-                    "of a tensor that is neither a parameter, a buffer nor an input (a plain tensor "
-                    "attribute, a global, a closure's tensor) cannot be exported soundly; register "
-                    "it with register_buffer or pass it as an input")
+    for node in mutable_op_nodes(gm):
+        raise ExportError(
+            f"an in-place update ({node.target}) at {node_location(node.meta.get('stack_trace'))} "
+            "of a tensor that is neither a parameter, a buffer nor an input (a plain tensor "
+            "attribute, a global, a closure's tensor) cannot be exported soundly; register "
+            "it with register_buffer or pass it as an input")
 
 
 def keep_histories(captured: Captured, module: torch.nn.Module) -> None:

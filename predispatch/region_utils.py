@@ -4,7 +4,7 @@ regions rather than silently skip them.
     >>> for r in regions(ep):
     ...     print(r.depth, r.name, r.kind, r.args)
     0 no_grad_0 grad (False,)
-    1 autocast_bfloat16_1 autocast ('cpu', torch.bfloat16, True, False)
+    1 autocast_bfloat16_1 autocast ('cpu', torch.bfloat16, True, True)
 
 ``inline_regions(ep)`` is for consumers that cannot handle higher-order ops.
 """
@@ -46,6 +46,18 @@ class Region:
     @property
     def inputs(self) -> tuple:
         return tuple(self.node.args[_ARITY[self.kind] + 1:])
+
+
+def graph_modules(gm: torch.fx.GraphModule) -> list[torch.fx.GraphModule]:
+    """The graph module and every graph module below it (region submodules)."""
+    return [m for m in gm.modules() if isinstance(m, torch.fx.GraphModule)]
+
+
+def mutable_op_nodes(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
+    """Nodes, in ``gm`` or inside its regions, that call a mutable op (G1 has none)."""
+    return [n for m in graph_modules(gm) for n in m.graph.nodes
+            if n.op == "call_function" and getattr(n.target, "_schema", None) is not None
+            and n.target._schema.is_mutable]
 
 
 def _graph_module(ep_or_gm) -> torch.fx.GraphModule:

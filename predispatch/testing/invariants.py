@@ -5,30 +5,21 @@ import torch
 import torch.fx
 
 from .. import _torch
+from ..region_utils import graph_modules, mutable_op_nodes
 
 _REGION_HOPS = (_torch.wrap_with_set_grad_enabled, _torch.wrap_with_autocast)
 _SIDE_EFFECTS = (_torch.SET_GRAD_ENABLED, _torch.ENTER_AUTOCAST, _torch.EXIT_AUTOCAST)
 
 
-def all_graph_modules(gm: torch.fx.GraphModule):
-    """The graph module and every graph module below it."""
-    return [m for m in gm.modules() if isinstance(m, torch.fx.GraphModule)]
+all_graph_modules = graph_modules  # the graph module and every graph module below it
 
 
 def functional_violations(ep_or_gm) -> list[str]:
     """G1: nodes that call a mutable op or change grad/autocast mode."""
     gm = getattr(ep_or_gm, "graph_module", ep_or_gm)
-    bad = []
-    for m in all_graph_modules(gm):
-        for node in m.graph.nodes:
-            if node.op != "call_function":
-                continue
-            if node.target in _SIDE_EFFECTS:
-                bad.append(f"{node.name}: {node.target.__name__}")
-            schema = getattr(node.target, "_schema", None)
-            if schema is not None and schema.is_mutable:
-                bad.append(f"{node.name}: mutable op {node.target}")
-    return bad
+    bad = [f"{node.name}: {node.target.__name__}" for m in all_graph_modules(gm)
+           for node in m.graph.nodes if node.op == "call_function" and node.target in _SIDE_EFFECTS]
+    return bad + [f"{node.name}: mutable op {node.target}" for node in mutable_op_nodes(gm)]
 
 
 def region_violations(ep_or_gm) -> list[str]:
