@@ -35,6 +35,11 @@ from .host_random import HostDraws, refusing_host_randomness
 from .patching import patched
 from .refusals import refusing_custom_backwards, refusing_state_calls
 from .stack_traces import stamping_stack_traces
+from .translations import (
+    autocast_cache_flag_as_in_eager,
+    buffer_reassignment_as_update,
+    inference_mode_as_no_grad,
+)
 
 GRAD_BLOCK = "predispatch_grad_block"  # node.meta key: (phase, block id)
 # attributes the recorder sets on the views it sees
@@ -321,79 +326,12 @@ def _noting_set_calls(record: TraceRecord):
 
 
 @contextlib.contextmanager
-def _inference_mode_as_no_grad():
-    """``torch.inference_mode()`` switches grad mode off in C++, where the
-    recorder cannot see it: the program would differentiate the block. While
-    tracing, the block is a ``torch.no_grad()`` block (what it means for
-    gradients; inference tensors' other restrictions are not kept), and
-    ``inference_mode(False)`` changes nothing, as it does not touch grad mode."""
-    def enter(_original):
-        def call(self):
-            self._predispatch_block = torch.no_grad() if self.mode else contextlib.nullcontext()
-            self._predispatch_block.__enter__()
-        return call
-
-    def exit_(_original):
-        return lambda self, *exc: self._predispatch_block.__exit__(*exc)
-
-    with patched(torch.inference_mode, "__enter__", enter), \
-            patched(torch.inference_mode, "__exit__", exit_):
-        yield
-
-
-def _buffer_reassignment_as_update():
-    """``self.b = value`` for a registered buffer rebinds the attribute:
-    functionalization sees no mutation, and the program would never update
-    the buffer. While tracing it is ``self.b.copy_(value)``, a buffer mutation
-    like any other (eager's module holds the new value after the call either
-    way); a value of another shape, dtype or device is refused."""
-    def setting(setattr_):
-        def call(self, name, value):
-            old = self.__dict__.get("_buffers", {}).get(name)
-            if old is None or not isinstance(value, torch.Tensor) or value is old:
-                return setattr_(self, name, value)
-            if (old.shape, old.dtype, old.device) != (value.shape, value.dtype, value.device):
-                raise ExportError(
-                    f"reassigning buffer {name!r} at {user_location()} with a tensor of another "
-                    f"shape, dtype or device ({tuple(value.shape)}, {value.dtype}) cannot be "
-                    "exported soundly: the program's buffers keep their shape")
-            old.copy_(value)
-        return call
-    return patched(torch.nn.Module, "__setattr__", setting)
-
-
-@contextlib.contextmanager
-def _autocast_cache_flag_as_in_eager(eager_default: bool):
-    """make_fx turns autocast's cast cache off while tracing, so a block that
-    does not say ``cache_enabled`` would be recorded with the cache off, and
-    the program would cast a weight used twice twice, rounding its gradient
-    otherwise than eager. The block records eager's default; the trace itself
-    keeps the cache off."""
-    def init(original):
-        def call(self, device_type, dtype=None, enabled=True, cache_enabled=None):
-            original(self, device_type, dtype, enabled,
-                     eager_default if cache_enabled is None else cache_enabled)
-        return call
-
-    def enter(original):
-        def call(self):
-            tracing = torch.is_autocast_cache_enabled()
-            entered = original(self)  # sets the cache flag and records the block with it
-            torch.set_autocast_cache_enabled(tracing)
-            return entered
-        return call
-
-    with patched(torch.autocast, "__init__", init), patched(torch.autocast, "__enter__", enter):
-        yield
-
-
-@contextlib.contextmanager
 def _wrapping_what_modes_miss(record: TraceRecord, draws: HostDraws):
     """What bypasses torch-function modes, wrapped where it lives while the
     forward runs (see :mod:`predispatch.patching`)."""
     with _noting_set_calls(record), refusing_custom_backwards(), \
-            refusing_host_randomness(draws), _inference_mode_as_no_grad(), \
-            _buffer_reassignment_as_update(), refusing_state_calls():
+            refusing_host_randomness(draws), inference_mode_as_no_grad(), \
+            buffer_reassignment_as_update(), refusing_state_calls():
         yield
 
 
@@ -411,7 +349,7 @@ def recording(module: torch.nn.Module, record: TraceRecord, strip):
         # the stamper on top: nodes the recorder's own calls make get the user's stack too
         # (and it stamps autocast's enter/exit as wrapped for the cache flag below it)
         draws = HostDraws()
-        with _autocast_cache_flag_as_in_eager(eager_autocast_cache), \
+        with autocast_cache_flag_as_in_eager(eager_autocast_cache), \
                 _Recorder(record, parameter_ids, draws) as recorder, stamping_stack_traces(), \
                 _wrapping_what_modes_miss(record, draws):
             out = forward(*args, **kwargs)
