@@ -115,34 +115,35 @@ def fix_write_backs(gm: torch.fx.GraphModule, modes: dict[str, str]) -> None:
                 _snapshot_reads(gm, *node.args)
 
 
-# Ops the run-time module calls through their Python binding: the same aten
-# op, without the boxed OpOverload call (``_assert_tensor_metadata``, which
-# guards every ``.to()``, costs 3 us that way and 0.5 us through its binding).
-# Each has one overload, so the binding cannot pick another; tracing the
-# binding records the same op, so a re-export gives the same graph.
-_RUN_TIME_CALLS = {
+# The run-time module's code calls ops by their cheapest exact spelling:
+# ``_assert_tensor_metadata`` (guarding every ``.to()``; 3 us boxed) by its
+# Python binding (0.5 us; one overload, so the binding cannot pick another),
+# other aten ops by OpOverload's own C++ entry point. Tracing either records
+# the same op, so a re-export gives the same graph.
+_BINDINGS = {
     torch.ops.aten._assert_tensor_metadata.default: torch._C._VariableFunctions._assert_tensor_metadata,
 }
 
 
-def _needs_run_time_calls(gm: torch.fx.GraphModule) -> bool:
-    return any(n.op == "call_function" and n.target in _RUN_TIME_CALLS for n in gm.graph.nodes)
+def _run_time_call(target):
+    if not isinstance(target, torch._ops.OpOverload):
+        return None
+    return _BINDINGS.get(target) or _torch.op_entry_point(target)
 
 
 def use_run_time_calls(gm: torch.fx.GraphModule) -> None:
-    """Swap ``_RUN_TIME_CALLS`` into ``gm`` and its region submodules. The
-    unlifted module shares its submodules with the program: those it changes
-    are copied first, so the program's graphs keep their aten ops."""
-    for name, child in list(gm.named_children()):
-        if isinstance(child, torch.fx.GraphModule) and any(
-                _needs_run_time_calls(m) for m in child.modules() if isinstance(m, torch.fx.GraphModule)):
-            own = _torch.lazy_graph_module(child, copy.deepcopy(child.graph), name)
-            setattr(gm, name, own)
-            use_run_time_calls(own)
-    for node in gm.graph.nodes:
-        if node.op == "call_function" and node.target in _RUN_TIME_CALLS:
-            node.target = _RUN_TIME_CALLS[node.target]
-    gm.recompile()
+    """Generate the code of ``gm`` and of its region submodules with
+    ``_run_time_call``s; their graphs keep the aten ops. The unlifted module
+    shares its submodules with the program: those are copied first, so the
+    program's code is left as it was."""
+    regions = [name for name, child in gm.named_children() if isinstance(child, torch.fx.GraphModule)]
+    for name in regions:
+        child = getattr(gm, name)
+        setattr(gm, name, _torch.lazy_graph_module(child, copy.deepcopy(child.graph), name))
+    calls = {node: _run_time_call(node.target) for node in gm.graph.nodes if node.op == "call_function"}
+    _torch.generate_code_with(gm, {node: call for node, call in calls.items() if call is not None})
+    for name in regions:  # after: generating gm's code recompiles its submodules
+        use_run_time_calls(getattr(gm, name))
 
 
 class PredispatchProgram(ExportedProgram):
@@ -151,7 +152,7 @@ class PredispatchProgram(ExportedProgram):
     def module(self, check_guards: bool = True) -> torch.fx.GraphModule:
         unlifted = super().module(check_guards=check_guards)
         fix_write_backs(unlifted, program_meta(self).get("write_back", {}))
-        use_run_time_calls(unlifted)  # recompiles
+        use_run_time_calls(unlifted)
         return unlifted
 
     def run_decompositions(self, *args, **kwargs) -> PredispatchProgram:

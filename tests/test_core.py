@@ -220,10 +220,12 @@ class _CastBack(torch.nn.Module):
         return (x @ self.lin.weight).float() + y
 
 
-def test_run_time_module_checks_dtypes_through_the_cheap_binding():
-    """ep.module() calls the ``.to()`` guard ``_assert_tensor_metadata``
-    through its Python binding (a sixth of the boxed call's cost): the
-    program keeps the aten op, and the check still fires."""
+def test_run_time_module_calls_ops_cheaply_and_keeps_its_graph():
+    """ep.module()'s code calls aten ops through their C++ entry points and
+    the ``.to()`` guard ``_assert_tensor_metadata`` through its Python binding
+    (a sixth of the boxed call's cost); its graph keeps the aten ops (for
+    passes and pattern matchers), the program's code is left as it was, and
+    the guard still fires."""
     assert_matches_eager(_CastBack(), (torch.randn(2, 4),))
     ep = predispatch.export_predispatch(_CastBack(), (torch.randn(2, 4),))
     program = ep.module()
@@ -231,7 +233,12 @@ def test_run_time_module_checks_dtypes_through_the_cheap_binding():
     assert guard in ops(ep)  # in the region and out of it
     program_ops = {n.target for m in all_graph_modules(program) for n in m.graph.nodes
                    if n.op == "call_function"}
-    assert guard not in program_ops and torch._assert_tensor_metadata in program_ops
+    assert program_ops >= {guard, torch.ops.aten.linear.default, torch.ops.aten.matmul.default}
+    program_code = "".join(m.code for m in all_graph_modules(program))
+    assert "torch._assert_tensor_metadata(" in program_code
+    assert "aten_linear_default(" in program_code and "torch.ops.aten.linear" not in program_code
+    ep_code = "".join(m.code for m in all_graph_modules(ep.graph_module))
+    assert "torch.ops.aten.linear.default(" in ep_code and "aten_linear_default" not in ep_code
     with torch.autocast("cpu", dtype=torch.bfloat16):  # x @ w is bf16 now, not the traced float32
         with pytest.raises(RuntimeError, match="dtype mismatch"):
             program(torch.randn(2, 4))

@@ -47,17 +47,28 @@ def test_unflatten_places_regions_in_their_modules(case, args):
     _check_against_eager(module, args, torch.export.unflatten(ep))
 
 
-@pytest.mark.parametrize("case, args", [
-    (cases.AutocastBlocks, (torch.randn(2, 4),)),
-    (cases.EMA, (torch.randn(2, 4),)),
+@pytest.mark.parametrize("case, args, dynamic_shapes", [
+    (cases.AutocastBlocks, (torch.randn(2, 4),), None),
+    (cases.EMA, (torch.randn(2, 4),), None),
+    (cases.AliasingOutputs, (torch.randn(3, 4),), None),
+    (cases.DynamicBatch, (torch.randn(4, 4),), ({0: torch.export.Dim("batch")},)),
 ])
-def test_torch_compile_of_the_program_module(case, args):
+def test_torch_compile_of_the_program_module(case, args, dynamic_shapes):
     """Dynamo traces torch's own region calls (it does not know our faster
-    ones), and a failed trace must not leave autocast state behind."""
+    ones) and puts the run-time code's op entry points in its graph as calls:
+    one graph, no break; a failed trace must not leave autocast state behind."""
     torch.manual_seed(0)
     module = case()
-    ep = predispatch.export_predispatch(copy.deepcopy(module), args)
-    program = copy.deepcopy(ep.module())
+    export = lambda: predispatch.export_predispatch(  # noqa: E731
+        copy.deepcopy(module), args, dynamic_shapes=dynamic_shapes).module()
+    explained = torch._dynamo.explain(export())(*copy.deepcopy(args))
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0)
+    program = export()
+    assert "aten_" in program.code  # the run-time code, not a regenerated copy
     program.compile(backend="aot_eager")
     _check_against_eager(module, args, program)
     assert not torch.is_autocast_enabled("cpu")
+    if dynamic_shapes:
+        for p in program.parameters():
+            p.grad = None
+        _check_against_eager(module, (torch.randn(7, 4),), program)
