@@ -59,8 +59,11 @@ def test_torch_compile_of_the_program_module(case, args, dynamic_shapes):
     one graph, no break; a failed trace must not leave autocast state behind."""
     torch.manual_seed(0)
     module = case()
-    export = lambda: predispatch.export_predispatch(  # noqa: E731
-        copy.deepcopy(module), args, dynamic_shapes=dynamic_shapes).module()
+
+    def export():
+        return predispatch.export_predispatch(copy.deepcopy(module), args,
+                                              dynamic_shapes=dynamic_shapes).module()
+
     explained = torch._dynamo.explain(export())(*copy.deepcopy(args))
     assert (explained.graph_count, explained.graph_break_count) == (1, 0)
     program = export()
