@@ -8,7 +8,7 @@ from .op_policy import OpPolicy
 from .program import PredispatchProgram, load
 from .printing import format_program
 from .region_utils import Region, inline_regions, regions
-from .training import CompiledTraining, autocast_policy, compile_training
+from .training import CallNotSupportedError, CompiledTraining, autocast_policy, compile_training
 
 _torch.install_region_runtime()
 
@@ -20,6 +20,7 @@ __all__ = [
     "OpPolicy",
     "PredispatchProgram",
     "CompiledTraining",
+    "CallNotSupportedError",
     "Region",
     "autocast_policy",
     "compile_training",

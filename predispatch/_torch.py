@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import sys
+import types
 
 import torch
 import torch._dynamo
@@ -123,6 +124,19 @@ def is_view(t: FunctionalTensor) -> bool:
     return not torch._is_functional_tensor_base(t.elem)
 
 
+def hides_an_alias(out: FunctionalTensor, inputs: list[FunctionalTensor]) -> bool:
+    """Is ``out`` a new tensor to functionalization (not an input, not a view)
+    whose traced value shares an input's storage? An op kept whole whose
+    schema says functional but which returns an alias (a liar) does that."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    if any(out is i for i in inputs) or is_view(out):
+        return False
+    storage = StorageWeakRef(torch._from_functional_tensor(out.elem).untyped_storage())
+    return any(StorageWeakRef(torch._from_functional_tensor(i.elem).untyped_storage()) == storage
+               for i in inputs)
+
+
 def mutation_kind(t: torch.Tensor) -> str | None:
     """How a traced input was mutated: None, "hidden" (hidden from autograd,
     like BatchNorm's running stats), "no_grad" or "grad"."""
@@ -163,6 +177,37 @@ def grad_mode_caller() -> tuple[str, object] | None:
     # set_grad_enabled.__call__ (decorating, inside forward) restores what __init__ set
     phase = "exit" if found.f_code.co_name in ("__exit__", "__call__") else "enter"
     return phase, found.f_locals.get("self")
+
+
+def refresh_fake_values(gm: torch.fx.GraphModule, before_node=lambda node: None) -> None:
+    """Recompute every node's ``meta["val"]`` from the placeholders' (after a
+    pass that changes what nodes compute, e.g. inlining an autocast region);
+    ``before_node(node)`` may adjust a node whose inputs' values are new."""
+    from torch._guards import detect_fake_mode
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+    class _Refresh(FakeTensorProp):
+        def run_node(self, node):
+            before_node(node)
+            return super().run_node(node)
+
+    inputs = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
+    mode = detect_fake_mode(inputs)
+    with mode:
+        _Refresh(gm, mode).propagate_dont_convert_inputs(*inputs)
+
+
+def grad_mode_call_frame() -> types.FrameType | None:
+    """The frame that called into torch/autograd/grad_mode.py (e.g. the line
+    ``torch.set_grad_enabled(prev)``), or None."""
+    frame, inside = sys._getframe(1), False
+    while frame is not None:
+        if frame.f_code.co_filename.endswith(_GRAD_MODE_FILE):
+            inside = True
+        elif inside:
+            return frame
+        frame = frame.f_back
+    return None
 
 
 # --------------------------------------------------------------------------
@@ -244,6 +289,8 @@ def _autocast_call(self, device_type, dtype, enabled, cache_enabled, wrapped_fun
         with torch.autocast(device_type, dtype, enabled, cache_enabled):
             return wrapped_func(*args, **kwargs)
     # torch.autocast.__enter__/__exit__ without their per-call Python overhead
+    if dtype is None:  # the block gave none: the one current now, as torch.autocast takes it
+        dtype = torch.get_autocast_dtype(device_type)
     device, fast_dtype, on, cache = _validated_autocast(device_type, dtype, enabled, cache_enabled)
     prev = (torch.is_autocast_enabled(device), torch.get_autocast_dtype(device),
             torch.is_autocast_cache_enabled())
@@ -520,3 +567,48 @@ def is_user_stack_frame(filename: str, name: str) -> bool:
     return ((name == "forward" or filename.endswith("torch/__init__.py")
              or (filename, name) in _STACK_TRACE_ANCHORS)
             and filename not in uninteresting_files())
+
+
+# --------------------------------------------------------------------------
+# compile_training (predispatch.training): ep.module()'s own checks of a
+# call's inputs (the compiled module accepts and refuses what it does), and
+# the AOTAutograd details its run-time checks and retain_graph depend on.
+
+from torch.export._unlift import (  # noqa: E402
+    _check_input_constraints_for_module,
+    _check_inputs_match,
+)
+
+
+def call_leaves(unlifted: torch.fx.GraphModule, args, kwargs) -> list:
+    """The call's input leaves in the program's order, keyword arguments in
+    any order; ValueError for another input structure (as ep.module())."""
+    return [x for _, x in _check_inputs_match(args, kwargs, unlifted._in_spec)]
+
+
+def check_call_inputs(unlifted: torch.fx.GraphModule, args, kwargs) -> None:
+    """RuntimeError naming the input where ``ep.module()`` (``unlifted``) would
+    refuse the call: a size outside the program's shapes and dynamic ranges, a
+    non-tensor input other than the exported value."""
+    _check_input_constraints_for_module(unlifted, args, kwargs)
+
+
+def is_compiled_backward_node(node) -> bool:
+    """Is this autograd node the backward of an AOTAutograd compiled function?"""
+    return node.name() == "CompiledFunctionBackward"
+
+
+@contextlib.contextmanager
+def no_donated_buffers():
+    """While AOTAutograd compiles: no "donated buffers" (saved tensors the
+    compiled backward may free, which makes running it again an error), so
+    that the backward can run again (``retain_graph=True``) as eager's can.
+    Our backward is a plain graph, which frees nothing early anyway."""
+    from torch._functorch._aot_autograd import graph_compile
+
+    original = graph_compile.collect_bw_donated_buffer_idxs
+    graph_compile.collect_bw_donated_buffer_idxs = lambda *args, **kwargs: []
+    try:
+        yield
+    finally:
+        graph_compile.collect_bw_donated_buffer_idxs = original

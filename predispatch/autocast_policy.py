@@ -14,6 +14,8 @@ import dataclasses
 
 import torch
 
+from . import _torch
+
 BACKWARD_MODES = ("same_as_forward", "off")
 MISMATCH_ACTIONS = ("error", "warn", "do_nothing")
 AUTOCAST_KWARGS = ("device_type", "dtype", "enabled", "cache_enabled")
@@ -71,8 +73,23 @@ def _check_backward(value):
         if unknown or "device_type" not in kw:
             raise ValueError("each backward_pass_autocast dict needs 'device_type' and may have "
                              f"only {AUTOCAST_KWARGS!r}; got keys {sorted(kw)!r}")
+        _check_autocast_values(kw)
         out.append(dict(kw))
     return out
+
+
+def _check_autocast_values(kw: dict) -> None:
+    """The values ``torch.amp.autocast`` accepts. A dtype it does not support
+    on the device passes: autocast disables itself then, and so does the policy."""
+    devices = _torch.autocast_devices()
+    allowed = {"device_type": (lambda v: v in devices, f"one of {devices!r}"),
+               "dtype": (lambda v: v is None or isinstance(v, torch.dtype), "a torch.dtype or None"),
+               "enabled": (lambda v: isinstance(v, bool), "True or False"),
+               "cache_enabled": (lambda v: v is None or isinstance(v, bool), "True, False or None")}
+    for key, value in kw.items():
+        ok, what = allowed[key]
+        if not ok(value):
+            raise ValueError(f"backward_pass_autocast: {key!r} must be {what}, got {value!r}")
 
 
 def _check_action(value):

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import importlib.util
+import logging
 import sys
 from pathlib import Path
 
@@ -48,19 +50,51 @@ def load_target(target: str):
     module = importlib.util.module_from_spec(spec)
     sys.path.insert(0, str(path.parent.resolve()))
     try:
-        spec.loader.exec_module(module)
-    except Exception as e:  # the user's file failed to import
-        raise CliError(f"importing {path} failed: {type(e).__name__}: {e}") from e
+        _run_user_code(f"importing {path}", lambda: spec.loader.exec_module(module))
     finally:
         sys.path.pop(0)
     func = getattr(module, func_name, None)
     if not callable(func):
         raise CliError(f"{path} has no function {func_name!r}")
-    try:
-        result = func()
-    except Exception as e:
-        raise CliError(f"{func_name}() failed: {type(e).__name__}: {e}") from e
+    result = _run_user_code(f"{path}:{func_name}()", func)
     return _unpack(result, func_name)
+
+
+def _run_user_code(what: str, fn):
+    """Call the user's code; any failure of it, sys.exit() included, is one line."""
+    try:
+        return fn()
+    except SystemExit as e:  # would otherwise end the CLI silently with the user's code
+        raise CliError(f"{what} called sys.exit({e.code!r})") from None
+    except Exception as e:
+        raise CliError(f"{what} failed: {_one_line(e)}") from e
+
+
+def _one_line(e: BaseException) -> str:
+    """``Type: first line``: torch's messages can run to pages; the first line says what broke."""
+    lines = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__
+
+
+def _check_save_path(path: str) -> None:
+    """Refuse a bad --save path before exporting, not after the work is done."""
+    if Path(path).is_dir():
+        raise CliError(f"--save {path}: is a directory; give a file path such as model.pt2")
+    if not Path(path).parent.is_dir():
+        raise CliError(f"--save {path}: no such directory {Path(path).parent}")
+
+
+@contextlib.contextmanager
+def _quiet_fake_tensor_log():
+    """A shape error is reported as one line; torch's fake tensor logger would
+    also print its traceback on stderr."""
+    logger = logging.getLogger("torch._subclasses.fake_tensor")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def _unpack(result, func_name):
@@ -100,6 +134,8 @@ def export_command(opts) -> int:
 
     import predispatch
 
+    if opts.save:
+        _check_save_path(opts.save)
     module, args, kwargs = load_target(opts.target)
     module.train(not opts.eval)
     dynamic_shapes = None
@@ -113,19 +149,24 @@ def export_command(opts) -> int:
             raise CliError("--dynamic-batch supports positional inputs only")
     policy = predispatch.OpPolicy.default()
     try:
-        ep = predispatch.export_predispatch(
-            module, args, kwargs, dynamic_shapes=dynamic_shapes, op_policy=policy,
-            backward_pass_autocast=opts.backward_pass_autocast,
-            on_backward_autocast_mismatch=opts.on_backward_autocast_mismatch)
-    except predispatch.ExportError as e:
-        raise CliError(f"cannot export: {e}") from e
+        with _quiet_fake_tensor_log():
+            ep = predispatch.export_predispatch(
+                module, args, kwargs, dynamic_shapes=dynamic_shapes, op_policy=policy,
+                backward_pass_autocast=opts.backward_pass_autocast,
+                on_backward_autocast_mismatch=opts.on_backward_autocast_mismatch)
+    except predispatch.ExportError as e:  # ours: every line names the construct, so keep all
+        raise CliError(f"cannot export: {' '.join(str(e).split())}") from e
+    except SystemExit as e:  # sys.exit() in the user's forward
+        raise CliError(f"{opts.target}: the module's forward called sys.exit({e.code!r})") from None
     except Exception as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        raise CliError(f"export failed: {type(e).__name__}: {first}") from e
+        raise CliError(f"export failed: {_one_line(e)}") from e
     print(predispatch.format_program(ep), end="")
     print(op_summary(ep, policy))
     if opts.save:
-        torch.export.save(ep, opts.save)
+        try:
+            torch.export.save(ep, opts.save)
+        except (OSError, RuntimeError) as e:  # e.g. no permission; torch says "open file failed"
+            raise CliError(f"--save {opts.save}: cannot write: {_one_line(e)}") from e
         print(f"saved to {opts.save}")
     return 0
 
@@ -137,6 +178,9 @@ def main(argv=None) -> int:
     except CliError as e:
         print(f"predispatch: error: {e}", file=sys.stderr)
         return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("predispatch: interrupted", file=sys.stderr)
+        return 128 + 2  # the shell's code for death by SIGINT
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ from .copy_pass import replace_copies
 from .errors import ExportError, node_location
 from .keep_history import keep_history_pass, may_require_grad
 from .op_policy import OpPolicy
-from .program import PredispatchProgram, set_program_meta
+from .program import PredispatchProgram, module_order, set_program_meta
 from .region_pass import replace_blocks_with_regions
 from .region_utils import mutable_op_nodes
 
@@ -60,6 +60,7 @@ def export_predispatch(module, args, kwargs=None, *, dynamic_shapes=None, op_pol
         set_program_meta(captured.gm, {
             "write_back": write_back_modes(captured),
             "autocast_policy": autocast.to_json(),
+            "module_order": module_order(module),
         })
     return _torch.build_exported_program(
         PredispatchProgram, module, captured.artifact, captured.signature,

@@ -9,6 +9,10 @@
 A policy is a frozen value: ``keep`` and ``decompose`` return new policies.
 The decision is one ordered rule table (``_RULES``); the first rule that
 applies decides.
+
+``keep``, ``decompose`` and ``explain`` take an overload or a packet; as in
+torch's decomposition tables, a packet (``torch.ops.aten.to``) means each of
+its overloads, judged one by one (``explain`` gives a line per overload).
 """
 from __future__ import annotations
 
@@ -56,22 +60,27 @@ class OpPolicy:
         return cls()
 
     def keep(self, op) -> "OpPolicy":
-        op = _overload(op)
-        lie = _liar_reason(op)
-        if lie is not None:
-            raise ValueError(f"cannot keep {op.name()}: {lie}; keeping it would let an "
-                             "alias or a mutation hide behind a functional-looking node")
-        return dataclasses.replace(self, kept=self.kept | {op}, decomposed=self.decomposed - {op})
+        ops = _overloads(op)
+        for o in ops:
+            # A non-composite is traced as itself whatever the policy says, so
+            # only a composite's lie could hide behind a kept node.
+            lie = _liar_reason(o) if _torch.has_composite_implicit_kernel(o) else None
+            if lie is not None:
+                raise ValueError(f"cannot keep {o.name()}: {lie}; keeping it would let an "
+                                 "alias or a mutation hide behind a functional-looking node")
+        return dataclasses.replace(self, kept=self.kept | ops, decomposed=self.decomposed - ops)
 
     def decompose(self, op) -> "OpPolicy":
-        op = _overload(op)
-        return dataclasses.replace(self, decomposed=self.decomposed | {op}, kept=self.kept - {op})
+        ops = _overloads(op)
+        return dataclasses.replace(self, decomposed=self.decomposed | ops, kept=self.kept - ops)
 
     def explain(self, op) -> str:
-        op = _overload(op)
-        decision, why = self.decide(op)
-        verb = {True: "decomposed", False: "kept", None: "traced as itself"}[decision]
-        return f"{op.name()}: {verb} ({why})"
+        lines = []
+        for o in sorted(_overloads(op), key=lambda o: o.name()):
+            decision, why = self.decide(o)
+            verb = {True: "decomposed", False: "kept", None: "traced as itself"}[decision]
+            lines.append(f"{o.name()}: {verb} ({why})")
+        return "\n".join(lines)
 
     def should_decompose(self, op) -> bool | None:
         """True/False for a composite; None for an op that is not one (torch decides)."""
@@ -85,12 +94,32 @@ class OpPolicy:
         raise AssertionError("the last rule always applies")
 
 
-def _overload(op):
+def _in_dispatcher(op) -> bool:
+    """False for TorchScript-only overloads (``aten::add.t``, even ``aten.add.default``):
+    the dispatcher does not know them, so no traced graph can call them."""
+    try:
+        torch._C._dispatch_find_schema_or_throw(op._schema.name, op._schema.overload_name)
+    except RuntimeError:
+        return False
+    return True
+
+
+def _overloads(op) -> frozenset:
+    """The overloads ``op`` stands for: itself, or each dispatcher overload of a packet."""
     if isinstance(op, torch._ops.OpOverloadPacket):
-        return op.default
+        overloads = (getattr(op, name) for name in op.overloads())
+        ops = frozenset(o for o in overloads if _in_dispatcher(o))
+        if not ops:
+            raise ValueError(f"{op} has no overload the dispatcher knows (TorchScript-only op)")
+        return ops
     if not isinstance(op, torch._ops.OpOverload):
-        raise ValueError(f"expected a torch op overload such as torch.ops.aten.linear.default, got {op!r}")
-    return op
+        raise ValueError("expected an op overload (torch.ops.aten.linear.default) or a packet "
+                         f"(torch.ops.aten.linear, meaning each of its overloads), got {op!r}")
+    if not _in_dispatcher(op):
+        choices = ", ".join(sorted(str(o) for o in _overloads(op.overloadpacket)))
+        raise ValueError(f"{op} is a TorchScript-only overload that no traced graph calls; "
+                         f"choose one of {choices}, or pass the packet {op.overloadpacket}")
+    return frozenset({op})
 
 
 def _liar_reason(op) -> str | None:

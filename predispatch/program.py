@@ -12,6 +12,7 @@ saved). The write-back modes travel in a node's ``meta["custom"]``, which
 from __future__ import annotations
 
 import copy
+import operator
 
 import torch
 from torch.export import ExportedProgram
@@ -33,7 +34,8 @@ def program_meta(ep_or_gm) -> dict:
 def set_program_meta(gm: torch.fx.GraphModule, meta: dict) -> None:
     """Kept on the first op node: torch.export serializes the ``meta["custom"]``
     of op nodes, not that of the graph module or its output node."""
-    holder = next((n for n in gm.graph.nodes if n.op == "call_function"), gm.graph.output_node())
+    holder = next((n for n in gm.graph.nodes if n.op == "call_function" and n.target is not operator.getitem),
+                  gm.graph.output_node())
     holder.meta.setdefault("custom", {})[META_KEY] = meta
 
 
@@ -146,12 +148,31 @@ def use_run_time_calls(gm: torch.fx.GraphModule) -> None:
         use_run_time_calls(getattr(gm, name))
 
 
+def module_order(module: torch.nn.Module) -> list[str]:
+    """The paths of the submodules holding state, in the module's order."""
+    return [path for path, m in module.named_modules(remove_duplicate=False)
+            if path and (m._parameters or m._buffers or m._modules)]
+
+
+def restore_module_order(unlifted: torch.nn.Module, order: list[str]) -> None:
+    """torch's unlift makes the submodules in the order it assigns state:
+    parameters first, so a submodule holding only buffers moves after those
+    with parameters, and ``named_buffers()`` (the order a re-export lifts
+    them in) changes. Put every level back in the exported module's order."""
+    rank = {path: i for i, path in enumerate(order)}
+    for path, m in unlifted.named_modules():
+        prefix = f"{path}." if path else ""
+        m._modules = dict(sorted(m._modules.items(),
+                                 key=lambda kv: rank.get(prefix + kv[0], len(rank))))
+
+
 class PredispatchProgram(ExportedProgram):
     """An ``ExportedProgram`` made by :func:`predispatch.export_predispatch`."""
 
     def module(self, check_guards: bool = True) -> torch.fx.GraphModule:
         unlifted = super().module(check_guards=check_guards)
         fix_write_backs(unlifted, program_meta(self).get("write_back", {}))
+        restore_module_order(unlifted, program_meta(self).get("module_order", []))
         use_run_time_calls(unlifted)
         return unlifted
 

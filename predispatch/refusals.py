@@ -10,6 +10,7 @@ import contextlib
 import sys
 
 import torch
+import torch._higher_order_ops
 import torch.autograd.forward_ad
 import torch.utils._pytree as pytree
 
@@ -68,6 +69,9 @@ _AUTOGRAD_CALL = ("autograd run inside the forward (a gradient, a hook on the ba
                   "would not do it; compute it outside the exported module")
 _TRANSFORM_CALL = ("a torch.func transform inside the forward: the functional pre-dispatch "
                    "trace cannot capture it")
+_CONTROL_FLOW_CALL = ("a control-flow operator: its branches or body are traced by dynamo, "
+                      "which cannot trace through the exporter's recording (torch.export.export "
+                      "keeps it, without functional regions)")
 _REFUSED_CALLS = {
     (torch.autograd, "grad"): _AUTOGRAD_CALL,
     (torch.autograd, "backward"): _AUTOGRAD_CALL,
@@ -84,6 +88,9 @@ _REFUSED_CALLS = {
     **{(module, name): _RNG_CALL for module in (torch, torch.random)
        for name in ("manual_seed", "seed", "set_rng_state")},
     (torch.random, "fork_rng"): _RNG_CALL,
+    (torch, "cond"): _CONTROL_FLOW_CALL,
+    **{(torch._higher_order_ops, name): _CONTROL_FLOW_CALL
+       for name in ("cond", "while_loop", "scan", "map", "associative_scan")},
 }
 
 

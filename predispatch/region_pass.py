@@ -57,14 +57,15 @@ class Marker:
     phase: str  # "enter" | "exit" | "bare"
     key: object
     args: tuple
+    constant: bool = False  # the mode is a constant in the source: set_grad_enabled(True)
 
 
 def marker(node: torch.fx.Node) -> Marker | None:
     if node.op != "call_function":
         return None
     if node.target is _torch.SET_GRAD_ENABLED:
-        phase, block = node.meta.get(GRAD_BLOCK, ("bare", None))
-        return Marker(GRAD, phase, ("grad", block), (bool(node.args[0]),))
+        phase, block, constant = node.meta.get(GRAD_BLOCK, ("bare", None, False))
+        return Marker(GRAD, phase, ("grad", block), (bool(node.args[0]),), constant)
     if node.target is _torch.ENTER_AUTOCAST:
         return Marker(AUTOCAST, "enter", node, tuple(node.args))
     if node.target is _torch.EXIT_AUTOCAST:
@@ -112,6 +113,8 @@ def read_blocks(graph: torch.fx.Graph) -> tuple[list[Block], list[torch.fx.Node]
                 f"a bare torch._C._set_grad_enabled call, outside any grad-mode context "
                 f"manager, cannot be exported soundly, at {_where(node)}")
         if m.phase == "enter" and m.kind is GRAD and m.key not in exits:  # a function-call toggle
+            if m.constant:
+                _refuse_caller_mode_set(node, m.args[0], stack)
             if m.args[0] == _grad_mode(stack):
                 redundant.append(node)
             elif stack and stack[-1].key == "toggle":
@@ -138,6 +141,23 @@ def read_blocks(graph: torch.fx.Graph) -> tuple[list[Block], list[torch.fx.Node]
             f"torch.set_grad_enabled(False) called as a function, not as a block) cannot be "
             f"exported soundly, at {_where(stack[0].enter)}")
     return top, redundant
+
+
+def _refuse_caller_mode_set(node: torch.fx.Node, mode: bool, stack: list[Block]) -> None:
+    """A toggle by a constant, at the same mode as the caller's (a no-op while
+    tracing, or the toggle back of the outermost toggle), sets the caller's
+    mode, unknown until run time: ``torch.set_grad_enabled(True)`` turns it
+    on for a caller under no_grad too (and eager leaves it on after the
+    forward). Inside a grad block the mode is the block's: no refusal."""
+    closing = bool(stack) and stack[-1].key == "toggle" and mode != _grad_mode(stack)
+    outside = stack[:-1] if closing else stack
+    if any(b.kind is GRAD for b in outside) or (mode != _grad_mode(stack) and not closing):
+        return
+    raise ExportError(
+        f"torch.set_grad_enabled({mode}) called as a function sets grad mode {'on' if mode else 'off'} "
+        f"whatever mode the caller had (eager leaves it so after the forward), which the program "
+        f"cannot know: restore the mode read before (prev = torch.is_grad_enabled(); ...; "
+        f"torch.set_grad_enabled(prev)) or use a with block, at {_where(node)}")
 
 
 def _where(node: torch.fx.Node) -> str:

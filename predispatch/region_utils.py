@@ -20,7 +20,7 @@ import torch.fx
 from torch.export import ExportedProgram
 
 from . import _torch
-from .program import PredispatchProgram
+from .program import PredispatchProgram, program_meta, set_program_meta
 
 _KIND = {_torch.wrap_with_set_grad_enabled: "grad", _torch.wrap_with_autocast: "autocast"}
 _ARITY = {"grad": 1, "autocast": 4}  # leading non-tensor arguments of each hop
@@ -80,6 +80,33 @@ def _walk(gm: torch.fx.GraphModule, depth: int) -> Iterator[Region]:
         yield from _walk(sub, depth + 1)
 
 
+_DTYPE_GUARD = torch.ops.aten._assert_tensor_metadata.default
+
+
+def _drop_guards_of_autocast_dtypes(gm: torch.fx.GraphModule) -> None:
+    """Refresh the nodes' values after autocast regions are inlined. A
+    ``.to()`` guard checks the dtype its input had when traced; where an
+    inlined autocast made that dtype, the input's dtype now depends on the
+    caller's mode, so the guard goes."""
+    stale = []
+
+    def check(node):
+        if node.target is _DTYPE_GUARD:
+            dtype = node.args[0].meta["val"].dtype
+            traced = node.kwargs["dtype"] if "dtype" in node.kwargs else node.args[3]
+            if dtype != traced:
+                stale.append(node)
+                node.target = _SKIPPED  # while values are refreshed
+
+    _torch.refresh_fake_values(gm, before_node=check)
+    for node in stale:
+        gm.graph.erase_node(node)
+
+
+def _SKIPPED(*args, **kwargs):
+    return None
+
+
 def inline_region(owner: torch.fx.GraphModule, region: Region) -> None:
     """Replace one region's call by its body (its own regions stay regions)."""
     graph, call = owner.graph, region.node
@@ -118,17 +145,25 @@ def inline_regions(ep: ExportedProgram) -> ExportedProgram:
     For consumers that cannot handle higher-order ops. The grad-mode and
     autocast semantics of the regions are LOST: the inlined ops run under
     whatever mode the caller has (a no_grad block's ops now record autograd
-    history, an autocast block's ops are no longer autocast).
+    history, an autocast block's ops are no longer autocast: their values
+    show the dtypes they compute in without autocast, and the ``.to()``
+    guards on dtypes autocast made are dropped).
     """
     gm = copy.deepcopy(ep.graph_module)
+    record = program_meta(gm)  # it may live on a region's node, which inlining removes
+    autocast_inlined = False
     while True:
         top = [r for r in regions(gm) if r.depth == 0]
         if not top:
             break
         for region in top:
+            autocast_inlined |= region.kind == "autocast"
             inline_region(gm, region)
     gm.delete_all_unused_submodules()
     gm.graph.eliminate_dead_code(is_impure_node=lambda n: n.op in ("placeholder", "output") or n.is_impure())
+    if autocast_inlined:  # the nodes' values say what autocast made
+        _drop_guards_of_autocast_dtypes(gm)
+    set_program_meta(gm, record)
     gm.recompile()
     signature = copy.deepcopy(ep.graph_signature)
     outputs = gm.graph.output_node().args[0]

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import dis
+import functools
 import inspect
 import sys
 import weakref
@@ -36,7 +38,7 @@ from .patching import patched
 from .refusals import refusing_custom_backwards, refusing_state_calls
 from .stack_traces import stamping_stack_traces
 from .translations import (
-    autocast_cache_flag_as_in_eager,
+    autocast_blocks_as_in_eager,
     buffer_reassignment_as_update,
     inference_mode_as_no_grad,
 )
@@ -114,6 +116,8 @@ class _Recorder(_torch.TorchFunctionMode):
             out = self._call_marking_view_replays(func, args, kwargs)
         else:
             out = func(*args, **kwargs)
+        if _is_custom_op(func):
+            _refuse_hidden_alias(func, args, kwargs, out)
         self._note_views(func, args, out)
         return out
 
@@ -208,13 +212,14 @@ class _Recorder(_torch.TorchFunctionMode):
         return None  # what eager's call returns (make_fx hands back its node)
 
     def _block_mark(self, caller):
+        """(phase, block id, whether the mode is a constant in the source)."""
         if caller is None:
-            return ("bare", None)
+            return ("bare", None, False)
         phase, owner = caller
         if id(owner) not in self._block_ids:
             self._block_ids[id(owner)] = len(self._block_ids)
             self._owners.append(owner)
-        return (phase, self._block_ids[id(owner)])
+        return (phase, self._block_ids[id(owner)], passes_a_constant(_torch.grad_mode_call_frame()))
 
     def _note_tensors(self, args, kwargs):
         for arg in pytree.tree_leaves((args, kwargs)):
@@ -263,6 +268,47 @@ _LAYOUT_IN_PLACE = frozenset({"t_", "transpose_", "swapdims_", "swapaxes_", "uns
                               "squeeze_", "resize_", "resize_as_", "as_strided_"})
 _RENORMING_LOOKUPS = {f: inspect.signature(f) for f in (F.embedding, F.embedding_bag)}
 _DATA = torch._C.TensorBase.__dict__["data"]  # torch-function modes see its __get__ / __set__
+
+
+@functools.lru_cache(maxsize=256)
+def _instructions(code) -> tuple[list, dict[int, int]]:
+    listed = list(dis.get_instructions(code))
+    return listed, {ins.offset: i for i, ins in enumerate(listed)}
+
+
+def passes_a_constant(frame) -> bool:
+    """Is the last argument of the call ``frame`` is making a constant in the
+    source (``torch.set_grad_enabled(True)``, not ``...(prev)``)?"""
+    if frame is None:
+        return False
+    listed, index = _instructions(frame.f_code)
+    i = index.get(frame.f_lasti)
+    while i is not None and i > 0:
+        i -= 1
+        if listed[i].opname not in ("PRECALL", "KW_NAMES", "CACHE"):
+            return listed[i].opname == "LOAD_CONST"
+    return False
+
+
+def _is_custom_op(func) -> bool:
+    if not isinstance(func, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+        return False
+    name = func._schema.name if isinstance(func, torch._ops.OpOverload) else func._qualified_op_name
+    return name.split("::")[0] not in ("aten", "prim", "prims")
+
+
+def _refuse_hidden_alias(func, args, kwargs, out) -> None:
+    """A custom op kept whole that returns an alias of an input although its
+    schema says it makes a new tensor: the program would not see the alias
+    (aten's liars are found by tools/audit_composites.py and never kept)."""
+    inputs = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, _torch.FunctionalTensor)]
+    for o in pytree.tree_leaves(out):
+        if isinstance(o, _torch.FunctionalTensor) and _torch.hides_an_alias(o, inputs):
+            raise ExportError(
+                f"{func} returned an alias of its input although its schema says it returns a "
+                f"new tensor, at {user_location()}: kept whole (the op policy keeps it), the "
+                f"program would not see the alias; decompose it (OpPolicy.decompose) or declare "
+                f"the alias in its schema (Tensor(a) -> Tensor(a))")
 
 
 def _data_access(func, args):
@@ -349,7 +395,7 @@ def recording(module: torch.nn.Module, record: TraceRecord, strip):
         # the stamper on top: nodes the recorder's own calls make get the user's stack too
         # (and it stamps autocast's enter/exit as wrapped for the cache flag below it)
         draws = HostDraws()
-        with autocast_cache_flag_as_in_eager(eager_autocast_cache), \
+        with autocast_blocks_as_in_eager(eager_autocast_cache), \
                 _Recorder(record, parameter_ids, draws) as recorder, stamping_stack_traces(), \
                 _wrapping_what_modes_miss(record, draws):
             out = forward(*args, **kwargs)

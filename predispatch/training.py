@@ -6,27 +6,50 @@ traced for (contract §3).
     >>> out = train(x); out.sum().backward()
     >>> train.forward_graph, train.backward_graph     # torch.fx.GraphModules
 
+The graphs are traced for the program's example inputs, in grad mode, under
+the autocast state ``compile_training`` runs under. A call that differs in
+what a trace depends on (input sizes, dtypes, strides, a dynamic non-tensor
+input's value, grad mode, the ambient autocast state, the autograd state of an
+input the program mutates) gets graphs traced for it, kept in a small cache;
+a call ``ep.module()`` would refuse (a size outside the program's shapes, a
+non-tensor input other than the exported one) raises :class:`CallNotSupportedError`.
+
 The backward is traced under the program's ``backward_pass_autocast``
 (AOTAutograd's ``backward_pass_autocast`` config): "same_as_forward" = the
-autocast state ``compile_training`` ran under, "off", or a list of
+autocast state the forward ran under, "off", or a list of
 ``torch.amp.autocast`` kwargs. Both graphs are run with autocast disabled:
-the casts they need are in the graphs already. When a backward runs under an
-ambient autocast state that differs from that assumption on a device where
-the backward graph has ops autocast would treat differently, the program's
-``on_backward_autocast_mismatch`` says what to do.
+the casts they need are in the graphs already. Each time a backward runs
+under an ambient autocast state that differs from that assumption, the
+backward is traced again under the state found; if that gives another
+graph, the program's ``on_backward_autocast_mismatch`` says what to do.
 """
 from __future__ import annotations
 
+import collections
+import contextlib
 import dataclasses
 import warnings
+from collections.abc import Callable
 
 import torch
 import torch.fx
 import torch.utils._pytree as pytree
+from torch.export.graph_signature import InputKind
 
 from . import _torch
 from .autocast_policy import AutocastPolicy, autocast_policy
 from .errors import BackwardAutocastMismatchError, BackwardAutocastMismatchWarning
+from .program import (
+    read_before_mutation,
+    write_back_under_no_grad,
+    write_back_with_grad,
+)
+
+
+class CallNotSupportedError(RuntimeError):
+    """A call the compiled module refuses, as ``ep.module()`` does: the
+    message names the input (a size outside the program's shapes, a
+    non-tensor input other than the exported value)."""
 
 
 # --------------------------------------------------------------------------
@@ -38,20 +61,31 @@ def ambient_autocast() -> dict[str, torch.dtype]:
             if torch.is_autocast_enabled(d)}
 
 
+def as_autocast_kwargs(state: dict) -> list[dict]:
+    """A state as ``torch.amp.autocast`` kwargs (the list form of ``backward_pass_autocast``)."""
+    return [{"device_type": d, "dtype": t} for d, t in sorted(state.items())]
+
+
+@contextlib.contextmanager
+def autocast_entered(kwargs_list: list[dict]):
+    """Autocast off everywhere, then each ``torch.amp.autocast(**kw)`` entered
+    (what AOTAutograd does for a list ``backward_pass_autocast``)."""
+    with _torch.disable_autocast(), contextlib.ExitStack() as stack:
+        for kw in kwargs_list:
+            stack.enter_context(torch.amp.autocast(**kw))
+        yield
+
+
 def assumed_autocast(policy: AutocastPolicy, forward_state: dict) -> dict[str, torch.dtype]:
     bwd = policy.backward_pass_autocast
     if bwd == "same_as_forward":
         return dict(forward_state)
-    if bwd == "off":
-        return {}
-    state = {}
-    for kw in bwd:
-        device = kw["device_type"]
-        if kw.get("enabled", True):
-            state[device] = kw.get("dtype") or torch.get_autocast_dtype(device)
-        else:
-            state.pop(device, None)
-    return state
+    # What torch.autocast really does with the dicts: it disables itself for
+    # a dtype the device does not support (it has warned about it already).
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with autocast_entered([] if bwd == "off" else bwd):
+            return ambient_autocast()
 
 
 def _describe(state: dict) -> str:
@@ -62,16 +96,20 @@ def _describe(state: dict) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class BackwardCheck:
-    """What the backward assumes, and which of its ops autocast would change, per device."""
+    """What the backward assumes, which of its ops autocast would change, per
+    device, and (``code_under``) the backward's code when traced under a state."""
 
     policy: AutocastPolicy
     assumed: dict
     sensitive_ops: dict  # device -> sorted names of backward ops with an autocast kernel there
+    traced_code: str = ""
+    code_under: Callable[[dict], str] | None = None
+    _verdicts: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
     def mismatch(self, found: dict) -> str | None:
         devices = [d for d in set(found) | set(self.assumed)
                    if found.get(d) != self.assumed.get(d) and self.sensitive_ops.get(d)]
-        if not devices:
+        if not devices or not self._changes_backward(found):
             return None
         ops = {d: self.sensitive_ops[d][:5] for d in sorted(devices)}
         return (f"the backward ran under {_describe(found)} but was traced assuming "
@@ -80,6 +118,17 @@ class BackwardCheck:
                 f"differently: {ops}. Export with the backward_pass_autocast the backward really "
                 "runs under, run the backward outside that autocast, or set "
                 "on_backward_autocast_mismatch='warn' or 'do_nothing'.")
+
+    def _changes_backward(self, found: dict) -> bool:
+        """Does tracing the backward under ``found`` give another graph? An op
+        with an autocast kernel may still be left alone (its inputs are in the
+        autocast dtype already), so only a retrace tells. Cached per state."""
+        if self.code_under is None:
+            return True
+        key = tuple(sorted(found.items()))
+        if key not in self._verdicts:
+            self._verdicts[key] = self.code_under(found) != self.traced_code
+        return self._verdicts[key]
 
     def __call__(self) -> None:
         action = self.policy.on_backward_autocast_mismatch
@@ -109,6 +158,108 @@ def sensitive_ops(gm: torch.fx.GraphModule) -> dict[str, list[str]]:
 
 
 # --------------------------------------------------------------------------
+# Calls: what a trace depends on.
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorInput:
+    """What a trace depends on of a tensor input. ``autograd`` is
+    ``(requires_grad, is_leaf)`` for an input the program mutates (the history
+    its write-back gets depends on it), else None: a floating input is then
+    traced as requiring grad, so one trace serves calls whether it does or not."""
+
+    shape: tuple
+    stride: tuple
+    dtype: torch.dtype
+    device: torch.device
+    autograd: tuple | None
+
+    @classmethod
+    def of(cls, t: torch.Tensor, mutated: bool) -> TensorInput:
+        return cls(tuple(t.shape), tuple(t.stride()), t.dtype, t.device,
+                   (t.requires_grad, t.is_leaf) if mutated else None)
+
+    def example(self) -> torch.Tensor:
+        t = torch.empty_strided(self.shape, self.stride, dtype=self.dtype, device=self.device)
+        if self.autograd is None:
+            return t.requires_grad_(t.is_floating_point() or t.is_complex())
+        requires_grad, is_leaf = self.autograd
+        t.requires_grad_(requires_grad)
+        if is_leaf:
+            return t
+        with torch.enable_grad():
+            return t.clone()
+
+
+@dataclasses.dataclass(frozen=True)
+class ConstantInput:
+    """A non-tensor input, by type and value (Python has ``True == 1 == 1.0``)."""
+
+    type: type
+    value: object
+
+
+@dataclasses.dataclass(frozen=True)
+class CallKey:
+    """Calls with equal keys share their traced graphs."""
+
+    inputs: tuple  # per input leaf: a TensorInput or a ConstantInput
+    grad_enabled: bool
+    autocast: tuple  # the ambient autocast state, as sorted (device, dtype) pairs
+
+    @classmethod
+    def of(cls, leaves: list, mutated: frozenset, grad_enabled: bool) -> CallKey:
+        inputs = tuple(TensorInput.of(x, i in mutated) if isinstance(x, torch.Tensor)
+                       else ConstantInput(type(x), x) for i, x in enumerate(leaves))
+        return cls(inputs, grad_enabled, tuple(sorted(ambient_autocast().items())))
+
+    def constants(self) -> dict:
+        return {i: x.value for i, x in enumerate(self.inputs) if isinstance(x, ConstantInput)}
+
+    def examples(self) -> list[torch.Tensor]:
+        return [x.example() for x in self.inputs if isinstance(x, TensorInput)]
+
+
+def mutated_inputs(ep) -> frozenset:
+    """Positions, among the flat user inputs, of those the program mutates."""
+    sig = ep.graph_signature
+    names = [s.arg.name for s in sig.input_specs if s.kind == InputKind.USER_INPUT]
+    mutated = set(sig.user_inputs_to_mutate.values())
+    return frozenset(i for i, name in enumerate(names) if name in mutated)
+
+
+# --------------------------------------------------------------------------
+# Tracing with AOTAutograd.
+
+
+def _write_back_for_autograd(target: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    """``program.write_back_with_grad`` as it runs eagerly: a ``copy_`` that
+    AOTAutograd traces with its autograd history. (The program's version
+    writes below autograd when traced, which is for re-exporting only.)"""
+    if target.is_leaf and target.requires_grad:
+        with torch.no_grad():
+            return target.copy_(value)
+    return target.copy_(value)
+
+
+def _write_back_under_no_grad_for_autograd(target: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return target.copy_(value)
+
+
+_FOR_AUTOGRAD = {write_back_with_grad: _write_back_for_autograd,
+                 write_back_under_no_grad: _write_back_under_no_grad_for_autograd,
+                 read_before_mutation: torch.clone}
+
+
+def for_autograd_tracing(unlifted: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """``ep.module()`` with its write-backs as the plain ops they run eagerly,
+    so that AOTAutograd's trace gives a mutated input its autograd history."""
+    for node in unlifted.graph.nodes:
+        if node.op == "call_function" and node.target in _FOR_AUTOGRAD:
+            node.target = _FOR_AUTOGRAD[node.target]
+    unlifted.recompile()
+    return unlifted
 
 
 class _FlatModule(torch.nn.Module):
@@ -130,44 +281,6 @@ class _FlatModule(torch.nn.Module):
         return tuple(out_leaves)
 
 
-class CompiledTraining(torch.nn.Module):
-    """The module :func:`compile_training` returns."""
-
-    forward_graph: torch.fx.GraphModule
-    backward_graph: torch.fx.GraphModule
-
-    def __init__(self, flat: _FlatModule, compiled, graphs: dict, check: BackwardCheck):
-        super().__init__()
-        self.flat = flat
-        self._compiled = compiled
-        self.forward_graph = graphs["forward"]
-        self.backward_graph = graphs.get("backward")
-        self.backward_check = check
-
-    def forward(self, *args, **kwargs):
-        leaves, spec = pytree.tree_flatten((args, kwargs))
-        if spec != self.flat.in_spec:
-            raise ValueError(f"inputs do not match the program's input structure {self.flat.in_spec}")
-        tensors = [x for x in leaves if isinstance(x, torch.Tensor)]
-        outputs = list(self._compiled(*tensors))
-        self._check_before_backward(outputs)
-        return pytree.tree_unflatten(outputs, self.flat.out_spec)
-
-    def _check_before_backward(self, outputs) -> None:
-        """Run the check when the backward starts, in the engine's autocast
-        state (AOTAutograd may run its compiled backward with autocast off)."""
-        done = []
-
-        def prehook(grad_outputs):
-            if not done:
-                done.append(True)
-                self.backward_check()
-
-        for out in outputs:
-            if isinstance(out, torch.Tensor) and out.grad_fn is not None:
-                out.grad_fn.register_prehook(prehook)
-
-
 def _run_without_autocast(gm: torch.fx.GraphModule):
     def run(args):  # AOTAutograd's boxed calling convention
         with _torch.disable_autocast():
@@ -177,20 +290,11 @@ def _run_without_autocast(gm: torch.fx.GraphModule):
     return run
 
 
-def compile_training(ep) -> CompiledTraining:
-    """Trace ``ep``'s joint forward/backward ahead of time (see module docs)."""
-    policy = autocast_policy(ep)
-    if ep.example_inputs is None:
-        raise ValueError("compile_training needs the program's example inputs (ep.example_inputs)")
-    args, kwargs = ep.example_inputs
-    leaves, in_spec = pytree.tree_flatten((args, kwargs))
-    constants = {i: x for i, x in enumerate(leaves) if not isinstance(x, torch.Tensor)}
-    flat = _FlatModule(ep.module(), in_spec, constants)
-    examples = [_example(x) for x in leaves if isinstance(x, torch.Tensor)]
-
-    forward_state = ambient_autocast()
+def trace(flat: _FlatModule, key: CallKey, backward_autocast):
+    """AOTAutograd's joint trace of ``flat`` for calls like ``key``, under its
+    grad mode and autocast state.
+    Returns (compiled function, forward graph, backward graph or None)."""
     graphs: dict = {}
-    check_box: list[BackwardCheck] = []
 
     def fw_compiler(gm, _inputs):
         graphs["forward"] = gm
@@ -198,19 +302,109 @@ def compile_training(ep) -> CompiledTraining:
 
     def bw_compiler(gm, _inputs):
         graphs["backward"] = gm
-        check_box.append(BackwardCheck(policy, assumed_autocast(policy, forward_state), sensitive_ops(gm)))
         return _run_without_autocast(gm)
 
-    bwd = policy.backward_pass_autocast
-    with _torch.backward_pass_autocast(bwd if isinstance(bwd, str) else list(bwd)):
-        compiled = _torch.aot_module_simplified(flat, examples, fw_compiler=fw_compiler,
+    bwd = backward_autocast if isinstance(backward_autocast, str) else list(backward_autocast)
+    with (_torch.backward_pass_autocast(bwd), _torch.no_donated_buffers(),
+          autocast_entered(as_autocast_kwargs(dict(key.autocast))), torch.set_grad_enabled(key.grad_enabled)):
+        compiled = _torch.aot_module_simplified(flat, key.examples(), fw_compiler=fw_compiler,
                                                 bw_compiler=bw_compiler)
-    check = check_box[0] if check_box else BackwardCheck(policy, assumed_autocast(policy, forward_state), {})
-    return CompiledTraining(flat, compiled, graphs, check)
+    return compiled, graphs["forward"], graphs.get("backward")
 
 
-def _example(t: torch.Tensor) -> torch.Tensor:
-    """Floating inputs are traced as requiring grad, so the backward computes
-    their gradients whether or not a call's inputs require grad."""
-    t = t.detach().clone()
-    return t.requires_grad_(t.is_floating_point() or t.is_complex())
+class Variant:
+    """The program traced for one kind of call (a :class:`CallKey`)."""
+
+    def __init__(self, module: torch.nn.Module, in_spec, key: CallKey, policy: AutocastPolicy):
+        self.key = key
+        self.flat = _FlatModule(module, in_spec, key.constants())
+        self.compiled, self.forward_graph, self.backward_graph = trace(
+            self.flat, key, policy.backward_pass_autocast)
+        assumed = assumed_autocast(policy, dict(key.autocast))
+        if self.backward_graph is None:  # traced under no_grad
+            self.check = BackwardCheck(policy, assumed, {})
+        else:
+            self.check = BackwardCheck(policy, assumed, sensitive_ops(self.backward_graph),
+                                       self.backward_graph.code, self.backward_code_under)
+
+    def backward_code_under(self, state: dict) -> str:
+        """The code of this call's backward traced under another autocast state."""
+        _, _, backward = trace(self.flat, self.key, as_autocast_kwargs(state))
+        return backward.code
+
+
+class CompiledTraining(torch.nn.Module):
+    """The module :func:`compile_training` returns."""
+
+    forward_graph: torch.fx.GraphModule
+    backward_graph: torch.fx.GraphModule
+    max_variants = 8  # traced kinds of call kept; the least recently used goes first
+
+    def __init__(self, first: Variant, policy: AutocastPolicy, mutated: frozenset):
+        super().__init__()
+        self.flat = first.flat
+        self.policy = policy
+        self.mutated = mutated
+        self.forward_graph = first.forward_graph
+        self.backward_graph = first.backward_graph
+        self.backward_check = first.check
+        self.variants = collections.OrderedDict({first.key: first})
+
+    def forward(self, *args, **kwargs):
+        leaves = _torch.call_leaves(self.flat.module, args, kwargs)
+        variant = self.variant(CallKey.of(leaves, self.mutated, torch.is_grad_enabled()), args, kwargs)
+        inputs = [x for x in leaves if isinstance(x, torch.Tensor)]
+        history = [x.grad_fn for x in inputs]
+        outputs = list(variant.compiled(*inputs))
+        for node in compiled_backward_nodes(outputs + inputs, history):
+            node.register_prehook(lambda grad_outputs: variant.check())
+        return pytree.tree_unflatten(outputs, variant.flat.out_spec)
+
+    def variant(self, key: CallKey, args, kwargs) -> Variant:
+        """The graphs traced for calls like this one; traced now if new, once
+        ``ep.module()``'s checks accept the inputs."""
+        if key in self.variants:
+            self.variants.move_to_end(key)
+            return self.variants[key]
+        try:
+            _torch.check_call_inputs(self.flat.module, args, kwargs)
+        except RuntimeError as e:
+            raise CallNotSupportedError(f"the compiled program cannot take these inputs: {e}") from None
+        variant = self.variants[key] = Variant(self.flat.module, self.flat.in_spec, key, self.policy)
+        if len(self.variants) > self.max_variants:
+            self.variants.popitem(last=False)
+        return variant
+
+
+def compiled_backward_nodes(tensors: list, history: list) -> list:
+    """The autograd nodes of the compiled function that ``tensors`` (a call's
+    outputs and inputs, after it) depend on, found by a walk through the nodes
+    the call made; ``history``: the inputs' ``grad_fn`` before the call.
+
+    The check runs in a pre-hook of these nodes, once each time the compiled
+    backward is about to run and in the autocast state the backward runs
+    under (inside the compiled backward, autocast is off)."""
+    seen = {id(n): n for n in history if n is not None}
+    found, todo = [], [t.grad_fn for t in tensors if isinstance(t, torch.Tensor)]
+    while todo:
+        node = todo.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen[id(node)] = node  # kept alive, so that its id is not reused meanwhile
+        if _torch.is_compiled_backward_node(node):
+            found.append(node)
+        else:
+            todo.extend(n for n, _ in node.next_functions)
+    return found
+
+
+def compile_training(ep) -> CompiledTraining:
+    """Trace ``ep``'s joint forward/backward ahead of time (see module docs)."""
+    policy = autocast_policy(ep)
+    if ep.example_inputs is None:
+        raise ValueError("compile_training needs the program's example inputs (ep.example_inputs)")
+    module = for_autograd_tracing(ep.module())
+    leaves, in_spec = pytree.tree_flatten(ep.example_inputs)
+    mutated = mutated_inputs(ep)
+    first = Variant(module, in_spec, CallKey.of(leaves, mutated, grad_enabled=True), policy)
+    return CompiledTraining(first, policy, mutated)

@@ -4,7 +4,8 @@ Each is a context manager wrapping, for the traced forward (see
 :mod:`predispatch.patching`), what the construct calls, so that the trace
 records what eager does: an inference-mode block as a no_grad block, a
 rebound buffer as a buffer update, an autocast block with eager's cast-cache
-flag. (What no graph can hold is refused in :mod:`predispatch.refusals`.)
+flag and (given no dtype) the dtype current at run time. (What no graph can
+hold is refused in :mod:`predispatch.refusals`.)
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import contextlib
 
 import torch
 
+from . import _torch
 from .errors import ExportError, user_location
 from .patching import patched
 
@@ -59,23 +61,37 @@ def buffer_reassignment_as_update():
 
 
 @contextlib.contextmanager
-def autocast_cache_flag_as_in_eager(eager_default: bool):
-    """make_fx turns autocast's cast cache off while tracing, so a block that
-    does not say ``cache_enabled`` would be recorded with the cache off, and
-    the program would cast a weight used twice twice, rounding its gradient
+def autocast_blocks_as_in_eager(eager_cache_default: bool):
+    """What an autocast block leaves to run time, recorded as such.
+
+    The cast cache: make_fx turns it off while tracing, so a block that does
+    not say ``cache_enabled`` would be recorded with the cache off, and the
+    program would cast a weight used twice twice, rounding its gradient
     otherwise than eager. The block records eager's default; the trace itself
-    keeps the cache off."""
+    keeps the cache off.
+
+    The dtype: ``torch.autocast("cpu")`` without one takes the dtype current
+    when the block is entered (an enclosing autocast's, or
+    ``torch.set_autocast_dtype``'s). The block records None, so the program
+    takes it at run time too; the trace runs with the current one."""
     def init(original):
         def call(self, device_type, dtype=None, enabled=True, cache_enabled=None):
             original(self, device_type, dtype, enabled,
-                     eager_default if cache_enabled is None else cache_enabled)
+                     eager_cache_default if cache_enabled is None else cache_enabled)
+            self._predispatch_dtype_at_run_time = dtype is None
         return call
 
     def enter(original):
         def call(self):
             tracing = torch.is_autocast_cache_enabled()
+            tracer = _torch.current_tracer()
+            last = None if tracer is None else _torch.last_node(tracer.graph)
             entered = original(self)  # sets the cache flag and records the block with it
             torch.set_autocast_cache_enabled(tracing)
+            if last is not None and getattr(self, "_predispatch_dtype_at_run_time", False):
+                for node in _torch.nodes_after(last):
+                    if node.target is _torch.ENTER_AUTOCAST:
+                        node.args = (node.args[0], None, *node.args[2:])
             return entered
         return call
 

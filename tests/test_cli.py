@@ -42,6 +42,15 @@ MODEL = textwrap.dedent("""
             def forward(self, x):
                 return x if x.sum() > 0 else -x
         return D(), (torch.randn(2),)
+
+    def fails():
+        raise RuntimeError("boom\\nsecond line")
+
+    def exits():
+        raise SystemExit(3)
+
+    def bad_shape():
+        return M(), (torch.randn(4, 5),)
 """)
 
 
@@ -78,11 +87,34 @@ def test_kwargs_save_and_dynamic_batch(model_file, tmp_path, capsys):
     ("{model}:not_a_module", "where a torch.nn.Module belongs"),
     ("{model}:data_dependent", "cannot export: data-dependent Python control flow"),
     ("{model}", "expected FILE.py:FUNC"),
+    ("{model}:fails", "model.py:fails() failed: RuntimeError: boom"),
+    ("{model}:exits", "model.py:exits() called sys.exit(3)"),
+    ("{exits_on_import}:make", "importing {exits_on_import} called sys.exit(0)"),
 ])
 def test_errors_are_one_line_with_exit_code_2(model_file, target, message, capsys):
-    assert main(["export", target.format(model=model_file)]) == 2
+    exits_on_import = model_file.with_name("exits_on_import.py")
+    exits_on_import.write_text("raise SystemExit(0)\n")
+    names = {"model": model_file, "exits_on_import": exits_on_import}
+    assert main(["export", target.format(**names)]) == 2
     err = capsys.readouterr().err
-    assert message in err and err.count("\n") == 1 and "Traceback" not in err
+    assert message.format(**names) in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+@pytest.mark.parametrize("where", ["missing/m.pt2", "."])
+def test_bad_save_path_is_one_line_with_exit_code_2(model_file, tmp_path, where, capsys):
+    path = tmp_path / where
+    assert main(["export", f"{model_file}:make", "--save", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"predispatch: error: --save {path}:") and err.count("\n") == 1
+
+
+def test_failing_save_is_one_line_with_exit_code_2(model_file, tmp_path, monkeypatch, capsys):
+    def refuse(ep, path):
+        raise RuntimeError("open file failed with strerror: Permission denied\nmore")
+    monkeypatch.setattr(torch.export, "save", refuse)
+    assert main(["export", f"{model_file}:make", "--save", str(tmp_path / "m.pt2")]) == 2
+    err = capsys.readouterr().err
+    assert "cannot write: RuntimeError: open file failed" in err and err.count("\n") == 1
 
 
 def test_python_dash_m(model_file):
@@ -92,3 +124,11 @@ def test_python_dash_m(model_file):
     bad = subprocess.run([sys.executable, "-m", "predispatch", "export", f"{model_file}:nothing"],
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and bad.stderr.startswith("predispatch: error:") and "Traceback" not in bad.stderr
+
+
+def test_shape_error_is_one_line_without_torch_log(model_file):
+    # torch's fake tensor logger would print its own traceback on stderr.
+    bad = subprocess.run([sys.executable, "-m", "predispatch", "export", f"{model_file}:bad_shape"],
+                         capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1, bad.stderr
+    assert bad.stderr.startswith("predispatch: error: export failed: RuntimeError:")

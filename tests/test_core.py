@@ -1,4 +1,6 @@
 """G1-G5 and G7 on the hard corners, each compared with eager."""
+import copy
+
 import pytest
 import torch
 
@@ -413,3 +415,69 @@ class _TiedAndMutated(torch.nn.Module):
 def test_tied_parameters_mutated_through_one_name():
     ep = assert_matches_eager(_TiedAndMutated(), (torch.randn(2, 4),))
     assert [k for k, _ in specs(ep)].count("PARAMETER_MUTATION") == 1
+
+
+class _AutocastWithoutDtype(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        with torch.autocast("cpu"):  # the dtype current when the block is entered
+            return self.lin(x)
+
+
+def test_autocast_without_a_dtype_takes_it_at_run_time(tmp_path):
+    """The region records no dtype: under an enclosing autocast(float16), or
+    after torch.set_autocast_dtype, the program computes in float16 like
+    eager (before: bfloat16, the dtype seen while exporting); also after
+    save and load."""
+    module, x = _AutocastWithoutDtype(), torch.randn(3, 4)
+    ep = predispatch.export_predispatch(copy.deepcopy(module), (x,))
+    assert [r.args[:2] for r in predispatch.regions(ep)] == [("cpu", None)]
+    torch.export.save(ep, tmp_path / "p.pt2")
+    programs = [ep.module(), predispatch.load(tmp_path / "p.pt2").module()]
+    with torch.autocast("cpu", dtype=torch.float16):
+        expected = module(x)
+        for program in programs:
+            torch.testing.assert_close(program(x), expected)
+    previous = torch.get_autocast_dtype("cpu")
+    torch.set_autocast_dtype("cpu", torch.float16)
+    try:
+        assert {program(x).dtype for program in programs} == {module(x).dtype} == {torch.float16}
+    finally:
+        torch.set_autocast_dtype("cpu", previous)
+    assert programs[0](x).dtype == module(x).dtype == torch.bfloat16
+
+
+class _PositionTable(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("table", torch.randn(8, 4))
+
+    def forward(self, x):
+        return x + self.table[: x.shape[0]]
+
+
+class _BuffersFirst(torch.nn.Module):
+    """A submodule holding only buffers before one with parameters."""
+
+    def __init__(self):
+        super().__init__()
+        self.pos = _PositionTable()
+        self.bn = torch.nn.BatchNorm1d(4)
+
+    def forward(self, x):
+        with torch.no_grad():
+            y = self.pos(x)
+        return self.bn(y)
+
+
+def test_reexport_lifts_buffers_in_the_same_order():
+    """torch's unlift made ``bn`` before ``pos`` (parameters are assigned
+    first), so a re-export lifted ``pos.table`` last: G7 (assert_matches_eager
+    re-exports and compares)."""
+    ep = assert_matches_eager(_BuffersFirst(), (torch.randn(3, 4),))
+    again = predispatch.export_predispatch(ep.module(), (torch.randn(3, 4),))
+    assert ([s.target for s in again.graph_signature.input_specs]
+            == [s.target for s in ep.graph_signature.input_specs])

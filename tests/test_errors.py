@@ -42,6 +42,25 @@ class GradModeNeverRestored(torch.nn.Module):
         return x * 2
 
 
+class GradModeSetOnByAConstant(torch.nn.Module):
+    def forward(self, x):
+        torch.set_grad_enabled(False)
+        y = x * 2
+        torch.set_grad_enabled(True)  # on, even for a caller under no_grad
+        return y + x
+
+
+class GradModeTurnedOn(torch.nn.Module):
+    def forward(self, x):
+        torch.set_grad_enabled(True)  # a no-op while tracing, not for a caller under no_grad
+        return x * 2
+
+
+class DataDependentCond(torch.nn.Module):
+    def forward(self, x):
+        return torch.cond(x.sum() > 0, lambda x: x.sin(), lambda x: x * 2, (x,))
+
+
 class StraightThrough(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x):
@@ -200,6 +219,11 @@ class CustomBackwardThatCannotRun(torch.nn.Module):
     (SetOnMutatedInput(), (torch.randn(4), torch.randn(4)), "Tensor.set_()", "x.set_(y)"),
     (DataDependentBranch(), (torch.randn(3),), "data-dependent Python control flow", "if x.sum() > 0"),
     (GradModeNeverRestored(), (torch.randn(3),), "never restores", "torch.set_grad_enabled(False)"),
+    (GradModeSetOnByAConstant(), (torch.randn(3),), "whatever mode the caller had",
+     "torch.set_grad_enabled(True)"),
+    (GradModeTurnedOn(), (torch.randn(3),), "whatever mode the caller had",
+     "torch.set_grad_enabled(True)"),
+    (DataDependentCond(), (torch.randn(3),), "a control-flow operator", "torch.cond("),
 ])
 def test_unsound_constructs_name_themselves_and_the_line(module, args, construct, code):
     with pytest.raises(predispatch.ExportError) as info:
@@ -313,3 +337,28 @@ def test_a_torch_module_exported_as_it_is_names_its_own_line():
     momentum=None reads num_batches_tracked's value)."""
     with pytest.raises(predispatch.ExportError, match=r"nn/modules/batchnorm\.py:\d+ in forward"):
         predispatch.export_predispatch(torch.nn.BatchNorm1d(4, momentum=None), (torch.randn(3, 4),))
+
+
+_liar_lib = torch.library.Library("predispatch_liar", "DEF")
+_liar_lib.define("maybe_same(Tensor x) -> Tensor")  # says: a new tensor
+_liar_lib.impl("maybe_same", lambda x: x, "CompositeImplicitAutograd")  # returns its input
+
+
+class _UsesALiar(torch.nn.Module):
+    def forward(self, x):
+        y = torch.ops.predispatch_liar.maybe_same(x)
+        y.add_(1)  # eager: x too
+        return x * 2
+
+
+def test_a_kept_custom_op_returning_an_alias_is_refused():
+    """Kept whole, the liar's output would be a new tensor to the program (x
+    left unchanged, the output off by 2); decomposed (the default for a
+    non-aten op), the alias is traced and the program matches eager."""
+    from predispatch.testing.eager import assert_matches_eager
+
+    keep = predispatch.OpPolicy.default().keep(torch.ops.predispatch_liar.maybe_same.default)
+    with pytest.raises(predispatch.ExportError, match="returned an alias of its input") as info:
+        predispatch.export_predispatch(_UsesALiar(), (torch.zeros(2),), op_policy=keep)
+    assert f"{__file__}:{line_of(_UsesALiar.forward, 'maybe_same(x)')}" in str(info.value)
+    assert_matches_eager(_UsesALiar(), (torch.zeros(2),), inputs_require_grad=False)

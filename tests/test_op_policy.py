@@ -76,3 +76,33 @@ def test_bad_policy_argument():
     with pytest.raises(ValueError, match="OpPolicy"):
         predispatch.export_predispatch(UsesCustomComposite(), (torch.randn(2, 3), torch.randn(2, 3)),
                                        op_policy="keep everything")
+
+
+def test_a_packet_means_each_of_its_overloads():
+    policy = predispatch.OpPolicy.default()
+    aten = torch.ops.aten
+    # aten.to has no .default; each overload aliases its input, so keeping is refused.
+    with pytest.raises(ValueError, match=r"cannot keep aten::to\.\w+"):
+        policy.keep(aten.to)
+    assert policy.decompose(aten.to).decomposed == {aten.to.device, aten.to.dtype,
+                                                    aten.to.other, aten.to.dtype_layout}
+    assert policy.explain(aten.to).count("decomposed") == 4
+    # linear.out is not a composite: keeping the packet keeps linear, refuses nothing.
+    assert not policy.keep(aten.linear).should_decompose(aten.linear.default)
+    assert policy.decompose(aten.linear).should_decompose(aten.linear.default)
+    assert policy.explain(aten.linear).splitlines() == [
+        policy.explain(aten.linear.default), policy.explain(aten.linear.out)]
+    # aten.add.default is a TorchScript-only overload the dispatcher does not know.
+    assert "aten::add.Tensor: traced as itself" in policy.explain(aten.add)
+    assert aten.add.default not in policy.keep(aten.add).kept
+
+
+@pytest.mark.parametrize("method", ["keep", "decompose", "explain"])
+@pytest.mark.parametrize("bad, message", [
+    (torch.ops.aten.add.default, "TorchScript-only overload .* choose one of .*aten.add.Tensor"),
+    ("aten::linear", "expected an op overload .* or a packet"),
+    (torch.add, "expected an op overload .* or a packet"),
+])
+def test_bad_op_arguments_name_what_is_accepted(method, bad, message):
+    with pytest.raises(ValueError, match=message):
+        getattr(predispatch.OpPolicy.default(), method)(bad)

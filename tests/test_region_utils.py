@@ -54,3 +54,49 @@ def test_inline_regions_keeps_mutations_in_the_signature():
     with torch.no_grad():
         torch.testing.assert_close(flat_module(torch.ones(2, 4)), module(torch.ones(2, 4)))
     torch.testing.assert_close(flat_module.shadow, module.shadow)
+
+
+class _DecayThenLinear(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        with torch.no_grad():  # the graph's first op is this region
+            self.lin.weight.mul_(0.5)
+        return self.lin(x)
+
+
+def test_inline_regions_keeps_the_program_record():
+    """The record (write-back modes, autocast policy) lived on the region's
+    node: the inlined program keeps it, and writes the weight back as eager."""
+    module, x = _DecayThenLinear(), torch.randn(2, 4)
+    ep = predispatch.export_predispatch(copy.deepcopy(module), (x,), backward_pass_autocast="off",
+                                        on_backward_autocast_mismatch="warn")
+    flat = predispatch.inline_regions(ep)
+    assert predispatch.autocast_policy(flat) == predispatch.autocast_policy(ep)
+    torch.testing.assert_close(flat.module()(x), module(x))
+
+
+class _CastAfterAutocast(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = self.lin(x)
+        return y.float()
+
+
+def test_inlined_autocast_regions_run_and_their_values_say_so():
+    """Inlined, the linear computes in float32: its node's value says so, and
+    the guard of ``.float()`` (its input was bfloat16 when traced) is gone,
+    so the program runs with and without an ambient autocast."""
+    module, x = _CastAfterAutocast(), torch.randn(2, 4)
+    flat = predispatch.inline_regions(predispatch.export_predispatch(module, (x,)))
+    linear = next(n for n in flat.graph_module.graph.nodes if n.target is torch.ops.aten.linear.default)
+    assert linear.meta["val"].dtype == torch.float32
+    torch.testing.assert_close(flat.module()(x), torch.nn.functional.linear(x, module.lin.weight, module.lin.bias))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        torch.testing.assert_close(flat.module()(x), module(x))

@@ -1,0 +1,244 @@
+"""§3 compile_training: the compiled module against eager (outputs, gradients
+of inputs and parameters, buffers, inputs afterwards), on the calls that
+differ from the export's example, and the backward autocast check."""
+import copy
+import dataclasses
+import warnings
+
+import cases
+import pytest
+import torch
+from torch.export import Dim
+
+import predispatch
+from predispatch.testing.eager import assert_runs_match, fresh_inputs, run_module
+from predispatch.training import CallNotSupportedError
+
+
+def compiled(module, args, kwargs=None, **export_kwargs):
+    ep = predispatch.export_predispatch(copy.deepcopy(module), *fresh_inputs(args, kwargs, False),
+                                        **export_kwargs)
+    return predispatch.compile_training(ep)
+
+
+def run_compiled(train, args, kwargs=None, **run_kwargs):
+    """``run_module`` of the compiled module, its state named as the eager module's."""
+    run = run_module(train, args, kwargs, **run_kwargs)
+
+    def strip(named):
+        return {k.removeprefix("flat.module."): v for k, v in named.items()}
+
+    return dataclasses.replace(run, param_grads=strip(run.param_grads), params=strip(run.params),
+                               buffers=strip(run.buffers))
+
+
+def assert_compiled_matches_eager(module, args, kwargs=None, *, export_args=None, grad_modes=(True, False),
+                                  inputs_require_grad=True, **export_kwargs):
+    """Compile a program exported with ``export_args`` (default: ``args``) and
+    run it on ``args`` against eager, under each grad mode."""
+    for grad_mode in grad_modes:
+        train = compiled(module, export_args or args, kwargs, **export_kwargs)
+        expected = run_module(copy.deepcopy(module), args, kwargs, grad_mode=grad_mode,
+                              inputs_require_grad=inputs_require_grad)
+        got = run_compiled(train, args, kwargs, grad_mode=grad_mode, inputs_require_grad=inputs_require_grad)
+        assert_runs_match(expected, got, what=f"[grad_mode={grad_mode}] ")
+
+
+# --- bug 1: an input mutated in grad mode keeps the autograd history eager gives it
+
+
+class MutatesInputWithParameter(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.tensor([2.0, 3.0]))
+
+    def forward(self, x):
+        x.mul_(self.w)
+        return (x * self.w).sum()
+
+
+@pytest.mark.parametrize("input_kind", ["non_leaf", "plain"])
+def test_input_mutated_in_grad_mode_keeps_its_history(input_kind):
+    eager, train = MutatesInputWithParameter(), compiled(MutatesInputWithParameter(), (torch.ones(2),))
+
+    def run(module, w):
+        base = torch.tensor([1.0, 2.0], requires_grad=True)
+        x = base * 1 if input_kind == "non_leaf" else base.detach().clone()
+        out = module(x)
+        (out + 3 * x.sum()).backward()  # reads x after the call's in-place update
+        return x.detach(), base.grad, w.grad
+
+    for got, expected in zip(run(train, train.flat.module.w), run(eager, eager.w)):
+        torch.testing.assert_close(got, expected)
+
+
+def test_input_mutated_in_grad_mode_matches_eager():
+    assert_compiled_matches_eager(cases.InputMutatedWithGrad(), (torch.randn(3), torch.randn(3)),
+                                  inputs_require_grad=False)
+
+
+# --- bug 2: dynamic shapes are honoured, sizes outside the program refused
+
+
+class ScaleByBatch(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(3, 2)
+
+    def forward(self, x):
+        return self.lin(x) * x.shape[0]
+
+
+def test_dynamic_batch_at_another_size_matches_eager():
+    batch = Dim("batch", min=2, max=16)
+    assert_compiled_matches_eager(ScaleByBatch(), (torch.randn(6, 3),), export_args=(torch.randn(4, 3),),
+                                  dynamic_shapes=({0: batch},))
+
+
+def test_sizes_the_program_refuses_are_refused():
+    train = compiled(ScaleByBatch(), (torch.randn(4, 3),), dynamic_shapes=({0: Dim("batch", min=2, max=16)},))
+    with pytest.raises(CallNotSupportedError, match=r"shape\[1\]"):
+        train(torch.randn(4, 5))      # a static size
+    with pytest.raises(CallNotSupportedError, match="<= 16"):
+        train(torch.randn(17, 3))     # outside the dynamic range
+    static = compiled(ScaleByBatch(), (torch.randn(4, 3),))
+    with pytest.raises(CallNotSupportedError, match=r"shape\[0\]"):
+        static(torch.randn(6, 3))
+
+
+# --- bug 3: non-tensor inputs are checked, not replaced by the example's
+
+
+class NonTensorInputs(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(2, 2)
+
+    def forward(self, x, scale: int, train_head: bool):
+        with torch.set_grad_enabled(train_head):
+            h = self.lin(x)
+        return h * scale + x
+
+
+def test_non_tensor_inputs_other_than_the_exported_ones_are_refused():
+    args = (torch.randn(3, 2), 2, False)
+    assert_compiled_matches_eager(NonTensorInputs(), args)
+    train = compiled(NonTensorInputs(), args)
+    with pytest.raises(CallNotSupportedError, match="equal to 2, but got 5"):
+        train(torch.randn(3, 2), 5, False)
+    with pytest.raises(CallNotSupportedError, match="equal to False, but got True"):
+        train(torch.randn(3, 2), 2, True)
+    with pytest.raises(CallNotSupportedError, match="equal to 2, but got 2.0"):
+        train(torch.randn(3, 2), 2.0, False)  # equal in Python, but not the exported int
+
+
+# --- bug 7: the forward honours the autocast state it is called under
+
+
+class TwoLinear(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(4, 4), torch.nn.Linear(4, 3)
+
+    def forward(self, x):
+        return self.b(self.a(x).relu())
+
+
+def test_forward_called_under_ambient_autocast_matches_eager():
+    torch.manual_seed(0)
+    module, x = TwoLinear(), torch.randn(3, 4)
+    train = compiled(module, (x,))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        expected, got = module(x), train(x)
+        torch.autograd.backward([expected.float().sum(), got.float().sum()])
+    assert got.dtype == expected.dtype == torch.bfloat16
+    torch.testing.assert_close(got, expected)
+    for name, p in module.named_parameters():
+        torch.testing.assert_close(train.get_parameter(f"flat.module.{name}").grad, p.grad)
+    # and the other way round: compiled under autocast, called outside it
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        train = compiled(module, (x,))
+    assert train(x).dtype == module(x).dtype == torch.float32
+
+
+# --- bug 14: a difference that cannot change the backward is not reported
+
+
+class AllUnderAutocast(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4, bias=False)
+
+    def forward(self, x):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return self.lin(x)
+
+
+def test_ambient_autocast_that_changes_nothing_in_the_backward_is_not_reported():
+    torch.manual_seed(0)
+    module, x = AllUnderAutocast(), torch.randn(3, 4)
+    train = compiled(module, (x,))  # on_backward_autocast_mismatch="error"
+    assert train.backward_check.sensitive_ops  # its mm has an autocast kernel, but bf16 inputs already
+    out, expected = train(x), module(x)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        torch.autograd.backward([out.float().sum(), expected.float().sum()])
+    torch.testing.assert_close(train.flat.module.lin.weight.grad, module.lin.weight.grad)
+
+
+# --- bug 15: every backward is checked, not only the first after a forward
+
+
+def test_every_backward_is_checked():
+    module = cases.AutocastBlocks()
+    train = compiled(module, (torch.randn(3, 4),), backward_pass_autocast="off")
+    out = train(torch.randn(3, 4)).float().sum()
+    out.backward(retain_graph=True)  # as assumed
+    with torch.autocast("cpu", dtype=torch.bfloat16), pytest.raises(predispatch.BackwardAutocastMismatchError):
+        out.backward(retain_graph=True)
+    params = list(train.parameters())
+    torch.autograd.grad(out, params, retain_graph=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16), pytest.raises(predispatch.BackwardAutocastMismatchError):
+        torch.autograd.grad(out, params)
+
+
+# --- bug 16: backward_pass_autocast values are validated; a self-disabling one is no autocast
+
+
+@pytest.mark.parametrize("entry, allowed", [
+    ({"device_type": "bogus"}, "'device_type' must be one of"),
+    ({"device_type": "cpu", "enabled": "no"}, "'enabled' must be True or False"),
+    ({"device_type": "cpu", "dtype": "bfloat16"}, "'dtype' must be a torch.dtype"),
+    ({"device_type": "cpu", "cache_enabled": 1}, "'cache_enabled' must be True, False or None"),
+])
+def test_backward_pass_autocast_values_are_validated(entry, allowed):
+    with pytest.raises(ValueError, match=allowed):
+        predispatch.export_predispatch(cases.AutocastBlocks(), (torch.randn(3, 4),),
+                                       backward_pass_autocast=[entry])
+
+
+def test_an_autocast_that_disables_itself_is_no_autocast():
+    torch.manual_seed(0)
+    module, x = cases.AutocastBlocks(), torch.randn(3, 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch: "CPU Autocast only supports ..., disabling autocast"
+        train = compiled(module, (x,), backward_pass_autocast=[{"device_type": "cpu", "dtype": torch.float32}])
+    assert train.backward_check.assumed == {}
+    expected, got = run_module(copy.deepcopy(module), (x,), None), run_compiled(train, (x,))  # no mismatch
+    assert_runs_match(expected, got)
+
+
+# --- bug 20: keyword arguments in any order
+
+
+class KeywordOnly(torch.nn.Module):
+    def forward(self, x, *, a, b):
+        return x * a + b
+
+
+def test_keyword_arguments_in_another_order():
+    x, a, b = torch.randn(3), torch.randn(3), torch.randn(3)
+    train = compiled(KeywordOnly(), (x,), {"a": a, "b": b})
+    torch.testing.assert_close(train(x, b=b, a=a), KeywordOnly()(x, a=a, b=b))
+    expected = run_module(KeywordOnly(), (x,), {"b": b, "a": a})
+    got = run_compiled(train, (x,), {"b": b, "a": a})
+    assert_runs_match(expected, got)
