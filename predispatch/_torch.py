@@ -64,6 +64,12 @@ def has_composite_implicit_kernel(op: torch._ops.OpOverload) -> bool:
 export_trace = _export_trace
 compiling_state_context = _export_trace._compiling_state_context
 reparametrize_module = torch.nn.utils.stateless._reparametrize_module
+# torch.export's guard around its own aten stage: tensors the forward assigns to
+# plain module attributes (a cache, a last value) are put back after the trace,
+# with a warning, so the user's module holds no traced tensor.
+from torch._functorch._aot_autograd.frontend_utils import (  # noqa: E402
+    _detect_attribute_assignment as restoring_module_attributes,
+)
 UserError = _export_trace.UserError
 UserErrorType = _export_trace.UserErrorType
 ConstraintViolationError = _export_trace.ConstraintViolationError

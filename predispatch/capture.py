@@ -64,6 +64,7 @@ def _aten_stage(policy: OpPolicy, record: TraceRecord):
                                         keep=lambda: {r.old for r in record.replacements})
 
         with contextlib.ExitStack() as stack:
+            stack.enter_context(_torch.restoring_module_attributes(getattr(mod, "_export_root", mod)))
             stack.enter_context(_torch.reparametrize_module(
                 mod, fake_params_buffers, tie_weights=True, strict=True, stack_weights=True))
             stack.enter_context(t._ignore_backend_decomps())

@@ -20,6 +20,7 @@ numbers are printed. Placeholders keep their (signature) names.
 from __future__ import annotations
 
 import operator
+import re
 
 import torch
 import torch.fx
@@ -41,8 +42,8 @@ def _base_name(node: torch.fx.Node) -> str:
         if isinstance(node.target, torch._ops.OpOverload):
             return node.target._opname
         if isinstance(node.target, torch._ops.HigherOrderOperator):
-            sub = node.args[1] if node.target.name() == "wrap_with_set_grad_enabled" else node.args[4]
-            return sub.target if isinstance(sub, torch.fx.Node) else node.target.name()
+            sub = _region_submodule(node)  # a region is named for its submodule
+            return sub.target if sub is not None else node.target.name()
         return _op_name(node.target)
     return node.op
 
@@ -55,6 +56,9 @@ def _type(node: torch.fx.Node) -> str:
         dims = ", ".join(str(d) for d in val.shape)
         return f"{short.get(val.dtype, str(val.dtype).replace('torch.', ''))}[{dims}]"
     return ""
+
+
+_QUOTED_NAME = re.compile(r"'(\w+)'")
 
 
 class _Namer:
@@ -77,6 +81,7 @@ class _Namer:
                 name = f"{base}_{k}"
             taken.add(name)
             self.names[node] = name
+        self._by_raw_name = {n.name: self.names[n] for n in self.names}
 
     def arg(self, a) -> str:
         if isinstance(a, torch.fx.Node):
@@ -86,6 +91,8 @@ class _Namer:
             return f"[{inner}]" if isinstance(a, list) else f"({inner}{',' if len(a) == 1 else ''})"
         if isinstance(a, torch.dtype):
             return str(a)
+        if isinstance(a, str):  # e.g. a runtime assertion's message naming its node
+            return repr(_QUOTED_NAME.sub(lambda m: f"'{self._by_raw_name.get(m[1], m[1])}'", a))
         return repr(a)
 
 

@@ -141,7 +141,8 @@ def use_run_time_calls(gm: torch.fx.GraphModule) -> None:
     regions = [name for name, child in gm.named_children() if isinstance(child, torch.fx.GraphModule)]
     for name in regions:
         child = getattr(gm, name)
-        setattr(gm, name, _torch.lazy_graph_module(child, copy.deepcopy(child.graph), name))
+        # not lazy: a deepcopy of a lazy one is lazy again, and dynamo cannot inline that
+        setattr(gm, name, torch.fx.GraphModule(child, copy.deepcopy(child.graph), name))
     calls = {node: _run_time_call(node.target) for node in gm.graph.nodes if node.op == "call_function"}
     _torch.generate_code_with(gm, {node: call for node, call in calls.items() if call is not None})
     for name in regions:  # after: generating gm's code recompiles its submodules

@@ -9,8 +9,9 @@ traced for (contract §3).
 The graphs are traced for the program's example inputs, in grad mode, under
 the autocast state ``compile_training`` runs under. A call that differs in
 what a trace depends on (input sizes, dtypes, strides, a dynamic non-tensor
-input's value, grad mode, the ambient autocast state, the autograd state of an
-input the program mutates) gets graphs traced for it, kept in a small cache;
+input's value, grad mode, the ambient autocast state, which inputs require
+grad, and which mutated inputs are leaves) gets graphs traced for it, kept in
+a small cache;
 a call ``ep.module()`` would refuse (a size outside the program's shapes, a
 non-tensor input other than the exported one) raises :class:`CallNotSupportedError`.
 
@@ -164,25 +165,25 @@ def sensitive_ops(gm: torch.fx.GraphModule) -> dict[str, list[str]]:
 @dataclasses.dataclass(frozen=True)
 class TensorInput:
     """What a trace depends on of a tensor input. ``autograd`` is
-    ``(requires_grad, is_leaf)`` for an input the program mutates (the history
-    its write-back gets depends on it), else None: a floating input is then
-    traced as requiring grad, so one trace serves calls whether it does or not."""
+    ``(requires_grad, is_leaf)``: whether it requires grad decides what the
+    backward saves (traced as requiring grad, an input would make autograd
+    save a parameter the forward then updates under no_grad, which eager does
+    not); whether it is a leaf matters for an input the program mutates (the
+    history its write-back gets), and is True for the others."""
 
     shape: tuple
     stride: tuple
     dtype: torch.dtype
     device: torch.device
-    autograd: tuple | None
+    autograd: tuple
 
     @classmethod
     def of(cls, t: torch.Tensor, mutated: bool) -> TensorInput:
         return cls(tuple(t.shape), tuple(t.stride()), t.dtype, t.device,
-                   (t.requires_grad, t.is_leaf) if mutated else None)
+                   (t.requires_grad, t.is_leaf or not mutated))
 
     def example(self) -> torch.Tensor:
         t = torch.empty_strided(self.shape, self.stride, dtype=self.dtype, device=self.device)
-        if self.autograd is None:
-            return t.requires_grad_(t.is_floating_point() or t.is_complex())
         requires_grad, is_leaf = self.autograd
         t.requires_grad_(requires_grad)
         if is_leaf:

@@ -481,3 +481,29 @@ def test_reexport_lifts_buffers_in_the_same_order():
     again = predispatch.export_predispatch(ep.module(), (torch.randn(3, 4),))
     assert ([s.target for s in again.graph_signature.input_specs]
             == [s.target for s in ep.graph_signature.input_specs])
+
+
+class _CachesABias(torch.nn.Module):
+    """Like transformers' LeViT in eval mode: a tensor cached on the module."""
+
+    def __init__(self):
+        super().__init__()
+        self.bias = torch.nn.Parameter(torch.ones(4))
+        self.cache = {}
+
+    def forward(self, x):
+        if "bias" not in self.cache:
+            self.cache["bias"] = self.bias * 2
+        return x + self.cache["bias"]
+
+
+def test_tensors_assigned_to_module_attributes_are_put_back():
+    """The trace's tensors never stay in the user's module (they broke its next
+    eager call and deepcopy); as torch.export does, assignments are undone
+    with a warning that they must be buffers."""
+    module, x = _CachesABias(), torch.randn(2, 4)
+    with pytest.warns(UserWarning, match=r"self.cache\['bias'\] was assigned during export"):
+        ep = predispatch.export_predispatch(module, (x,))
+    assert module.cache == {}
+    copy.deepcopy(module)
+    torch.testing.assert_close(ep.module()(x), module(x))

@@ -75,3 +75,14 @@ def test_torch_compile_of_the_program_module(case, args, dynamic_shapes):
         for p in program.parameters():
             p.grad = None
         _check_against_eager(module, (torch.randn(7, 4),), program)
+
+
+def test_a_copy_of_the_program_module_compiles_as_one_graph():
+    """Region submodules of ep.module() are plain GraphModules: a deepcopy
+    (or a recompile) of a lazy one is lazy again, which dynamo cannot inline
+    (a graph break per region, an error with fullgraph=True)."""
+    torch.manual_seed(0)
+    module, args = cases.AutocastBlocks(), (torch.randn(2, 4),)
+    program = copy.deepcopy(predispatch.export_predispatch(copy.deepcopy(module), args).module())
+    program.compile(backend="aot_eager", fullgraph=True)
+    _check_against_eager(module, args, program)

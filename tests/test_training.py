@@ -242,3 +242,25 @@ def test_keyword_arguments_in_another_order():
     expected = run_module(KeywordOnly(), (x,), {"b": b, "a": a})
     got = run_compiled(train, (x,), {"b": b, "a": a})
     assert_runs_match(expected, got)
+
+
+class DecaysAfterUse(torch.nn.Module):
+    """A weight used, then updated under no_grad (weight decay after the use)."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(4, 4))
+
+    def forward(self, x):
+        y = x @ self.w
+        with torch.no_grad():
+            self.w.mul_(0.99)
+        return y
+
+
+def test_inputs_are_traced_requiring_grad_only_when_they_do():
+    """With x not requiring grad, the backward needs x only, not the weight
+    the forward then updates: traced as requiring grad, x made AOTAutograd
+    save the weight and the trace failed."""
+    assert_compiled_matches_eager(DecaysAfterUse(), (torch.randn(4, 4),), inputs_require_grad=False)
+    assert_compiled_matches_eager(DecaysAfterUse(), (torch.randn(4, 4),), grad_modes=(False,))
