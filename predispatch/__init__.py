@@ -1,6 +1,6 @@
 """predispatch: export a torch.nn.Module to a functionalized pre-dispatch graph
 with grad/autocast regions, as a real torch.export.ExportedProgram."""
-from . import _torch
+from . import _torch, program
 from .autocast_policy import AutocastPolicy
 from .errors import BackwardAutocastMismatchError, BackwardAutocastMismatchWarning, ExportError
 from .export import export_predispatch
@@ -11,6 +11,7 @@ from .region_utils import Region, inline_regions, regions
 from .training import CallNotSupportedError, CompiledTraining, autocast_policy, compile_training
 
 _torch.install_region_runtime()
+_torch.install_unflatten_write_backs(program.fix_unflattened_write_backs)
 
 __all__ = [
     "AutocastPolicy",

@@ -314,6 +314,19 @@ def _autocast_call(self, device_type, dtype, enabled, cache_enabled, wrapped_fun
         torch.set_autocast_cache_enabled(prev[2])
 
 
+def install_unflatten_write_backs(fix) -> None:
+    """After ``torch.export.unflatten`` turns a program's mutations into
+    ``copy_`` nodes, ``fix(graph, graph_signature)`` may change them."""
+    _unflatten = sys.modules["torch.export.unflatten"]  # the module (torch.export.unflatten is its function)
+    original = _unflatten._inplace_buffer_and_input_mutations
+
+    def inplace_mutations(graph, graph_signature):
+        original(graph, graph_signature)
+        fix(graph, graph_signature)
+
+    _unflatten._inplace_buffer_and_input_mutations = inplace_mutations
+
+
 _TORCH_REGION_CALLS = {WrapWithSetGradEnabled: WrapWithSetGradEnabled.__call__,
                        WrapWithAutocast: WrapWithAutocast.__call__}
 

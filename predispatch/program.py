@@ -23,9 +23,11 @@ META_KEY = "predispatch"
 
 
 def program_meta(ep_or_gm) -> dict:
-    """predispatch's record in a program (write-back modes, autocast policy)."""
+    """predispatch's record in a program, graph module or graph (write-back
+    modes, autocast policy, module order)."""
     gm = ep_or_gm.graph_module if isinstance(ep_or_gm, ExportedProgram) else ep_or_gm
-    for node in gm.graph.nodes:
+    graph = gm if isinstance(gm, torch.fx.Graph) else gm.graph
+    for node in graph.nodes:
         if META_KEY in node.meta.get("custom", {}):
             return node.meta["custom"][META_KEY]
     return {}
@@ -92,7 +94,7 @@ def _ancestors(node: torch.fx.Node) -> set[torch.fx.Node]:
     return seen
 
 
-def _snapshot_reads(gm: torch.fx.GraphModule, target: torch.fx.Node, value: torch.fx.Node) -> None:
+def _snapshot_reads(graph: torch.fx.Graph, target: torch.fx.Node, value: torch.fx.Node) -> None:
     """Readers of ``target`` that compute its new value read a snapshot.
     Other readers (reads before the mutation, in eager order) see the real
     tensor, so the version check fails exactly where eager's would."""
@@ -100,21 +102,41 @@ def _snapshot_reads(gm: torch.fx.GraphModule, target: torch.fx.Node, value: torc
     readers = [u for u in target.users if u in computing]
     if not readers:
         return
-    with gm.graph.inserting_after(target):
-        snapshot = gm.graph.call_function(read_before_mutation, (target,))
+    first = next(n for n in graph.nodes if n in readers)  # after every placeholder (unflatten)
+    with graph.inserting_before(first):
+        snapshot = graph.call_function(read_before_mutation, (target,))
+    for key in ("nn_module_stack", "stack_trace"):  # placed with its reader's module (unflatten)
+        if key in first.meta:
+            snapshot.meta[key] = first.meta[key]
     for r in readers:
         r.replace_input_with(target, snapshot)
 
 
-def fix_write_backs(gm: torch.fx.GraphModule, modes: dict[str, str]) -> None:
-    """Swap the unlifted module's ``copy_`` write-backs for the mode's function."""
-    for node in list(gm.graph.nodes):
+def fix_write_backs(gm: torch.fx.GraphModule | torch.fx.Graph, modes: dict[str, str],
+                    target_name=_copy_target_name) -> None:
+    """Swap the ``copy_`` write-backs torch writes (``ep.module()``'s unlift,
+    ``torch.export.unflatten``) for the mode's function; ``target_name``: the
+    mutated state's name (as in the output specs) from the copy's target node."""
+    graph = gm if isinstance(gm, torch.fx.Graph) else gm.graph
+    for node in list(graph.nodes):
         if node.op == "call_function" and node.target is torch.ops.aten.copy_.default:
-            mode = modes.get(_copy_target_name(node.args[0]))
+            mode = modes.get(target_name(node.args[0]))
             if mode in _WRITE_BACK:
                 node.target = _WRITE_BACK[mode]
             if mode == "grad":
-                _snapshot_reads(gm, *node.args)
+                _snapshot_reads(graph, *node.args)
+
+
+def fix_unflattened_write_backs(graph: torch.fx.Graph, signature) -> None:
+    """torch.export.unflatten writes mutations back with ``copy_`` into the
+    placeholders of the program's graph: the same swap, for our programs
+    (a BatchNorm's running statistics, saved by its backward, are written
+    back hidden from autograd)."""
+    record = program_meta(graph)
+    if not record:
+        return
+    state = {**signature.inputs_to_parameters, **signature.inputs_to_buffers}
+    fix_write_backs(graph, record.get("write_back", {}), lambda node: state.get(node.name, node.name))
 
 
 # The run-time module's code calls ops by their cheapest exact spelling:

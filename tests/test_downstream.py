@@ -37,10 +37,14 @@ def test_run_decompositions_keeps_eager_write_backs(case, args):
 @pytest.mark.parametrize("case, args", [
     (cases.Seed, (torch.randn(3),)),
     (cases.AutocastBlocks, (torch.randn(2, 4),)),
+    (cases.BatchNormNet, (torch.randn(4, 3),)),
 ])
 def test_unflatten_places_regions_in_their_modules(case, args):
     """torch.export.unflatten places each node by its module stack: the
-    region's submodule and call carry the stack of the code that opened it."""
+    region's submodule and call carry the stack of the code that opened it.
+    Its write-backs are ours, as ep.module()'s: BatchNorm's running
+    statistics, which its backward saved, are written back hidden from
+    autograd (torch's copy_ failed the backward's version check)."""
     torch.manual_seed(0)
     module = case()
     ep = predispatch.export_predispatch(copy.deepcopy(module), args)
