@@ -314,6 +314,13 @@ def _autocast_call(self, device_type, dtype, enabled, cache_enabled, wrapped_fun
         torch.set_autocast_cache_enabled(prev[2])
 
 
+def mark_side_effectful(fn) -> None:
+    """``Graph.eliminate_dead_code`` keeps calls of ``fn`` (whose result may be unused)."""
+    from torch.fx.node import has_side_effect
+
+    has_side_effect(fn)
+
+
 def install_unflatten_write_backs(fix) -> None:
     """After ``torch.export.unflatten`` turns a program's mutations into
     ``copy_`` nodes, ``fix(graph, graph_signature)`` may change them."""

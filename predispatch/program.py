@@ -71,6 +71,8 @@ def write_back_hidden_from_autograd(target: torch.Tensor, value: torch.Tensor) -
 
 _WRITE_BACK = {"grad": write_back_with_grad, "no_grad": write_back_under_no_grad,
                "hidden": write_back_hidden_from_autograd}
+for _write_back in _WRITE_BACK.values():  # a graph pass's dead-code elimination keeps them
+    _torch.mark_side_effectful(_write_back)
 
 
 def read_before_mutation(target: torch.Tensor) -> torch.Tensor:

@@ -57,15 +57,15 @@ class Marker:
     phase: str  # "enter" | "exit" | "bare"
     key: object
     args: tuple
-    constant: bool = False  # the mode is a constant in the source: set_grad_enabled(True)
+    restores: bool = False  # a toggle passing the mode read before: set_grad_enabled(prev)
 
 
 def marker(node: torch.fx.Node) -> Marker | None:
     if node.op != "call_function":
         return None
     if node.target is _torch.SET_GRAD_ENABLED:
-        phase, block, constant = node.meta.get(GRAD_BLOCK, ("bare", None, False))
-        return Marker(GRAD, phase, ("grad", block), (bool(node.args[0]),), constant)
+        phase, block, restores = node.meta.get(GRAD_BLOCK, ("bare", None, False))
+        return Marker(GRAD, phase, ("grad", block), (bool(node.args[0]),), restores)
     if node.target is _torch.ENTER_AUTOCAST:
         return Marker(AUTOCAST, "enter", node, tuple(node.args))
     if node.target is _torch.EXIT_AUTOCAST:
@@ -86,19 +86,12 @@ class Block:
     empty: bool = True  # no op between its markers: never a region
 
 
-def _grad_mode(stack: list[Block]) -> bool:
-    """The grad mode inside the innermost open grad block (the trace runs with grad on)."""
-    return next((b.args[0] for b in reversed(stack) if b.kind is GRAD), True)
-
-
 def read_blocks(graph: torch.fx.Graph) -> tuple[list[Block], list[torch.fx.Node]]:
     """The block tree from the markers, and the redundant markers to drop
     (``set_grad_enabled`` sets its mode in both __init__ and __enter__).
 
     ``torch.set_grad_enabled(b)`` called as a function has no exit: such a
-    toggle opens a block that the next toggle back to the previous mode, at
-    the same nesting, closes (``prev = torch.is_grad_enabled();
-    torch.set_grad_enabled(False); ...; torch.set_grad_enabled(prev)``)."""
+    toggle opens a block (see :func:`_read_toggle` for what closes it)."""
     top, stack, redundant = [], [], []
     markers = [(node, marker(node)) for node in graph.nodes]
     exits = {m.key for _, m in markers if m is not None and m.phase == "exit"}
@@ -113,16 +106,7 @@ def read_blocks(graph: torch.fx.Graph) -> tuple[list[Block], list[torch.fx.Node]
                 f"a bare torch._C._set_grad_enabled call, outside any grad-mode context "
                 f"manager, cannot be exported soundly, at {_where(node)}")
         if m.phase == "enter" and m.kind is GRAD and m.key not in exits:  # a function-call toggle
-            if m.constant:
-                _refuse_caller_mode_set(node, m.args[0], stack)
-            if m.args[0] == _grad_mode(stack):
-                redundant.append(node)
-            elif stack and stack[-1].key == "toggle":
-                stack.pop().exit = node
-            else:
-                block = Block(m.kind, m.args, "toggle", node)
-                (stack[-1].children if stack else top).append(block)
-                stack.append(block)
+            _read_toggle(node, m, stack, top, redundant)
             continue
         if m.phase == "enter":
             if stack and stack[-1].key == m.key:
@@ -137,27 +121,45 @@ def read_blocks(graph: torch.fx.Graph) -> tuple[list[Block], list[torch.fx.Node]
             stack.pop().exit = node
     if stack:
         raise ExportError(
-            f"a {stack[0].kind.name} mode change that the forward never restores (e.g. "
+            f"a {stack[-1].kind.name} mode change that the forward never restores (e.g. "
             f"torch.set_grad_enabled(False) called as a function, not as a block) cannot be "
-            f"exported soundly, at {_where(stack[0].enter)}")
+            f"exported soundly: the mode it leaves is the caller's, unknown until run time; "
+            f"restore the mode read before (prev = torch.is_grad_enabled(); ...; "
+            f"torch.set_grad_enabled(prev)) or use a with block, at {_where(stack[-1].enter)}")
     return top, redundant
 
 
-def _refuse_caller_mode_set(node: torch.fx.Node, mode: bool, stack: list[Block]) -> None:
-    """A toggle by a constant, at the same mode as the caller's (a no-op while
-    tracing, or the toggle back of the outermost toggle), sets the caller's
-    mode, unknown until run time: ``torch.set_grad_enabled(True)`` turns it
-    on for a caller under no_grad too (and eager leaves it on after the
-    forward). Inside a grad block the mode is the block's: no refusal."""
-    closing = bool(stack) and stack[-1].key == "toggle" and mode != _grad_mode(stack)
-    outside = stack[:-1] if closing else stack
-    if any(b.kind is GRAD for b in outside) or (mode != _grad_mode(stack) and not closing):
-        return
-    raise ExportError(
-        f"torch.set_grad_enabled({mode}) called as a function sets grad mode {'on' if mode else 'off'} "
-        f"whatever mode the caller had (eager leaves it so after the forward), which the program "
-        f"cannot know: restore the mode read before (prev = torch.is_grad_enabled(); ...; "
-        f"torch.set_grad_enabled(prev)) or use a with block, at {_where(node)}")
+def _fixed_grad_mode(stack: list[Block]) -> bool | None:
+    """The grad mode the innermost open grad block sets; None outside any
+    (the caller's mode, unknown until run time)."""
+    return next((b.args[0] for b in reversed(stack) if b.kind is GRAD), None)
+
+
+def _read_toggle(node, m: Marker, stack: list[Block], top: list[Block], redundant: list) -> None:
+    """A function-call toggle: it restores, changes nothing, or opens a block.
+
+    It closes the open toggle block when it passes the mode read before
+    (``prev = torch.is_grad_enabled(); torch.set_grad_enabled(False); ...;
+    torch.set_grad_enabled(prev)``), or, inside a grad block, the mode that
+    block sets. Inside a grad block, a toggle to the mode already set changes
+    nothing. Anything else opens a block, even to the mode the trace runs in:
+    outside any block, ``torch.set_grad_enabled(True)`` sets the caller's mode,
+    which may be off; never restored, it is refused."""
+    toggle = stack[-1] if stack and stack[-1].key == "toggle" else None
+    around = _fixed_grad_mode(stack[:-1]) if toggle is not None else None
+    if m.restores:
+        if toggle is not None:
+            stack.pop().exit = node
+        else:
+            redundant.append(node)  # restoring a mode nothing changed
+    elif toggle is not None and around is not None and m.args[0] == around:
+        stack.pop().exit = node
+    elif _fixed_grad_mode(stack) is not None and m.args[0] == _fixed_grad_mode(stack):
+        redundant.append(node)
+    else:
+        block = Block(m.kind, m.args, "toggle", node)
+        (stack[-1].children if stack else top).append(block)
+        stack.append(block)
 
 
 def _where(node: torch.fx.Node) -> str:
@@ -170,12 +172,23 @@ def choose_regions(blocks: list[Block], enclosing: dict | None = None, counter=N
     enclosing = enclosing or {}
     counter = counter if counter is not None else [0]
     for b in blocks:
-        b.is_region = not b.empty and enclosing.get(b.kind.name) != b.args
+        b.is_region = not b.empty and not _sets_again(b, enclosing.get(b.kind.name))
         if b.is_region:
             b.name = f"{b.kind.label(b.args)}_{counter[0]}"
             counter[0] += 1
         inner = {**enclosing, b.kind.name: b.args} if b.is_region else enclosing
         choose_regions(b.children, inner, counter)
+
+
+def _sets_again(b: Block, enclosing_args: tuple | None) -> bool:
+    """Does ``b`` set the state its enclosing region of its kind sets? An
+    autocast without a dtype takes the one current there: the enclosing one's."""
+    if enclosing_args is None:
+        return False
+    args = b.args
+    if b.kind is AUTOCAST and args[1] is None and args[0] == enclosing_args[0]:
+        args = (args[0], enclosing_args[1], *args[2:])
+    return args == enclosing_args
 
 
 def _post_order(blocks):

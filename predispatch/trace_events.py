@@ -112,10 +112,18 @@ class _Recorder(_torch.TorchFunctionMode):
             self._note_tensors(args, kwargs)
         elif args and _is_in_place(func) and getattr(args[0], _DETACHED, False):
             return self._mutate_detached_alias(func, args, kwargs)
-        if self._watch is None and self._any_no_grad_view and _reads_no_grad_view(args, kwargs):
-            out = self._call_marking_view_replays(func, args, kwargs)
-        else:
-            out = func(*args, **kwargs)
+        try:
+            if self._watch is None and self._any_no_grad_view and _reads_no_grad_view(args, kwargs):
+                out = self._call_marking_view_replays(func, args, kwargs)
+            else:
+                out = func(*args, **kwargs)
+        except RuntimeError as e:
+            if _is_custom_op(func) and "alias annotations" in str(e):
+                raise ExportError(
+                    f"{func} at {user_location()} returns an alias of its input (its schema says "
+                    "so): functionalization cannot trace a custom op that does; return a new "
+                    "tensor, or write the op's body in aten ops") from e
+            raise
         if _is_custom_op(func):
             _refuse_hidden_alias(func, args, kwargs, out)
         self._note_views(func, args, out)
@@ -212,14 +220,14 @@ class _Recorder(_torch.TorchFunctionMode):
         return None  # what eager's call returns (make_fx hands back its node)
 
     def _block_mark(self, caller):
-        """(phase, block id, whether the mode is a constant in the source)."""
+        """(phase, block id, whether a toggle passes the mode read before)."""
         if caller is None:
             return ("bare", None, False)
         phase, owner = caller
         if id(owner) not in self._block_ids:
             self._block_ids[id(owner)] = len(self._block_ids)
             self._owners.append(owner)
-        return (phase, self._block_ids[id(owner)], passes_a_constant(_torch.grad_mode_call_frame()))
+        return (phase, self._block_ids[id(owner)], passes_the_mode_read_before(_torch.grad_mode_call_frame()))
 
     def _note_tensors(self, args, kwargs):
         for arg in pytree.tree_leaves((args, kwargs)):
@@ -272,13 +280,21 @@ _DATA = torch._C.TensorBase.__dict__["data"]  # torch-function modes see its __g
 
 @functools.lru_cache(maxsize=256)
 def _instructions(code) -> tuple[list, dict[int, int]]:
+    """A code object's instructions, and each one's index by its offset."""
     listed = list(dis.get_instructions(code))
     return listed, {ins.offset: i for i, ins in enumerate(listed)}
 
 
-def passes_a_constant(frame) -> bool:
-    """Is the last argument of the call ``frame`` is making a constant in the
-    source (``torch.set_grad_enabled(True)``, not ``...(prev)``)?"""
+_LOADS = ("LOAD_FAST", "LOAD_DEREF", "LOAD_NAME", "LOAD_GLOBAL", "LOAD_CLASSDEREF")
+_STORES = ("STORE_FAST", "STORE_DEREF", "STORE_NAME", "STORE_GLOBAL")
+
+
+def passes_the_mode_read_before(frame) -> bool:
+    """Does the call ``frame`` is making pass, as its last argument, a variable
+    that its code assigns from ``torch.is_grad_enabled()``
+    (``torch.set_grad_enabled(prev)``, not ``(True)`` nor ``(not flag)``)?
+    Read from the bytecode: a variable assigned in a statement that calls
+    ``is_grad_enabled``."""
     if frame is None:
         return False
     listed, index = _instructions(frame.f_code)
@@ -286,8 +302,22 @@ def passes_a_constant(frame) -> bool:
     while i is not None and i > 0:
         i -= 1
         if listed[i].opname not in ("PRECALL", "KW_NAMES", "CACHE"):
-            return listed[i].opname == "LOAD_CONST"
-    return False
+            break
+    else:
+        return False
+    if listed[i].opname not in _LOADS:
+        return False
+    name = listed[i].argval
+    return any(ins.opname in _STORES and ins.argval == name and _reads_grad_mode(listed, j)
+               for j, ins in enumerate(listed))
+
+
+def _reads_grad_mode(listed: list, store: int) -> bool:
+    """Does the statement ending at the store ``listed[store]`` call ``is_grad_enabled``?"""
+    j = store
+    while j > 0 and listed[j].starts_line is None:
+        j -= 1
+    return any(ins.argval == "is_grad_enabled" for ins in listed[j:store])
 
 
 def _is_custom_op(func) -> bool:

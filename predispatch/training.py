@@ -9,8 +9,9 @@ traced for (contract §3).
 The graphs are traced for the program's example inputs, in grad mode, under
 the autocast state ``compile_training`` runs under. A call that differs in
 what a trace depends on (input sizes, dtypes, strides, a dynamic non-tensor
-input's value, grad mode, the ambient autocast state, which inputs require
-grad, and which mutated inputs are leaves) gets graphs traced for it, kept in
+input's value, grad mode, the ambient autocast state, which inputs and
+parameters require grad, and which mutated inputs are leaves) gets graphs
+traced for it, kept in
 a small cache;
 a call ``ep.module()`` would refuse (a size outside the program's shapes, a
 non-tensor input other than the exported one) raises :class:`CallNotSupportedError`.
@@ -207,12 +208,14 @@ class CallKey:
     inputs: tuple  # per input leaf: a TensorInput or a ConstantInput
     grad_enabled: bool
     autocast: tuple  # the ambient autocast state, as sorted (device, dtype) pairs
+    trainable: tuple  # which parameters require grad (frozen ones get no gradient output)
 
     @classmethod
-    def of(cls, leaves: list, mutated: frozenset, grad_enabled: bool) -> CallKey:
+    def of(cls, leaves: list, mutated: frozenset, grad_enabled: bool, module) -> CallKey:
         inputs = tuple(TensorInput.of(x, i in mutated) if isinstance(x, torch.Tensor)
                        else ConstantInput(type(x), x) for i, x in enumerate(leaves))
-        return cls(inputs, grad_enabled, tuple(sorted(ambient_autocast().items())))
+        return cls(inputs, grad_enabled, tuple(sorted(ambient_autocast().items())),
+                   tuple(p.requires_grad for p in module.parameters()))
 
     def constants(self) -> dict:
         return {i: x.value for i, x in enumerate(self.inputs) if isinstance(x, ConstantInput)}
@@ -353,7 +356,8 @@ class CompiledTraining(torch.nn.Module):
 
     def forward(self, *args, **kwargs):
         leaves = _torch.call_leaves(self.flat.module, args, kwargs)
-        variant = self.variant(CallKey.of(leaves, self.mutated, torch.is_grad_enabled()), args, kwargs)
+        key = CallKey.of(leaves, self.mutated, torch.is_grad_enabled(), self.flat.module)
+        variant = self.variant(key, args, kwargs)
         inputs = [x for x in leaves if isinstance(x, torch.Tensor)]
         history = [x.grad_fn for x in inputs]
         outputs = list(variant.compiled(*inputs))
@@ -407,5 +411,5 @@ def compile_training(ep) -> CompiledTraining:
     module = for_autograd_tracing(ep.module())
     leaves, in_spec = pytree.tree_flatten(ep.example_inputs)
     mutated = mutated_inputs(ep)
-    first = Variant(module, in_spec, CallKey.of(leaves, mutated, grad_enabled=True), policy)
+    first = Variant(module, in_spec, CallKey.of(leaves, mutated, True, module), policy)
     return CompiledTraining(first, policy, mutated)

@@ -329,6 +329,28 @@ class _GradModeToggles(torch.nn.Module):
         return self.lin(x) + frozen + inner
 
 
+class _EnablesGradAndRestores(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        prev = torch.is_grad_enabled()
+        torch.set_grad_enabled(True)  # a no-op while tracing, not for a caller under no_grad
+        y = self.lin(x) * 2
+        torch.set_grad_enabled(prev)
+        return y
+
+
+def test_a_toggle_on_restored_to_the_mode_read_before_is_an_enable_grad_region():
+    """Under no_grad, eager computes ``y`` with grad on: the program too (an
+    enable_grad region; before, the pair was refused, or dropped as no-ops)."""
+    ep = assert_matches_eager(_EnablesGradAndRestores(), (torch.randn(2, 4),))
+    assert [(d, args) for d, _, args in region_tree(ep.graph_module)] == [(0, (True,))]
+    with torch.no_grad():
+        assert ep.module()(torch.randn(2, 4)).requires_grad
+
+
 def test_set_grad_enabled_called_as_a_function_and_restored():
     """A toggle and the toggle back to the previous mode make a region."""
     ep = assert_matches_eager(_GradModeToggles(), (torch.randn(2, 4),))
@@ -507,3 +529,20 @@ def test_tensors_assigned_to_module_attributes_are_put_back():
     assert module.cache == {}
     copy.deepcopy(module)
     torch.testing.assert_close(ep.module()(x), module(x))
+
+
+class _AutocastWithoutDtypeInside(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        with torch.autocast("cpu", dtype=torch.float16):
+            with torch.autocast("cpu"):  # takes float16 from the block around it
+                return self.lin(x)
+
+
+def test_an_autocast_without_dtype_inside_the_same_autocast_is_not_a_region():
+    """G3: a block identical to the enclosing one at run time is not a region."""
+    ep = assert_matches_eager(_AutocastWithoutDtypeInside(), (torch.randn(2, 4),))
+    assert [(r.depth, r.args) for r in predispatch.regions(ep)] == [(0, ("cpu", torch.float16, True, True))]

@@ -61,6 +61,14 @@ class DataDependentCond(torch.nn.Module):
         return torch.cond(x.sum() > 0, lambda x: x.sin(), lambda x: x * 2, (x,))
 
 
+class GradModeSetByAnExpression(torch.nn.Module):
+    frozen = False
+
+    def forward(self, x):
+        torch.set_grad_enabled(not self.frozen)  # True: not the mode read before
+        return x * 2
+
+
 class StraightThrough(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x):
@@ -219,10 +227,10 @@ class CustomBackwardThatCannotRun(torch.nn.Module):
     (SetOnMutatedInput(), (torch.randn(4), torch.randn(4)), "Tensor.set_()", "x.set_(y)"),
     (DataDependentBranch(), (torch.randn(3),), "data-dependent Python control flow", "if x.sum() > 0"),
     (GradModeNeverRestored(), (torch.randn(3),), "never restores", "torch.set_grad_enabled(False)"),
-    (GradModeSetOnByAConstant(), (torch.randn(3),), "whatever mode the caller had",
-     "torch.set_grad_enabled(True)"),
-    (GradModeTurnedOn(), (torch.randn(3),), "whatever mode the caller had",
-     "torch.set_grad_enabled(True)"),
+    (GradModeSetOnByAConstant(), (torch.randn(3),), "never restores", "torch.set_grad_enabled(True)"),
+    (GradModeTurnedOn(), (torch.randn(3),), "never restores", "torch.set_grad_enabled(True)"),
+    (GradModeSetByAnExpression(), (torch.randn(3),), "never restores",
+     "torch.set_grad_enabled(not self.frozen)"),
     (DataDependentCond(), (torch.randn(3),), "a control-flow operator", "torch.cond("),
 ])
 def test_unsound_constructs_name_themselves_and_the_line(module, args, construct, code):
