@@ -34,11 +34,20 @@ def program_meta(ep_or_gm) -> dict:
 
 
 def set_program_meta(gm: torch.fx.GraphModule, meta: dict) -> None:
-    """Kept on the first op node: torch.export serializes the ``meta["custom"]``
-    of op nodes, not that of the graph module or its output node."""
-    holder = next((n for n in gm.graph.nodes if n.op == "call_function" and n.target is not operator.getitem),
-                  gm.graph.output_node())
+    """Kept on the first node computing a tensor: torch.export serializes the
+    ``meta["custom"]`` of op nodes, not that of the graph module or its output
+    node, and run_decompositions keeps it on tensor ops (not on the ``sym_size``
+    nodes of dynamic shapes, which it makes anew)."""
+    holder = next((n for n in gm.graph.nodes if n.op == "call_function" and n.target is not operator.getitem
+                   and _computes_a_tensor(n)), None)
+    holder = holder or next((n for n in gm.graph.nodes if n.op == "call_function"), gm.graph.output_node())
     holder.meta.setdefault("custom", {})[META_KEY] = meta
+
+
+def _computes_a_tensor(node: torch.fx.Node) -> bool:
+    val = node.meta.get("val")
+    return isinstance(val, torch.Tensor) or (
+        isinstance(val, (list, tuple)) and any(isinstance(v, torch.Tensor) for v in val))
 
 
 def write_back_with_grad(target: torch.Tensor, value: torch.Tensor) -> torch.Tensor:

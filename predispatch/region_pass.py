@@ -24,7 +24,7 @@ import torch.fx
 
 from . import _torch
 from .errors import ExportError, node_location
-from .trace_events import GRAD_BLOCK
+from .trace_events import DERIVED, GRAD_BLOCK, GRAD_MODE_READ
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,15 +57,15 @@ class Marker:
     phase: str  # "enter" | "exit" | "bare"
     key: object
     args: tuple
-    restores: bool = False  # a toggle passing the mode read before: set_grad_enabled(prev)
+    passed: object = None  # a toggle's mode: a grad-mode read, DERIVED, or None (see trace_events.passed_mode)
 
 
 def marker(node: torch.fx.Node) -> Marker | None:
     if node.op != "call_function":
         return None
     if node.target is _torch.SET_GRAD_ENABLED:
-        phase, block, restores = node.meta.get(GRAD_BLOCK, ("bare", None, False))
-        return Marker(GRAD, phase, ("grad", block), (bool(node.args[0]),), restores)
+        phase, block, passed = node.meta.get(GRAD_BLOCK, ("bare", None, None))
+        return Marker(GRAD, phase, ("grad", block), (bool(node.args[0]),), passed)
     if node.target is _torch.ENTER_AUTOCAST:
         return Marker(AUTOCAST, "enter", node, tuple(node.args))
     if node.target is _torch.EXIT_AUTOCAST:
@@ -93,9 +93,14 @@ def read_blocks(graph: torch.fx.Graph) -> tuple[list[Block], list[torch.fx.Node]
     ``torch.set_grad_enabled(b)`` called as a function has no exit: such a
     toggle opens a block (see :func:`_read_toggle` for what closes it)."""
     top, stack, redundant = [], [], []
+    reads: dict = {}  # grad-mode read -> the mode fixed where it was read (None: the caller's)
     markers = [(node, marker(node)) for node in graph.nodes]
     exits = {m.key for _, m in markers if m is not None and m.phase == "exit"}
     for node, m in markers:
+        if GRAD_MODE_READ in node.meta:
+            reads[node.meta[GRAD_MODE_READ]] = _fixed_grad_mode(stack)
+            redundant.append(node)
+            continue
         if m is None:
             if node.op not in ("placeholder", "output"):
                 for open_block in stack:
@@ -106,7 +111,7 @@ def read_blocks(graph: torch.fx.Graph) -> tuple[list[Block], list[torch.fx.Node]
                 f"a bare torch._C._set_grad_enabled call, outside any grad-mode context "
                 f"manager, cannot be exported soundly, at {_where(node)}")
         if m.phase == "enter" and m.kind is GRAD and m.key not in exits:  # a function-call toggle
-            _read_toggle(node, m, stack, top, redundant)
+            _read_toggle(node, m, stack, top, redundant, reads)
             continue
         if m.phase == "enter":
             if stack and stack[-1].key == m.key:
@@ -135,26 +140,38 @@ def _fixed_grad_mode(stack: list[Block]) -> bool | None:
     return next((b.args[0] for b in reversed(stack) if b.kind is GRAD), None)
 
 
-def _read_toggle(node, m: Marker, stack: list[Block], top: list[Block], redundant: list) -> None:
+def _read_toggle(node, m: Marker, stack: list[Block], top: list[Block], redundant: list,
+                 reads: dict) -> None:
     """A function-call toggle: it restores, changes nothing, or opens a block.
 
-    It closes the open toggle block when it passes the mode read before
-    (``prev = torch.is_grad_enabled(); torch.set_grad_enabled(False); ...;
-    torch.set_grad_enabled(prev)``), or, inside a grad block, the mode that
-    block sets. Inside a grad block, a toggle to the mode already set changes
-    nothing. Anything else opens a block, even to the mode the trace runs in:
-    outside any block, ``torch.set_grad_enabled(True)`` sets the caller's mode,
-    which may be off; never restored, it is refused."""
+    A mode read where it was the caller's (``prev = torch.is_grad_enabled()``
+    outside every grad block) and passed back closes the toggle opened where
+    the mode was the caller's, or changes nothing where it still is. A mode
+    computed from a read depends on the caller's: refused. Any other mode is
+    taken as traced: it closes the open toggle when it is the mode of the
+    block around that toggle, changes nothing inside a block that already
+    sets it, and otherwise opens a block, even to the mode the trace runs in:
+    outside every block ``torch.set_grad_enabled(True)`` sets the caller's
+    mode, which may be off (never restored, that is refused)."""
     toggle = stack[-1] if stack and stack[-1].key == "toggle" else None
     around = _fixed_grad_mode(stack[:-1]) if toggle is not None else None
-    if m.restores:
+    fixed = _fixed_grad_mode(stack)
+    if m.passed == DERIVED or (m.passed is not None and m.passed in reads and reads[m.passed] is None
+                               and fixed is not None and not (toggle is not None and around is None)):
+        raise ExportError(
+            f"torch.set_grad_enabled(...) called as a function with a mode computed from "
+            f"torch.is_grad_enabled(), or restoring the caller's mode inside another grad block, "
+            f"cannot be exported soundly: the mode depends on the caller's, unknown until run "
+            f"time; use a with block, or restore the mode read before at the same nesting, "
+            f"at {_where(node)}")
+    if m.passed is not None and reads.get(m.passed, False) is None:  # the caller's mode
         if toggle is not None:
             stack.pop().exit = node
         else:
-            redundant.append(node)  # restoring a mode nothing changed
+            redundant.append(node)  # it still is the caller's
     elif toggle is not None and around is not None and m.args[0] == around:
         stack.pop().exit = node
-    elif _fixed_grad_mode(stack) is not None and m.args[0] == _fixed_grad_mode(stack):
+    elif fixed is not None and m.args[0] == fixed:
         redundant.append(node)
     else:
         block = Block(m.kind, m.args, "toggle", node)

@@ -18,6 +18,7 @@ cannot show:
 """
 from __future__ import annotations
 
+import bisect
 import contextlib
 import dataclasses
 import dis
@@ -220,14 +221,14 @@ class _Recorder(_torch.TorchFunctionMode):
         return None  # what eager's call returns (make_fx hands back its node)
 
     def _block_mark(self, caller):
-        """(phase, block id, whether a toggle passes the mode read before)."""
+        """(phase, block id, what the mode passed is: see :func:`passed_mode`)."""
         if caller is None:
             return ("bare", None, False)
         phase, owner = caller
         if id(owner) not in self._block_ids:
             self._block_ids[id(owner)] = len(self._block_ids)
             self._owners.append(owner)
-        return (phase, self._block_ids[id(owner)], passes_the_mode_read_before(_torch.grad_mode_call_frame()))
+        return (phase, self._block_ids[id(owner)], passed_mode(_torch.grad_mode_call_frame()))
 
     def _note_tensors(self, args, kwargs):
         for arg in pytree.tree_leaves((args, kwargs)):
@@ -279,45 +280,102 @@ _DATA = torch._C.TensorBase.__dict__["data"]  # torch-function modes see its __g
 
 
 @functools.lru_cache(maxsize=256)
-def _instructions(code) -> tuple[list, dict[int, int]]:
-    """A code object's instructions, and each one's index by its offset."""
+def _instructions(code) -> tuple[list, list[int]]:
+    """A code object's instructions, and their offsets."""
     listed = list(dis.get_instructions(code))
-    return listed, {ins.offset: i for i, ins in enumerate(listed)}
+    return listed, [ins.offset for ins in listed]
+
+
+def _current(frame) -> int | None:
+    """The index of the instruction ``frame`` is executing (``f_lasti`` may
+    point into its inline cache, which ``dis`` does not list)."""
+    _, offsets = _instructions(frame.f_code)
+    i = bisect.bisect_right(offsets, frame.f_lasti) - 1
+    return i if i >= 0 else None
 
 
 _LOADS = ("LOAD_FAST", "LOAD_DEREF", "LOAD_NAME", "LOAD_GLOBAL", "LOAD_CLASSDEREF")
 _STORES = ("STORE_FAST", "STORE_DEREF", "STORE_NAME", "STORE_GLOBAL")
+_SKIPPED = ("PRECALL", "KW_NAMES", "CACHE")
+DERIVED = "derived"  # a mode computed from a grad-mode read: its value depends on the caller's
 
 
-def passes_the_mode_read_before(frame) -> bool:
-    """Does the call ``frame`` is making pass, as its last argument, a variable
-    that its code assigns from ``torch.is_grad_enabled()``
-    (``torch.set_grad_enabled(prev)``, not ``(True)`` nor ``(not flag)``)?
-    Read from the bytecode: a variable assigned in a statement that calls
-    ``is_grad_enabled``."""
+def passed_mode(frame):
+    """What the call ``frame`` is making passes as its last argument, read from
+    the bytecode: ``(code, offset)`` of the ``torch.is_grad_enabled()`` call
+    whose result it is (``prev = torch.is_grad_enabled(); ...;
+    torch.set_grad_enabled(prev)``, the one assignment of ``prev``),
+    ``DERIVED`` when computed from such a read otherwise (``not prev``, ``use
+    = torch.is_grad_enabled() and flag``, a reassigned ``prev``), else None
+    (a value the trace may take as a constant)."""
     if frame is None:
-        return False
-    listed, index = _instructions(frame.f_code)
-    i = index.get(frame.f_lasti)
+        return None
+    listed, _ = _instructions(frame.f_code)
+    i = _previous(listed, _current(frame))
+    if i is None or listed[i].opname not in _LOADS:
+        return DERIVED if i is not None and _mentions_grad_mode(listed, i) else None
+    stores = [j for j, ins in enumerate(listed) if ins.opname in _STORES and ins.argval == listed[i].argval]
+    if len(stores) == 1 and (read := _bare_read(listed, stores[0])) is not None:
+        return (frame.f_code, read)
+    return DERIVED if any(_mentions_grad_mode(listed, j) for j in stores) else None
+
+
+def _previous(listed: list, i: int | None) -> int | None:
+    """The index of the instruction before ``listed[i]``, call bookkeeping skipped."""
     while i is not None and i > 0:
         i -= 1
-        if listed[i].opname not in ("PRECALL", "KW_NAMES", "CACHE"):
-            break
-    else:
-        return False
-    if listed[i].opname not in _LOADS:
-        return False
-    name = listed[i].argval
-    return any(ins.opname in _STORES and ins.argval == name and _reads_grad_mode(listed, j)
-               for j, ins in enumerate(listed))
+        if listed[i].opname not in _SKIPPED:
+            return i
+    return None
 
 
-def _reads_grad_mode(listed: list, store: int) -> bool:
-    """Does the statement ending at the store ``listed[store]`` call ``is_grad_enabled``?"""
-    j = store
-    while j > 0 and listed[j].starts_line is None:
-        j -= 1
-    return any(ins.argval == "is_grad_enabled" for ins in listed[j:store])
+def _bare_read(listed: list, store: int) -> int | None:
+    """The offset of the call when the store is of ``torch.is_grad_enabled()`` itself."""
+    call = _previous(listed, store)
+    if call is None or listed[call].opname != "CALL" or listed[call].arg != 0:
+        return None
+    callee = _previous(listed, call)
+    if callee is None or listed[callee].argval != "is_grad_enabled":
+        return None
+    return listed[call].offset
+
+
+def _mentions_grad_mode(listed: list, i: int) -> bool:
+    """Does the statement around ``listed[i]`` call ``is_grad_enabled``?"""
+    start = i
+    while start > 0 and listed[start].starts_line is None:
+        start -= 1
+    end = i
+    while end + 1 < len(listed) and listed[end + 1].starts_line is None:
+        end += 1
+    return any(ins.argval == "is_grad_enabled" for ins in listed[start:end + 1])
+
+
+def grad_mode_read(*_):
+    """The target of a grad-mode read's marker node (the regions stage drops them)."""
+
+
+_torch.mark_side_effectful(grad_mode_read)
+GRAD_MODE_READ = "predispatch_grad_mode_read"  # node.meta key: (code, offset of the call)
+
+
+@contextlib.contextmanager
+def _noting_grad_mode_reads():
+    """``torch.is_grad_enabled()`` in the user's code leaves a marker node in
+    the graph, among the blocks' markers: the regions stage then knows
+    whether the mode a toggle passes back was the caller's when read."""
+    def make(original):
+        def call():
+            frame = sys._getframe(2)  # through patched()'s dispatch
+            tracer = _torch.current_tracer()
+            if tracer is not None and not is_library_file(frame.f_code.co_filename):
+                node = tracer.graph.call_function(grad_mode_read, ())
+                node.meta[GRAD_MODE_READ] = (frame.f_code, _instructions(frame.f_code)[1][_current(frame)])
+            return original()
+        return call
+
+    with patched(torch, "is_grad_enabled", make):
+        yield
 
 
 def _is_custom_op(func) -> bool:
@@ -405,7 +463,7 @@ def _noting_set_calls(record: TraceRecord):
 def _wrapping_what_modes_miss(record: TraceRecord, draws: HostDraws):
     """What bypasses torch-function modes, wrapped where it lives while the
     forward runs (see :mod:`predispatch.patching`)."""
-    with _noting_set_calls(record), refusing_custom_backwards(), \
+    with _noting_set_calls(record), _noting_grad_mode_reads(), refusing_custom_backwards(), \
             refusing_host_randomness(draws), inference_mode_as_no_grad(), \
             buffer_reassignment_as_update(), refusing_state_calls():
         yield

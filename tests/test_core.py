@@ -342,6 +342,22 @@ class _EnablesGradAndRestores(torch.nn.Module):
         return y
 
 
+class _ReadsTheModeOnTwoLines(torch.nn.Module):
+    def forward(self, x):
+        prev = (
+            torch.is_grad_enabled()
+        )
+        torch.set_grad_enabled(False)
+        y = x * 2
+        torch.set_grad_enabled(prev)
+        return y + x
+
+
+def test_the_mode_read_before_is_found_in_the_bytecode_whatever_the_layout():
+    ep = assert_matches_eager(_ReadsTheModeOnTwoLines(), (torch.randn(3),))
+    assert [(d, args) for d, _, args in region_tree(ep.graph_module)] == [(0, (False,))]
+
+
 def test_a_toggle_on_restored_to_the_mode_read_before_is_an_enable_grad_region():
     """Under no_grad, eager computes ``y`` with grad on: the program too (an
     enable_grad region; before, the pair was refused, or dropped as no-ops)."""

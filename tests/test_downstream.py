@@ -90,3 +90,31 @@ def test_a_copy_of_the_program_module_compiles_as_one_graph():
     program = copy.deepcopy(predispatch.export_predispatch(copy.deepcopy(module), args).module())
     program.compile(backend="aot_eager", fullgraph=True)
     _check_against_eager(module, args, program)
+
+
+class _SizedByTheBatch(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x, state):
+        y = self.lin(x)
+        with torch.no_grad():
+            state.add_(y)
+        return y.new_zeros(x.shape[0], 1) + y * 2
+
+
+def test_run_decompositions_of_a_dynamic_program_keeps_the_record():
+    """With dynamic shapes the first op node is a ``sym_size``, which
+    run_decompositions makes anew: the record sits on a tensor op instead, so
+    the policy and the write-back modes survive (an input that requires grad,
+    updated under no_grad, is written back under no_grad)."""
+    batch = torch.export.Dim("batch", min=2)
+    ep = predispatch.export_predispatch(_SizedByTheBatch(), (torch.randn(3, 4), torch.zeros(3, 4)),
+                                        dynamic_shapes=({0: batch}, {0: batch}),
+                                        backward_pass_autocast="off", on_backward_autocast_mismatch="warn")
+    decomposed = ep.run_decompositions()
+    assert predispatch.autocast_policy(decomposed) == predispatch.autocast_policy(ep)
+    x, state = torch.randn(5, 4, requires_grad=True), torch.zeros(5, 4, requires_grad=True)
+    decomposed.module()(x, state).sum().backward()
+    assert x.grad is not None

@@ -69,6 +69,28 @@ class GradModeSetByAnExpression(torch.nn.Module):
         return x * 2
 
 
+class GradModeFromARead(torch.nn.Module):
+    train_backbone = False
+
+    def forward(self, x):
+        prev = torch.is_grad_enabled()
+        use = torch.is_grad_enabled() and self.train_backbone  # depends on the caller's mode
+        torch.set_grad_enabled(use)
+        y = x * 2
+        torch.set_grad_enabled(prev)
+        return y
+
+
+class CallersModeRestoredInsideABlock(torch.nn.Module):
+    def forward(self, x):
+        caller = torch.is_grad_enabled()
+        with torch.no_grad():
+            y = x * 2
+            torch.set_grad_enabled(caller)  # the rest of the block runs in the caller's mode
+            z = x * 3
+        return y + z
+
+
 class StraightThrough(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x):
@@ -232,6 +254,10 @@ class CustomBackwardThatCannotRun(torch.nn.Module):
     (GradModeSetByAnExpression(), (torch.randn(3),), "never restores",
      "torch.set_grad_enabled(not self.frozen)"),
     (DataDependentCond(), (torch.randn(3),), "a control-flow operator", "torch.cond("),
+    (GradModeFromARead(), (torch.randn(3),), "computed from torch.is_grad_enabled()",
+     "torch.set_grad_enabled(use)"),
+    (CallersModeRestoredInsideABlock(), (torch.randn(3),), "inside another grad block",
+     "torch.set_grad_enabled(caller)"),
 ])
 def test_unsound_constructs_name_themselves_and_the_line(module, args, construct, code):
     with pytest.raises(predispatch.ExportError) as info:
