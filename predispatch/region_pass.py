@@ -24,7 +24,7 @@ import torch.fx
 
 from . import _torch
 from .errors import ExportError, node_location
-from .trace_events import DERIVED, GRAD_BLOCK, GRAD_MODE_READ
+from .trace_events import DERIVED, GRAD_BLOCK, GRAD_MODE_READ, UNKNOWN
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,8 +97,9 @@ def read_blocks(graph: torch.fx.Graph) -> tuple[list[Block], list[torch.fx.Node]
     markers = [(node, marker(node)) for node in graph.nodes]
     exits = {m.key for _, m in markers if m is not None and m.phase == "exit"}
     for node, m in markers:
-        if GRAD_MODE_READ in node.meta:
-            reads[node.meta[GRAD_MODE_READ]] = _fixed_grad_mode(stack)
+        if GRAD_MODE_READ in node.meta:  # the same code read in two contexts (recursion): unusable
+            read, mode = node.meta[GRAD_MODE_READ], _fixed_grad_mode(stack)
+            reads[read] = mode if reads.get(read, mode) == mode else _CONFLICT
             redundant.append(node)
             continue
         if m is None:
@@ -117,6 +118,8 @@ def read_blocks(graph: torch.fx.Graph) -> tuple[list[Block], list[torch.fx.Node]
             if stack and stack[-1].key == m.key:
                 redundant.append(node)
                 continue
+            if m.kind is GRAD and _passed(node, m, reads) == "caller":  # with set_grad_enabled(prev)
+                _refuse_callers_mode(node)
             block = Block(m.kind, m.args, m.key, node)
             (stack[-1].children if stack else top).append(block)
             stack.append(block)
@@ -140,15 +143,44 @@ def _fixed_grad_mode(stack: list[Block]) -> bool | None:
     return next((b.args[0] for b in reversed(stack) if b.kind is GRAD), None)
 
 
+_CONFLICT = object()
+
+
+def _passed(node, m: Marker, reads: dict):
+    """Where the mode a grad call passes comes from: None (a constant of the
+    code, or the traced value when nothing read the mode), the mode fixed
+    where it was read (True/False), or "caller" (read where it was the
+    caller's). A mode computed from reads, or read where the trace cannot
+    tell, is refused."""
+    if m.passed is None or (m.passed == UNKNOWN and not reads):
+        return None
+    known = m.passed not in (DERIVED, UNKNOWN) and reads.get(m.passed, _CONFLICT) is not _CONFLICT
+    if not known:
+        raise ExportError(
+            f"torch.set_grad_enabled(...) with a mode computed from torch.is_grad_enabled(), or "
+            f"passed where its origin cannot be traced (an argument, an attribute, a copy), in a "
+            f"forward that reads the grad mode, cannot be exported soundly: the mode may be the "
+            f"caller's, unknown until run time; use a with block, or pass back the variable "
+            f"assigned from torch.is_grad_enabled() at the same nesting, at {_where(node)}")
+    mode = reads[m.passed]
+    return "caller" if mode is None else mode
+
+
+def _refuse_callers_mode(node) -> None:
+    raise ExportError(
+        f"the caller's grad mode (read with torch.is_grad_enabled() outside every grad block) "
+        f"set inside another grad block cannot be exported soundly: a region has one mode; "
+        f"restore it at the nesting it was read, at {_where(node)}")
+
+
 def _read_toggle(node, m: Marker, stack: list[Block], top: list[Block], redundant: list,
                  reads: dict) -> None:
     """A function-call toggle: it restores, changes nothing, or opens a block.
 
-    A mode read where it was the caller's (``prev = torch.is_grad_enabled()``
-    outside every grad block) and passed back closes the toggle opened where
-    the mode was the caller's, or changes nothing where it still is. A mode
-    computed from a read depends on the caller's: refused. Any other mode is
-    taken as traced: it closes the open toggle when it is the mode of the
+    Passing back the caller's mode (read outside every grad block) closes the
+    toggle opened where the mode was the caller's, or changes nothing where
+    it still is; elsewhere it is refused. Any other mode (a constant, or one
+    read inside a block) closes the open toggle when it is the mode of the
     block around that toggle, changes nothing inside a block that already
     sets it, and otherwise opens a block, even to the mode the trace runs in:
     outside every block ``torch.set_grad_enabled(True)`` sets the caller's
@@ -156,19 +188,13 @@ def _read_toggle(node, m: Marker, stack: list[Block], top: list[Block], redundan
     toggle = stack[-1] if stack and stack[-1].key == "toggle" else None
     around = _fixed_grad_mode(stack[:-1]) if toggle is not None else None
     fixed = _fixed_grad_mode(stack)
-    if m.passed == DERIVED or (m.passed is not None and m.passed in reads and reads[m.passed] is None
-                               and fixed is not None and not (toggle is not None and around is None)):
-        raise ExportError(
-            f"torch.set_grad_enabled(...) called as a function with a mode computed from "
-            f"torch.is_grad_enabled(), or restoring the caller's mode inside another grad block, "
-            f"cannot be exported soundly: the mode depends on the caller's, unknown until run "
-            f"time; use a with block, or restore the mode read before at the same nesting, "
-            f"at {_where(node)}")
-    if m.passed is not None and reads.get(m.passed, False) is None:  # the caller's mode
-        if toggle is not None:
+    if _passed(node, m, reads) == "caller":
+        if toggle is not None and around is None:
             stack.pop().exit = node
-        else:
+        elif fixed is None:
             redundant.append(node)  # it still is the caller's
+        else:
+            _refuse_callers_mode(node)
     elif toggle is not None and around is not None and m.args[0] == around:
         stack.pop().exit = node
     elif fixed is not None and m.args[0] == fixed:

@@ -223,12 +223,14 @@ class _Recorder(_torch.TorchFunctionMode):
     def _block_mark(self, caller):
         """(phase, block id, what the mode passed is: see :func:`passed_mode`)."""
         if caller is None:
-            return ("bare", None, False)
+            return ("bare", None, None)
         phase, owner = caller
         if id(owner) not in self._block_ids:
             self._block_ids[id(owner)] = len(self._block_ids)
             self._owners.append(owner)
-        return (phase, self._block_ids[id(owner)], passed_mode(_torch.grad_mode_call_frame()))
+        passed = (passed_mode(_torch.grad_mode_call_frame())
+                  if isinstance(owner, torch.set_grad_enabled) and phase == "enter" else None)
+        return (phase, self._block_ids[id(owner)], passed)
 
     def _note_tensors(self, args, kwargs):
         for arg in pytree.tree_leaves((args, kwargs)):
@@ -298,26 +300,75 @@ _LOADS = ("LOAD_FAST", "LOAD_DEREF", "LOAD_NAME", "LOAD_GLOBAL", "LOAD_CLASSDERE
 _STORES = ("STORE_FAST", "STORE_DEREF", "STORE_NAME", "STORE_GLOBAL")
 _SKIPPED = ("PRECALL", "KW_NAMES", "CACHE")
 DERIVED = "derived"  # a mode computed from a grad-mode read: its value depends on the caller's
+UNKNOWN = "unknown"  # a mode whose origin the code does not show (an argument, an attribute)
 
 
 def passed_mode(frame):
     """What the call ``frame`` is making passes as its last argument, read from
     the bytecode: ``(code, offset)`` of the ``torch.is_grad_enabled()`` call
     whose result it is (``prev = torch.is_grad_enabled(); ...;
-    torch.set_grad_enabled(prev)``, the one assignment of ``prev``),
-    ``DERIVED`` when computed from such a read otherwise (``not prev``, ``use
-    = torch.is_grad_enabled() and flag``, a reassigned ``prev``), else None
-    (a value the trace may take as a constant)."""
+    torch.set_grad_enabled(prev)``, the one assignment of ``prev``);
+    ``DERIVED`` when computed from grad-mode reads otherwise (``not prev``,
+    ``use = torch.is_grad_enabled() and flag``, a reassigned ``prev``);
+    ``UNKNOWN`` when its origin is not in this code (a parameter, an
+    attribute, a global); None for a constant of the code."""
     if frame is None:
         return None
-    listed, _ = _instructions(frame.f_code)
+    code = frame.f_code
+    listed, _ = _instructions(code)
     i = _previous(listed, _current(frame))
-    if i is None or listed[i].opname not in _LOADS:
-        return DERIVED if i is not None and _mentions_grad_mode(listed, i) else None
-    stores = [j for j, ins in enumerate(listed) if ins.opname in _STORES and ins.argval == listed[i].argval]
+    if i is None or listed[i].opname == "LOAD_CONST":
+        return None
+    derived = _names_from_grad_mode(code)
+    if listed[i].opname not in _LOADS:  # an expression
+        return _origin(listed, _statement(listed, i)[0], i + 1, derived)
+    name = listed[i].argval
+    stores = [j for j, ins in enumerate(listed) if ins.opname in _STORES and ins.argval == name]
     if len(stores) == 1 and (read := _bare_read(listed, stores[0])) is not None:
-        return (frame.f_code, read)
-    return DERIVED if any(_mentions_grad_mode(listed, j) for j in stores) else None
+        return (code, read)
+    if name in derived:
+        return DERIVED
+    if not stores:
+        return UNKNOWN
+    origins = {_origin(listed, _statement(listed, j)[0], j, derived) for j in stores}
+    return None if origins == {None} else UNKNOWN
+
+
+def _origin(listed: list, start: int, end: int, derived: set):
+    """The origin of the value ``listed[start:end]`` computes: DERIVED if it
+    reads the grad mode, None if it is made of constants, else UNKNOWN."""
+    span = listed[start:end]
+    if any(ins.argval == "is_grad_enabled" or (ins.opname in _LOADS and ins.argval in derived)
+           for ins in span):
+        return DERIVED
+    loads = [ins for ins in span if ins.opname.startswith("LOAD") and ins.opname != "LOAD_CONST"]
+    return None if not loads else UNKNOWN
+
+
+@functools.lru_cache(maxsize=256)
+def _names_from_grad_mode(code) -> frozenset:
+    """Variables of ``code`` some assignment of which reads the grad mode,
+    directly or through another such variable."""
+    listed, _ = _instructions(code)
+    stores = [(j, ins.argval) for j, ins in enumerate(listed) if ins.opname in _STORES]
+    derived: set = set()
+    while True:
+        more = {name for j, name in stores if name not in derived
+                and _origin(listed, _statement(listed, j)[0], j, derived) == DERIVED}
+        if not more:
+            return frozenset(derived)
+        derived |= more
+
+
+def _statement(listed: list, i: int) -> tuple[int, int]:
+    """The index range of the statement holding ``listed[i]``."""
+    start = i
+    while start > 0 and listed[start].starts_line is None:
+        start -= 1
+    end = i
+    while end + 1 < len(listed) and listed[end + 1].starts_line is None:
+        end += 1
+    return start, end
 
 
 def _previous(listed: list, i: int | None) -> int | None:
@@ -338,17 +389,6 @@ def _bare_read(listed: list, store: int) -> int | None:
     if callee is None or listed[callee].argval != "is_grad_enabled":
         return None
     return listed[call].offset
-
-
-def _mentions_grad_mode(listed: list, i: int) -> bool:
-    """Does the statement around ``listed[i]`` call ``is_grad_enabled``?"""
-    start = i
-    while start > 0 and listed[start].starts_line is None:
-        start -= 1
-    end = i
-    while end + 1 < len(listed) and listed[end + 1].starts_line is None:
-        end += 1
-    return any(ins.argval == "is_grad_enabled" for ins in listed[start:end + 1])
 
 
 def grad_mode_read(*_):

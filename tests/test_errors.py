@@ -91,6 +91,36 @@ class CallersModeRestoredInsideABlock(torch.nn.Module):
         return y + z
 
 
+class GradModeNegatedRead(torch.nn.Module):
+    def forward(self, x):
+        prev = torch.is_grad_enabled()
+        torch.set_grad_enabled(not prev)  # on for a caller under no_grad
+        y = x * 2
+        torch.set_grad_enabled(prev)
+        return y
+
+
+class GradModeCopiedRead(torch.nn.Module):
+    def forward(self, x):
+        prev = torch.is_grad_enabled()
+        copy = prev
+        with torch.enable_grad():
+            torch.set_grad_enabled(False)
+            y = x * 2
+            torch.set_grad_enabled(copy)  # the caller's mode, not True, inside enable_grad
+            z = y * 3
+        return z
+
+
+class BlockSetToTheCallersMode(torch.nn.Module):
+    def forward(self, x):
+        prev = torch.is_grad_enabled()
+        with torch.no_grad():
+            with torch.set_grad_enabled(prev):
+                y = x * 2
+        return y
+
+
 class StraightThrough(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x):
@@ -258,6 +288,12 @@ class CustomBackwardThatCannotRun(torch.nn.Module):
      "torch.set_grad_enabled(use)"),
     (CallersModeRestoredInsideABlock(), (torch.randn(3),), "inside another grad block",
      "torch.set_grad_enabled(caller)"),
+    (GradModeNegatedRead(), (torch.randn(3),), "computed from torch.is_grad_enabled()",
+     "torch.set_grad_enabled(not prev)"),
+    (GradModeCopiedRead(), (torch.randn(3),), "computed from torch.is_grad_enabled()",
+     "torch.set_grad_enabled(copy)"),
+    (BlockSetToTheCallersMode(), (torch.randn(3),), "inside another grad block",
+     "with torch.set_grad_enabled(prev)"),
 ])
 def test_unsound_constructs_name_themselves_and_the_line(module, args, construct, code):
     with pytest.raises(predispatch.ExportError) as info:
