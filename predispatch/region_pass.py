@@ -24,7 +24,8 @@ import torch.fx
 
 from . import _torch
 from .errors import ExportError, node_location
-from .trace_events import DERIVED, GRAD_BLOCK, GRAD_MODE_READ, UNKNOWN
+from .grad_mode_reads import DERIVED, GRAD_MODE_READ, UNKNOWN
+from .trace_events import GRAD_BLOCK
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,7 +58,7 @@ class Marker:
     phase: str  # "enter" | "exit" | "bare"
     key: object
     args: tuple
-    passed: object = None  # a toggle's mode: a grad-mode read, DERIVED, or None (see trace_events.passed_mode)
+    passed: object = None  # where a set_grad_enabled mode comes from (grad_mode_reads.passed_mode)
 
 
 def marker(node: torch.fx.Node) -> Marker | None:
