@@ -540,6 +540,19 @@ from torch._functorch._aot_autograd.utils import create_tree_flattened_fn  # noq
 from torch.fx.experimental.proxy_tensor import make_fx  # noqa: E402
 
 
+_WRITTEN: dict = {}
+
+
+def written_arguments(func) -> tuple:
+    """(position, name) of the arguments ``func`` writes, from its schema."""
+    if func not in _WRITTEN:
+        schema = getattr(func, "_schema", None)
+        _WRITTEN[func] = tuple(
+            (i, a.name) for i, a in enumerate(schema.arguments)
+            if a.alias_info is not None and a.alias_info.is_write) if schema is not None else ()
+    return _WRITTEN[func]
+
+
 def functional_mode() -> FunctionalTensorMode:
     return FunctionalTensorMode(pre_dispatch=True, export=True, _allow_token_discovery=True)
 

@@ -5,10 +5,12 @@ Functionalization turns ``dst.copy_(src)`` (and every index assignment
 pre-dispatch graph that op runs above autograd, and aten::copy has no
 derivative formula (only copy_ has one), so a backward through it fails.
 
-``copy(dst, src)`` is written ``where(True, src', dst)`` with ``src'`` = src
+``copy(dst, src)`` is written ``where(False, dst, src')`` with ``src'`` = src
 cast to dst's dtype and device: the same values (src broadcast to dst's
-shape, in a new tensor) and, as eager's CopyBackwards gives, the gradient
-of ``src`` for src and a zero gradient for dst.
+shape, in a new tensor laid out as dst, which ``where`` takes from its first
+tensor operand: a view replayed on the copy, ``t().view(...)``, needs dst's
+strides) and, as eager's CopyBackwards gives, the gradient of ``src`` for
+src and a zero gradient for dst.
 """
 from __future__ import annotations
 
@@ -25,14 +27,14 @@ def _copy_as_differentiable_ops(graph: torch.fx.Graph, node: torch.fx.Node) -> t
         src = graph.call_function(aten._to_copy.default, (src,),
                                   {"dtype": want.dtype, "device": want.device})
         src.meta["val"] = have.to(dtype=want.dtype, device=want.device)
-    take_src = graph.call_function(aten.scalar_tensor.default, (True,),
+    take_dst = graph.call_function(aten.scalar_tensor.default, (False,),
                                    {"dtype": torch.bool, "device": want.device})
-    take_src.meta["val"] = torch.ones((), dtype=torch.bool, device="meta")
-    value = graph.call_function(aten.where.self, (take_src, src, dst))
+    take_dst.meta["val"] = torch.zeros((), dtype=torch.bool, device="meta")
+    value = graph.call_function(aten.where.self, (take_dst, dst, src))
     value.meta["val"] = node.meta["val"]
     for key in ("stack_trace", "nn_module_stack"):
         if key in node.meta:
-            for new in (take_src, value):
+            for new in (take_dst, value):
                 new.meta[key] = node.meta[key]
     return value
 

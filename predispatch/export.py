@@ -86,7 +86,8 @@ def keep_histories(captured: Captured, module: torch.nn.Module) -> None:
     requiring = {name for name, p in module.named_parameters(remove_duplicate=False)
                  if p.requires_grad}
     keep_history_pass(captured.gm, captured.record.replacements,
-                      lambda: may_require_grad(captured.gm, captured.signature, requiring))
+                      lambda modes: may_require_grad(captured.gm, captured.signature, requiring, modes),
+                      [s.kind.name for s in captured.signature.output_specs])
 
 
 def eliminate_dead_code(captured: Captured) -> None:

@@ -7,6 +7,11 @@ value into a fresh tensor computed under no_grad, which would silently drop
 that gradient. After each grad-disabled span we therefore rebind such values
 to ``predispatch.keep_history(old, new)``: the value of ``new``, the autograd
 history of ``old`` (identity gradient to ``old``, none to ``new``).
+
+Code outside every grad block runs in the caller's mode: an update there is
+differentiable, or under a no_grad caller keeps the old history. Later reads
+that can show a history get ``keep_history_if_no_grad(old, new)``: ``new``'s
+history in grad mode, ``old``'s under no_grad.
 """
 from __future__ import annotations
 
@@ -16,28 +21,56 @@ from torch.export.graph_signature import InputKind
 
 from . import _torch
 from .errors import ExportError
+from .region_pass import grad_modes
 from .trace_events import NO_GRAD_VIEW_REPLAY
 
+_LIB = torch.library.Library("predispatch", "FRAGMENT")
+_LIB.define("keep_history(Tensor old, Tensor new) -> Tensor")
+_LIB.define("keep_history_if_no_grad(Tensor old, Tensor new) -> Tensor")
 
-@torch.library.custom_op("predispatch::keep_history", mutates_args=())
-def keep_history(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
-    """``new``'s value with ``old``'s autograd history."""
+
+def _value_of_new(old, new):
     return new.clone()
 
 
-@keep_history.register_fake
-def _(old, new):
-    return torch.empty_like(new)
+class _History(torch.autograd.Function):
+    """``new``'s value; the gradient goes to ``old`` (``of_old``) or to ``new``."""
+
+    @staticmethod
+    def forward(ctx, old, new, op, keyset, of_old):
+        ctx.of_old = of_old
+        with torch._C._AutoDispatchBelowAutograd():
+            return op.redispatch(keyset & torch._C._after_autograd_keyset, old, new)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return (grad, None, None, None, None) if ctx.of_old else (None, grad, None, None, None)
 
 
-def _backward(ctx, grad):
-    return grad, None
+def _autograd_kernel(op_name: str, new_history_in_grad_mode: bool):
+    """The ops' autograd: unlike a custom op's, it records the history under
+    no_grad too, as eager keeps a tensor's history across an update made
+    under no_grad, whatever the mode of the code that reads it later."""
+    def kernel(keyset, old, new):
+        op = getattr(torch.ops.predispatch, op_name).default
+        of_old = not (new_history_in_grad_mode and torch.is_grad_enabled())
+        if torch.is_grad_enabled():  # no mode change while traced (make_fx would record it)
+            return _History.apply(old, new, op, keyset, of_old)
+        with torch.enable_grad():
+            return _History.apply(old, new, op, keyset, of_old)
+    return kernel
 
 
-keep_history.register_autograd(_backward)
+for _name, _new_history in (("keep_history", False), ("keep_history_if_no_grad", True)):
+    _LIB.impl(_name, _value_of_new, "CompositeExplicitAutograd")
+    _LIB.impl(_name, _autograd_kernel(_name, _new_history), "Autograd", with_keyset=True)
 
 KEEP_HISTORY = torch.ops.predispatch.keep_history.default
+# in code that runs in the caller's grad mode: an update there keeps the old history
+# only when the caller has grad off
+KEEP_HISTORY_IF_NO_GRAD = torch.ops.predispatch.keep_history_if_no_grad.default
 _NO_HISTORY = (torch.ops.aten.detach.default,)  # ops whose result never requires grad
+_KEEPS = (KEEP_HISTORY, KEEP_HISTORY_IF_NO_GRAD)
 
 
 def _is_float(node: torch.fx.Node) -> bool:
@@ -47,12 +80,16 @@ def _is_float(node: torch.fx.Node) -> bool:
                for v in vals)
 
 
-def may_require_grad(gm: torch.fx.GraphModule, signature, params_requiring_grad: set[str]):
+def may_require_grad(gm: torch.fx.GraphModule, signature, params_requiring_grad: set[str],
+                     modes: dict | None = None):
     """Nodes whose value may require grad at run time, over the flat graph.
 
     Parameters as in the module, floating user inputs always (the program may
     be called with inputs that require grad), buffers and constants never;
-    a computed value if it is floating, grad mode is on and an input may."""
+    a computed value if it is floating, grad mode is on and an input may.
+    Grad mode is the trace's (the caller's on), or with ``modes`` (see
+    :func:`predispatch.region_pass.grad_modes`) a no_grad caller's: on only
+    inside blocks that set it; a kept history is one whatever the mode."""
     specs = {s.arg.name: s for s in signature.input_specs if hasattr(s.arg, "name")}
     grad_on, result = True, set()
     for node in gm.graph.nodes:
@@ -64,8 +101,11 @@ def may_require_grad(gm: torch.fx.GraphModule, signature, params_requiring_grad:
         elif node.target is _torch.SET_GRAD_ENABLED:
             grad_on = bool(node.args[0])
             continue
+        elif node.target in _KEEPS and modes is not None:
+            requires = node.args[0] in result
         elif node.op == "call_function":
-            requires = grad_on and node.target not in _NO_HISTORY and _is_float(node) and any(
+            on = grad_on if modes is None else modes.get(node) is True
+            requires = on and node.target not in _NO_HISTORY and _is_float(node) and any(
                 i in result for i in node.all_input_nodes)
         else:
             requires = False
@@ -74,14 +114,14 @@ def may_require_grad(gm: torch.fx.GraphModule, signature, params_requiring_grad:
     return result
 
 
-def _insert_keep_history(graph, old, new, after, position) -> torch.fx.Node | None:
+def _insert_keep_history(graph, old, new, after, position, target=None) -> torch.fx.Node | None:
     """``keep_history(old, new)`` right after ``after``; later uses of ``new``
     read it. None if nothing reads ``new`` later (no node, no region output)."""
     after_at = position.get(after, len(position))
     if not any(position.get(u, after_at + 1) > after_at for u in new.users):
         return None
     with graph.inserting_after(after):
-        kept = graph.create_node("call_function", KEEP_HISTORY, (old, new), name="keep_history")
+        kept = graph.create_node("call_function", target or KEEP_HISTORY, (old, new), name="keep_history")
     kept.meta.update({k: v for k, v in new.meta.items() if k in ("val", "stack_trace", "nn_module_stack")})
     for user in list(new.users):
         if (user is not kept and position.get(user, after_at + 1) > after_at
@@ -100,13 +140,18 @@ def _same_layout(a: torch.fx.Node, b: torch.fx.Node) -> bool:
             and va.dtype == vb.dtype and va.shape == vb.shape)
 
 
-def keep_history_pass(gm: torch.fx.GraphModule, replacements, analyze) -> list[torch.fx.Node]:
+def keep_history_pass(gm: torch.fx.GraphModule, replacements, analyze,
+                      output_kinds: list[str] | None = None) -> list[torch.fx.Node]:
     """Insert keep_history after each span that replaced a value that may
-    require grad; later uses read it. ``analyze()`` gives the nodes that may
-    require grad; it is asked again after each insertion (a value computed
-    from a kept one may now require grad). Returns the inserted nodes."""
+    require grad; later uses read it. ``analyze(modes)`` gives the nodes that
+    may require grad (see :func:`may_require_grad`); it is asked again after
+    each insertion (a value computed from a kept one may now require grad).
+    Replacements made in grad mode outside every grad block get
+    keep_history_if_no_grad (``output_kinds``: the output specs' kinds, in
+    order: a write-back needs none). Returns the inserted nodes."""
     graph = gm.graph
-    may_grad = analyze()
+    modes = grad_modes(graph) if any(r.in_grad_mode for r in replacements) else None
+    may_grad, may_grad_off = analyze(None), (analyze(modes) if modes is not None else set())
     position = {n: i for i, n in enumerate(graph.nodes)}
     history_of = {}  # a replaced value -> the node whose autograd history it carries
     kept = []
@@ -121,12 +166,50 @@ def keep_history_pass(gm: torch.fx.GraphModule, replacements, analyze) -> list[t
                 "that requires grad cannot be exported soundly: eager gives the alias a "
                 f"gradient history that the functional graph cannot carry; at {r.detached_alias_at}")
         old = history_of.get(r.old, r.old)  # mutated again later: chain to the first old
-        if not (old in may_grad or old in kept) or not _same_layout(old, r.new):
-            continue
-        node = _insert_keep_history(graph, old, r.new, r.exit, position)
+        if r.in_grad_mode:
+            if modes.get(r.exit) is not None:
+                continue  # inside a grad block: the update's history, as the graph has it
+            if not (old in may_grad_off or old in kept) or not _same_layout(old, r.new):
+                continue
+            if not _read_later_where_history_shows(r.new, r.exit, position, modes, graph, output_kinds):
+                history_of[r.new] = old  # a later update in the caller's mode chains to it
+                continue
+            node = _insert_keep_history(graph, old, r.new, r.exit, position, KEEP_HISTORY_IF_NO_GRAD)
+        else:
+            if not (old in may_grad or old in kept) or not _same_layout(old, r.new):
+                continue
+            node = _insert_keep_history(graph, old, r.new, r.exit, position)
         history_of[r.new] = old if node is None else node  # None: no later use needs it
         if node is not None:
             kept.append(node)
             position = {n: i for i, n in enumerate(graph.nodes)}
-            may_grad = analyze()
+            if modes is not None:
+                modes[node] = modes.get(r.exit)
+                may_grad_off = analyze(modes)
+            may_grad = analyze(None)
     return kept
+
+
+def _read_later_where_history_shows(new, after, position, modes, graph, output_kinds) -> bool:
+    """Under a no_grad caller, does a use of ``new`` after ``after`` see its
+    history: a use inside a grad block (enable_grad, or a no_grad block that
+    updates it again), or a user output that is not also the new value of a
+    mutated input, parameter or buffer (the write-back returns the tensor itself)?"""
+    at = position[after]
+    output = graph.output_node()
+    for user in new.users:
+        if position.get(user, at + 1) <= at:
+            continue
+        if user is output:
+            if _is_user_output_only(new, output.args[0], output_kinds):
+                return True
+        elif modes.get(user) is not None:
+            return True
+    return False
+
+
+def _is_user_output_only(new, outputs, kinds) -> bool:
+    if kinds is None or len(kinds) != len(outputs):
+        return True
+    as_kinds = {k for o, k in zip(outputs, kinds) if o is new}
+    return as_kinds == {"USER_OUTPUT"}

@@ -88,7 +88,12 @@ def read_before_mutation(target: torch.Tensor) -> torch.Tensor:
     """What the op that mutates ``target`` (in grad mode) reads: a snapshot,
     so that the write-back cannot change a tensor that op saved for backward
     (eager's in-place op saves what it needs before mutating)."""
-    return target if _torch.is_traced(target) else target.clone()
+    if _torch.is_traced(target):
+        return target
+    if target.requires_grad and not torch.is_grad_enabled():
+        with torch.enable_grad():  # a kept history (keep_history_if_no_grad) leads back to it
+            return target.clone()
+    return target.clone()
 
 
 def _copy_target_name(node: torch.fx.Node) -> str:

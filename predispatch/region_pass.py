@@ -138,6 +138,22 @@ def read_blocks(graph: torch.fx.Graph) -> tuple[list[Block], list[torch.fx.Node]
     return top, redundant
 
 
+def grad_modes(graph: torch.fx.Graph) -> dict[torch.fx.Node, bool | None]:
+    """The grad mode each node runs in: the one its innermost enclosing grad
+    block sets, or None outside every grad block (the caller's)."""
+    blocks, _ = read_blocks(graph)
+    opens = {b.enter: b.args[0] for b in _post_order(blocks) if b.kind is GRAD}
+    closes = {b.exit for b in _post_order(blocks) if b.kind is GRAD}
+    stack, modes = [], {}
+    for node in graph.nodes:
+        if node in closes:
+            stack.pop()
+        modes[node] = stack[-1] if stack else None
+        if node in opens:
+            stack.append(opens[node])
+    return modes
+
+
 def _fixed_grad_mode(stack: list[Block]) -> bool | None:
     """The grad mode the innermost open grad block sets; None outside any
     (the caller's mode, unknown until run time)."""

@@ -10,6 +10,8 @@ cannot show:
   eager keeps their old history, functionalization does not, so the
   keep-history pass restores it; views are brought up to date in the grad
   mode they were made in;
+* tensors written in grad mode between two grad-mode markers: outside every
+  grad block that code runs in the caller's mode, which may be no_grad;
 * how each graph input was mutated ("hidden" from autograd, under
   "no_grad", or under "grad"), so the program writes it back the same way;
 * constructs to refuse: a parameter or input updated in place inside an
@@ -62,6 +64,10 @@ class Replacement:
     exit: torch.fx.Node
     detached_alias_at: str | None = None  # source line, when through a detached alias
     operands: tuple = ()  # the other tensor operands of that in-place update
+    # made while the trace ran in grad mode: outside every grad block this code
+    # runs in the caller's mode, and under a no_grad caller eager keeps ``old``'s
+    # history (``exit`` is then the last node before the next grad-mode marker)
+    in_grad_mode: bool = False
 
 
 @dataclasses.dataclass
@@ -84,15 +90,24 @@ class _Recorder(_torch.TorchFunctionMode):
         self._block_ids: dict[int, int] = {}
         self._owners: list[object] = []  # keeps ids unique while tracing
         self._watch: dict[int, tuple[torch.Tensor, torch.fx.Node]] | None = None
-        self._span_views: list[torch.Tensor] = []  # views made since the last grad-mode change
+        self._span_views: list[torch.Tensor] = []  # views made since the last grad-mode marker
         # a view's lineage lives on the view (see _note_views), so it goes when the view goes;
         # grad-mode views still alive, and their nodes when the current no_grad span began
         self._grad_views: weakref.WeakSet = weakref.WeakSet()
         self._views_at_entry: dict[int, tuple[torch.Tensor, torch.fx.Node]] = {}
         self._any_no_grad_view = False
+        # tensors written since the last grad-mode marker, in grad mode: id -> (tensor, old node)
+        self._written: dict[int, tuple[torch.Tensor, torch.fx.Node]] | None = {}
+        self._call = None  # (args, kwargs) of the torch call running
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
+        previous, self._call = self._call, (args, kwargs)
+        try:
+            return self._handle(func, args, kwargs or {})
+        finally:
+            self._call = previous
+
+    def _handle(self, func, args, kwargs):
         if getattr(func, "__self__", None) is _DATA:
             func, args = _data_access(func, args)
         if self.draws is not None and self.draws.pending:
@@ -198,11 +213,40 @@ class _Recorder(_torch.TorchFunctionMode):
             self.record.replacements.append(Replacement(old, new, new, user_location(), operands))
         return out
 
+    def note_written(self, tensors) -> None:
+        """Before an op writes ``tensors`` in grad mode: their values (and their
+        bases') before the first write since the last grad-mode marker."""
+        if self._written is None:
+            return  # under no_grad: the span's watch sees it
+        # the call's tensors too: a view made inside it (x[0] = v) leads to none
+        called = [a for a in pytree.tree_leaves(self._call or ()) if isinstance(a, _torch.FunctionalTensor)]
+        for written in [*tensors, *called]:
+            for t in (written, self._base(written)):
+                if id(t) not in self._written and (node := _torch.current_node(t)) is not None:
+                    self._written[id(t)] = (t, node)
+
+    def end_grad_mode_segment(self) -> None:
+        """At a grad-mode marker in grad mode, or at the forward's end: the
+        values written since the last marker were replaced."""
+        written, self._written = self._written, {}
+        pairs = {}
+        for t, old in (written or {}).values():
+            new = _torch.current_node(t)
+            if new is not None and new is not old:
+                pairs[new] = old
+        if pairs:
+            exit = _torch.last_node(_torch.current_tracer().graph)
+            self.record.replacements.extend(
+                Replacement(old, new, exit, in_grad_mode=True) for new, old in pairs.items())
+
     def _set_grad_enabled(self, func, args, kwargs):
         caller = _torch.grad_mode_caller()
         was_enabled = torch.is_grad_enabled()
-        if was_enabled != bool(args[0]):
-            self._materialize_span_views()
+        # at every marker, not only where the trace's mode changes: a block may fix
+        # the mode the caller's code (where a stale view is replayed) does not
+        self._materialize_span_views()
+        if was_enabled:
+            self.end_grad_mode_segment()
         turning_on = not was_enabled and bool(args[0])
         if was_enabled and not bool(args[0]):
             self._note_views_at_entry()
@@ -216,6 +260,7 @@ class _Recorder(_torch.TorchFunctionMode):
             self._watch = {}
         elif turning_on:
             self._watch = None
+        self._written = {} if torch.is_grad_enabled() else None
         return None  # what eager's call returns (make_fx hands back its node)
 
     def _block_mark(self, caller):
@@ -386,9 +431,11 @@ def recording(module: torch.nn.Module, record: TraceRecord, strip):
         draws = HostDraws()
         with autocast_blocks_as_in_eager(eager_autocast_cache), \
                 _Recorder(record, parameter_ids, draws) as recorder, stamping_stack_traces(), \
-                _wrapping_what_modes_miss(record, draws):
+                _wrapping_what_modes_miss(record, draws), _observing_mutations(recorder.note_written):
             out = forward(*args, **kwargs)
             recorder.sync_no_grad_view_outputs(out)
+            if torch.is_grad_enabled():
+                recorder.end_grad_mode_segment()
             draws.note_torch_call(out, None)  # a draw returned is replayed too
         _note_mutation_kinds(record, module, pytree.tree_leaves((args, kwargs)), strip)
         return out
@@ -402,3 +449,22 @@ def recording(module: torch.nn.Module, record: TraceRecord, strip):
             module.forward = forward
         else:
             del module.forward
+
+
+def _observing_mutations(observer):
+    """``observer(tensors)`` before each op that writes FunctionalTensors, seen
+    where functionalization sees it (so in-place updates inside library calls,
+    ``F.relu(x, inplace=True)``, are seen too). A subclass of the mode would
+    not do: higher-order ops look their functionalization rule up by the
+    mode's exact type."""
+    def observed(dispatch):
+        def call(mode, func, types, args=(), kwargs=None):
+            if written := _torch.written_arguments(func):
+                tensors = [t for i, name in written
+                           for t in ((args[i] if i < len(args) else (kwargs or {}).get(name)),)
+                           if isinstance(t, _torch.FunctionalTensor)]
+                if tensors:
+                    observer(tensors)
+            return dispatch(mode, func, types, args, kwargs)
+        return call
+    return patched(_torch.FunctionalTensorMode, "__torch_dispatch__", observed)

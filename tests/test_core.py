@@ -562,3 +562,81 @@ def test_an_autocast_without_dtype_inside_the_same_autocast_is_not_a_region():
     """G3: a block identical to the enclosing one at run time is not a region."""
     ep = assert_matches_eager(_AutocastWithoutDtypeInside(), (torch.randn(2, 4),))
     assert [(r.depth, r.args) for r in predispatch.regions(ep)] == [(0, ("cpu", torch.float16, True, True))]
+
+
+# Updates in the code that runs in the caller's grad mode (outside every grad
+# block). Under a caller's no_grad, eager keeps the updated tensor's history,
+# as inside a no_grad block: keep_history_if_no_grad(old, new) is new's
+# history in grad mode and old's under no_grad.
+
+class _ParameterUpdatedThenReadWithGrad(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.p = torch.nn.Parameter(torch.linspace(0.5, 1.5, 3))
+
+    def forward(self, x):
+        self.p.mul_(2)  # eager: allowed on a leaf under the caller's no_grad only
+        with torch.enable_grad():
+            return self.p * x
+
+
+class _InputUpdatedThenReadWithGrad(torch.nn.Module):
+    def forward(self, x):
+        x.mul_(2)
+        with torch.enable_grad():
+            return x * 3
+
+
+class _ViewOfAGradTensorUpdated(torch.nn.Module):
+    def forward(self, x):
+        with torch.enable_grad():
+            v0 = x.sin()
+            v1 = v0[0]
+        v1.mul_(3)
+        return v0
+
+
+class _UpdatedInsideALibraryCall(torch.nn.Module):
+    def forward(self, x):
+        with torch.enable_grad():
+            h = x * 2 - 1
+        torch.nn.functional.relu(h, inplace=True)  # mutated where only functionalization sees it
+        return h
+
+
+class _UpdatedInTheCallersModeThenUnderNoGrad(torch.nn.Module):
+    def forward(self, x):
+        with torch.enable_grad():
+            h = x.cos()
+        h.add_(1)
+        with torch.no_grad():
+            h.mul_(2)
+        with torch.enable_grad():
+            return h * x
+
+
+@pytest.mark.parametrize("module, grad_modes", [
+    (_ParameterUpdatedThenReadWithGrad, (False,)),
+    (_InputUpdatedThenReadWithGrad, (False,)),
+    (_ViewOfAGradTensorUpdated, (True, False)),
+    (_UpdatedInsideALibraryCall, (True, False)),
+    (_UpdatedInTheCallersModeThenUnderNoGrad, (True, False)),
+])
+def test_an_update_in_the_callers_mode_keeps_history_under_a_no_grad_caller(module, grad_modes):
+    ep = assert_matches_eager(module(), (torch.randn(3, 4) if module is not _ParameterUpdatedThenReadWithGrad
+                                         else torch.randn(3),), grad_modes=grad_modes)
+    targets = [n.target for n in ep.graph.nodes]
+    assert torch.ops.predispatch.keep_history_if_no_grad.default in targets
+
+
+def test_an_update_in_the_callers_mode_read_only_there_needs_no_kept_history():
+    """A later read in the caller's mode has no history under no_grad anyway."""
+    class M(torch.nn.Module):
+        def forward(self, x):
+            with torch.enable_grad():
+                h = x * 2
+            h.add_(1)
+            return h * 3
+
+    ep = assert_matches_eager(M(), (torch.randn(3),))
+    assert torch.ops.predispatch.keep_history_if_no_grad.default not in [n.target for n in ep.graph.nodes]

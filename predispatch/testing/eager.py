@@ -4,8 +4,10 @@
 
 Runs the eager module and ``ep.module()`` on identical fresh inputs (floating
 inputs require grad unless ``inputs_require_grad=False``), backpropagates a
-loss over the floating outputs, and compares outputs, gradients of inputs and
-parameters, buffers, parameters and inputs afterwards.
+loss over the floating outputs that require grad (under ``no_grad`` too: a
+history can outlive the forward's updates), and compares outputs, which
+require grad, gradients of inputs and parameters, buffers, parameters and
+inputs afterwards.
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ import torch.utils._pytree as pytree
 @dataclasses.dataclass
 class Run:
     outputs: list
+    outputs_with_history: list  # under no_grad too: a history kept across the forward's updates
     input_grads: list
     param_grads: dict
     params: dict
@@ -47,6 +50,26 @@ def _loss(outputs):
     return total
 
 
+def _has_history(o) -> bool:
+    """Does a gradient of ``o`` reach a leaf? Not the same as ``requires_grad``:
+    eager's view made under no_grad reports requires_grad and has no history
+    (nor do views of it), which a graph neither can nor needs to copy."""
+    if not (isinstance(o, torch.Tensor) and o.requires_grad):
+        return False
+    if o.grad_fn is None:
+        return o._base is None  # a leaf; not a view made under no_grad
+    seen, todo = set(), [o.grad_fn]
+    while todo:
+        fn = todo.pop()
+        if fn is None or fn in seen:
+            continue
+        seen.add(fn)
+        if type(fn).__name__ == "AccumulateGrad":
+            return True
+        todo.extend(f for f, _ in fn.next_functions)
+    return False
+
+
 def run_module(module, args, kwargs, *, grad_mode=True, inputs_require_grad=True, seed=0) -> Run:
     args, kwargs = fresh_inputs(args, kwargs, inputs_require_grad)
     leaves = [x for x in pytree.tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
@@ -54,12 +77,13 @@ def run_module(module, args, kwargs, *, grad_mode=True, inputs_require_grad=True
     with torch.set_grad_enabled(grad_mode):
         out = module(*args, **kwargs)
     outputs = [o for o in pytree.tree_leaves(out)]
-    loss = _loss(outputs) if grad_mode else None
+    loss = _loss(outputs)  # under no_grad, over the outputs that still have a history
     if loss is not None:
         loss.backward()
     detach = lambda t: t.detach().clone() if isinstance(t, torch.Tensor) else t  # noqa: E731
     return Run(
         outputs=[detach(o) for o in outputs],
+        outputs_with_history=[_has_history(o) for o in outputs],
         input_grads=[detach(x.grad) if x.is_leaf else None for x in leaves],
         param_grads={n: detach(p.grad) for n, p in module.named_parameters()},
         params={n: detach(p) for n, p in module.named_parameters()},
@@ -80,6 +104,9 @@ def assert_runs_match(eager: Run, exported: Run, *, rtol=None, atol=None, what="
     assert len(eager.outputs) == len(exported.outputs), f"{what}number of outputs differs"
     for i, (a, b) in enumerate(zip(eager.outputs, exported.outputs)):
         close(a, b, f"output {i}")
+    assert eager.outputs_with_history == exported.outputs_with_history, (
+        f"{what}which outputs require grad (with a history leading to a leaf): eager "
+        f"{eager.outputs_with_history}, program {exported.outputs_with_history}")
     for i, (a, b) in enumerate(zip(eager.input_grads, exported.input_grads)):
         close(a, b, f"gradient of input {i}")
     for field in ("param_grads", "params", "buffers"):
