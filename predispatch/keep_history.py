@@ -69,7 +69,8 @@ KEEP_HISTORY = torch.ops.predispatch.keep_history.default
 # in code that runs in the caller's grad mode: an update there keeps the old history
 # only when the caller has grad off
 KEEP_HISTORY_IF_NO_GRAD = torch.ops.predispatch.keep_history_if_no_grad.default
-_NO_HISTORY = (torch.ops.aten.detach.default,)  # ops whose result never requires grad
+aten_detach = torch.ops.aten.detach.default
+_NO_HISTORY = (aten_detach,)  # ops whose result never requires grad
 _KEEPS = (KEEP_HISTORY, KEEP_HISTORY_IF_NO_GRAD)
 
 
@@ -158,7 +159,8 @@ def keep_history_pass(gm: torch.fx.GraphModule, replacements, analyze,
     for r in replacements:
         if not (_alive(r.old, graph) and _alive(r.new, graph) and _alive(r.exit, graph)):
             continue
-        if r.detached_alias_at is not None and any(o in may_grad for o in r.operands):
+        if r.detached_alias_at is not None and any(
+                history_of.get(o, o) in may_grad for o in r.operands):  # a kept history counts
             # eager gives the alias itself the autograd history of this update,
             # which functionalization's detach view replay drops
             raise ExportError(
@@ -187,7 +189,29 @@ def keep_history_pass(gm: torch.fx.GraphModule, replacements, analyze,
                 modes[node] = modes.get(r.exit)
                 may_grad_off = analyze(modes)
             may_grad = analyze(None)
+    detach_no_grad_view_replays(graph, may_grad)
     return kept
+
+
+def detach_no_grad_view_replays(graph: torch.fx.Graph, may_grad: set) -> None:
+    """A view made under no_grad, and every view of it, has no history in
+    eager. Functionalization may replay one from its base in grad mode (when
+    it is read, or returned); the replay reads the base's value, which may
+    have a history: it reads ``detach(base)``."""
+    detached = {}
+    for node in list(graph.nodes):
+        if not node.meta.get(NO_GRAD_VIEW_REPLAY):
+            continue
+        for base in node.all_input_nodes:
+            if base.meta.get(NO_GRAD_VIEW_REPLAY) or base not in may_grad:
+                continue
+            if base not in detached:
+                with graph.inserting_before(node):
+                    detached[base] = graph.call_function(aten_detach, (base,))
+                detached[base].meta.update(
+                    {k: v for k, v in node.meta.items() if k in ("stack_trace", "nn_module_stack")})
+                detached[base].meta["val"] = base.meta.get("val")
+            node.replace_input_with(base, detached[base])
 
 
 def _read_later_where_history_shows(new, after, position, modes, graph, output_kinds) -> bool:

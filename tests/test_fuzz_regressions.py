@@ -1,6 +1,6 @@
 """Bugs found by the differential fuzzer (tools/fuzz), each as the minimal
 module it shrank to, with the diagnosis. Open ones are xfail(strict=True):
-remove the marker with the fix. Fixed: 1-20 (4b's nested
+remove the marker with the fix. Fixed: 1-22 (4b's nested
 autocast(enabled=False) case by the refusal reading autocast nesting, 10 by
 marking no_grad view replays, 15 and 16 by noting grad-mode views at no_grad
 entries). Open: none.
@@ -758,3 +758,56 @@ class CopyThroughATransposedView(nn.Module):
 
 def test_copy_into_a_transposed_view_keeps_the_layout():
     assert_sound(CopyThroughATransposedView(), inputs((3, 4)))
+
+
+# --------------------------------------------------------------------------
+# 21. (seed 1515; also in the code of the fourth session) A view of a view made
+# under no_grad, returned: functionalization replays it from its base after
+# the forward, in grad mode. 10's fix keeps keep_history out of such replays,
+# but here the base itself was computed in grad mode: the output had a
+# history (and the input a gradient) eager never gives. Fixed: a replay of a
+# no_grad view reads detach(base).
+
+class ViewOfANoGradViewOfAGradTensor(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("b", torch.zeros(4))
+
+    def forward(self, x):
+        v0 = x + x
+        v0.mul_(0.9)
+        with torch.no_grad():
+            v1 = v0[0]
+        v2 = v1.view(-1)
+        self.b.copy_(v1)
+        return (v2, v1)
+
+
+def test_replayed_view_of_a_no_grad_view_has_no_history():
+    assert_sound(ViewOfANoGradViewOfAGradTensor(), inputs((3, 4)))
+
+
+# --------------------------------------------------------------------------
+# 22. (seed 1515) An in-place update of a detached alias whose operand got its
+# history back from keep_history (mutated under no_grad before): eager gives
+# the alias that history, which the graph cannot carry; 7's refusal checked
+# the operand's raw no_grad value, which has none, and exported a program
+# whose output had no history. Fixed: the operand's kept history counts.
+
+class DetachedAliasUpdatedWithAKeptHistory(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4, 4, generator=torch.Generator().manual_seed(0)))
+
+    def forward(self, x):
+        v0 = self.w.sum(0)
+        with torch.no_grad():
+            v0.mul_(0.9)
+        v2 = (x @ self.w).detach()
+        v2.mul_(v0)
+        return v2
+
+
+def test_detached_alias_updated_with_a_kept_history_is_refused():
+    with pytest.raises(predispatch.ExportError, match="detached alias"):
+        predispatch.export_predispatch(DetachedAliasUpdatedWithAKeptHistory(), inputs((3, 4)))
