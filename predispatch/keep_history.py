@@ -69,8 +69,8 @@ KEEP_HISTORY = torch.ops.predispatch.keep_history.default
 # in code that runs in the caller's grad mode: an update there keeps the old history
 # only when the caller has grad off
 KEEP_HISTORY_IF_NO_GRAD = torch.ops.predispatch.keep_history_if_no_grad.default
-aten_detach = torch.ops.aten.detach.default
-_NO_HISTORY = (aten_detach,)  # ops whose result never requires grad
+_DETACH = torch.ops.aten.detach.default
+_NO_HISTORY = (_DETACH,)  # ops whose result never requires grad
 _KEEPS = (KEEP_HISTORY, KEEP_HISTORY_IF_NO_GRAD)
 
 
@@ -207,7 +207,7 @@ def detach_no_grad_view_replays(graph: torch.fx.Graph, may_grad: set) -> None:
                 continue
             if base not in detached:
                 with graph.inserting_before(node):
-                    detached[base] = graph.call_function(aten_detach, (base,))
+                    detached[base] = graph.call_function(_DETACH, (base,))
                 detached[base].meta.update(
                     {k: v for k, v in node.meta.items() if k in ("stack_trace", "nn_module_stack")})
                 detached[base].meta["val"] = base.meta.get("val")

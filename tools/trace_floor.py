@@ -1,0 +1,104 @@
+"""Where export time goes, against the fake-forward floor of tools/bench.py.
+
+    python tools/trace_floor.py                 # llama, llama-L8, bert, gpt2
+    python tools/trace_floor.py --only llama-L8 --repeat 7
+
+For each case, interleaved and repeated (min and median, seconds):
+
+* floor        one forward on fake tensors (bench.fake_forward);
+* bare trace   torch's tracer alone, as the capture stage runs it:
+               make_fx(pre_dispatch=True) over the forward under a
+               FunctionalTensorMode, on fake tensors (functional_trace,
+               without torch.export's front end, the recorder, stack traces);
+* predispatch  export_predispatch;
+* torch.export torch.export.export (non-strict).
+
+The "bare trace / floor" ratio bounds what any pipeline built on make_fx and
+FunctionalTensorMode can reach against the floor. A command, not a test.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench  # noqa: E402  (puts the repository on sys.path)
+import torch  # noqa: E402
+import torch.utils._pytree as pytree  # noqa: E402
+from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
+
+from predispatch import _torch  # noqa: E402
+from predispatch.functional_trace import functional_trace  # noqa: E402
+
+
+class _FlatOutputs(torch.nn.Module):
+    """The traced module returns a tuple (torch.export's front end flattens too)."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, *args):
+        return tuple(pytree.tree_leaves(self.model(*args)))
+
+
+def bare_trace(model, args):
+    """functional_trace on fake parameters, buffers and inputs, in the state
+    the capture stage traces in (grad on, compiling flag set)."""
+    model = _FlatOutputs(model)
+    mode = FakeTensorMode(allow_non_fake_inputs=False)
+    state = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+    fake_state = {name: mode.from_tensor(t) for name, t in state.items()}
+    fake_args = pytree.tree_map_only(torch.Tensor, mode.from_tensor, args)
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(mode)
+        stack.enter_context(_torch.reparametrize_module(model, fake_state))
+        stack.enter_context(_torch.compiling_state_context())
+        stack.enter_context(torch.enable_grad())
+        return functional_trace(model, fake_args, {})
+
+
+MEASURED = {"floor": bench.fake_forward, "bare trace": bare_trace,
+            "predispatch": bench.export_pd, "torch.export": bench.export_torch}
+
+
+def cpu_seconds(fn, *args) -> float:
+    """CPU time of one call (steadier than wall time on a shared machine)."""
+    bench.clear_caches()
+    start = time.process_time()
+    result = fn(*args)
+    seconds = time.process_time() - start
+    del result
+    gc.collect()
+    return seconds
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--only", default="llama,llama-L8,bert,gpt2")
+    p.add_argument("--repeat", type=int, default=5)
+    opts = p.parse_args(argv)
+    torch.set_num_threads(1)
+    bench.warm_up()
+    for name in opts.only.split(","):
+        model, args = bench.CASE_BY_NAME[name].build()
+        bare_trace(model, args)  # first-call costs of this model's ops
+        times = {k: [] for k in MEASURED}
+        for r in range(opts.repeat):
+            for k in bench.rotated(list(MEASURED), r):
+                times[k].append(cpu_seconds(MEASURED[k], model, args))
+        floor = statistics.median(times["floor"])
+        print(f"{name}:")
+        for k, ts in times.items():
+            med = statistics.median(ts)
+            print(f"    {k:13s} min {min(ts):.3f} s  median {med:.3f} s  x floor {med / floor:.2f}")
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
