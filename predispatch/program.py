@@ -59,6 +59,11 @@ def write_back_with_grad(target: torch.Tensor, value: torch.Tensor) -> torch.Ten
         # a detached alias), so its history stays as it is
         with torch.no_grad():
             return target.copy_(value)
+    if value.requires_grad and not torch.is_grad_enabled():
+        # updated in a block that turned grad on, or kept its history across an
+        # update under the caller's no_grad: eager's tensor has that history
+        with torch.enable_grad():
+            return target.copy_(value)
     return target.copy_(value)
 
 

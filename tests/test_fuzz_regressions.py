@@ -1,6 +1,6 @@
 """Bugs found by the differential fuzzer (tools/fuzz), each as the minimal
 module it shrank to, with the diagnosis. Open ones are xfail(strict=True):
-remove the marker with the fix. Fixed: 1-22 (4b's nested
+remove the marker with the fix. Fixed: 1-22, 24 (4b's nested
 autocast(enabled=False) case by the refusal reading autocast nesting, 10 by
 marking no_grad view replays, 15 and 16 by noting grad-mode views at no_grad
 entries). Open: 23.
@@ -837,3 +837,26 @@ class OtherViewOfABaseUpdatedInTheCallersMode(nn.Module):
     reason="a replayed view of a grad-mode view runs in the caller's mode")])
 def test_other_view_of_a_base_updated_in_the_callers_mode(module):
     assert_sound(module, inputs((3,)))
+
+
+# --------------------------------------------------------------------------
+# 24. (seed 1818) A buffer updated inside an enable_grad block with a value
+# that has a history, then returned, under a caller's no_grad: eager's buffer
+# has that history; the program wrote the new value back in the caller's
+# mode and returned the buffer without it. Fixed: a value with a history is
+# written back in grad mode (a leaf parameter still under no_grad).
+
+class BufferUpdatedWithAHistoryInsideEnableGrad(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.register_buffer("b", torch.zeros(3, 4))
+
+    def forward(self, x):
+        with torch.enable_grad():
+            self.b[0] = self.lin.bias
+        return x * 2, self.b
+
+
+def test_buffer_updated_with_a_history_inside_enable_grad_keeps_it():
+    assert_sound(BufferUpdatedWithAHistoryInsideEnableGrad(), inputs((3, 4)))
