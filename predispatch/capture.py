@@ -59,10 +59,11 @@ def _aten_stage(policy: OpPolicy, record: TraceRecord):
                 produce_guards_callback=None, *, transform=lambda f: f, **_unused):
         def trace(stack, wrapped, args, *, kwargs=None, **_flags):
             with recording(wrapped, record, _strip_root):
-                # the history stage may need a replaced value nothing else uses, and the
-                # node a grad-mode segment ended at (where its keep_history goes)
+                # the history stage may need a replaced value nothing else uses, the
+                # node a grad-mode segment ended at (where its keep_history goes), and
+                # where a replayed view was made
                 return functional_trace(wrapped, args, kwargs, keep=lambda: {
-                    n for r in record.replacements for n in (r.old, r.exit)})
+                    *record.needed, *(n for r in record.replacements for n in (r.old, r.exit))})
 
         with contextlib.ExitStack() as stack:
             stack.enter_context(_torch.restoring_module_attributes(getattr(mod, "_export_root", mod)))

@@ -22,7 +22,7 @@ from torch.export.graph_signature import InputKind
 from . import _torch
 from .errors import ExportError
 from .region_pass import grad_modes
-from .trace_events import NO_GRAD_VIEW_REPLAY
+from .trace_events import GRAD_BLOCK, GRAD_VIEW_REPLAY, NO_GRAD_VIEW_REPLAY
 
 _LIB = torch.library.Library("predispatch", "FRAGMENT")
 _LIB.define("keep_history(Tensor old, Tensor new) -> Tensor")
@@ -151,7 +151,12 @@ def keep_history_pass(gm: torch.fx.GraphModule, replacements, analyze,
     keep_history_if_no_grad (``output_kinds``: the output specs' kinds, in
     order: a write-back needs none). Returns the inserted nodes."""
     graph = gm.graph
-    modes = grad_modes(graph) if any(r.in_grad_mode for r in replacements) else None
+    replays = [n for n in graph.nodes if GRAD_VIEW_REPLAY in n.meta]
+    modes = grad_modes(graph) if replays or any(r.in_grad_mode for r in replacements) else None
+    if replays:
+        replay_in_grad_mode(graph, [n for n in replays if modes.get(n) is None
+                                    and modes.get(n.meta[GRAD_VIEW_REPLAY]) is True])
+        modes = grad_modes(graph)
     may_grad, may_grad_off = analyze(None), (analyze(modes) if modes is not None else set())
     position = {n: i for i, n in enumerate(graph.nodes)}
     history_of = {}  # a replaced value -> the node whose autograd history it carries
@@ -191,6 +196,34 @@ def keep_history_pass(gm: torch.fx.GraphModule, replacements, analyze,
             may_grad = analyze(None)
     detach_no_grad_view_replays(graph, may_grad)
     return kept
+
+
+def replay_in_grad_mode(graph: torch.fx.Graph, nodes: list[torch.fx.Node]) -> None:
+    """Replays of output views made inside a block that set grad on, placed
+    after the forward in the caller's mode: an enable_grad block around them.
+    Under a no_grad caller eager's view keeps its history (its base's, even
+    when the base was updated under no_grad); a replay under no_grad has none."""
+    for i, run in enumerate(_runs(nodes)):
+        with graph.inserting_before(run[0]):
+            enter = graph.call_function(_torch.SET_GRAD_ENABLED, (True,))
+        with graph.inserting_after(run[-1]):
+            exit = graph.call_function(_torch.SET_GRAD_ENABLED, (True,))
+        enter.meta[GRAD_BLOCK] = ("enter", ("view replay", i), None)
+        exit.meta[GRAD_BLOCK] = ("exit", ("view replay", i), None)
+        for key in ("stack_trace", "nn_module_stack"):
+            if key in run[0].meta:
+                enter.meta[key] = run[0].meta[key]
+
+
+def _runs(nodes: list[torch.fx.Node]) -> list[list[torch.fx.Node]]:
+    """``nodes`` (in graph order) as runs of consecutive graph nodes."""
+    runs = []
+    for node in nodes:
+        if runs and runs[-1][-1].next is node:
+            runs[-1].append(node)
+        else:
+            runs.append([node])
+    return runs
 
 
 def detach_no_grad_view_replays(graph: torch.fx.Graph, may_grad: set) -> None:

@@ -52,6 +52,10 @@ _NO_GRAD_VIEW = "_predispatch_no_grad_view"  # made under no_grad, or a view of 
 # node.meta key: a view op replaying a view made under no_grad, which in eager
 # never requires grad; the keep-history pass leaves its inputs without history
 NO_GRAD_VIEW_REPLAY = "predispatch_no_grad_view_replay"
+# node.meta key: a view op replaying, after the forward, an output view made in
+# grad mode; the value is the node after which that view was made
+GRAD_VIEW_REPLAY = "predispatch_grad_view_replay"
+_MADE_AFTER = "_predispatch_made_after"  # on a grad-mode view: the graph's last node then
 
 
 @dataclasses.dataclass
@@ -79,6 +83,8 @@ class TraceRecord:
     set_calls: list[str] = dataclasses.field(default_factory=list)
     # source locations of in-place layout changes (t_, unsqueeze_, ...) of an input first
     layout_changes: list[str] = dataclasses.field(default_factory=list)
+    # nodes the history stage reads although nothing else may use them
+    needed: list = dataclasses.field(default_factory=list)
 
 
 class _Recorder(_torch.TorchFunctionMode):
@@ -165,6 +171,21 @@ class _Recorder(_torch.TorchFunctionMode):
             if getattr(t, _NO_GRAD_VIEW, False):
                 self._call_marking_view_replays(torch._sync, (t,), {})
 
+    def sync_grad_view_outputs(self, out) -> None:
+        """An output view made in grad mode whose base was updated since is
+        replayed from the base after the forward, in the caller's mode: replay
+        it now, marked with where it was made (a block may have set grad on)."""
+        graph = _torch.current_tracer().graph
+        for t in pytree.tree_leaves(out):
+            made_after = getattr(t, _MADE_AFTER, None)
+            if made_after is None:
+                continue
+            last = _torch.last_node(graph)
+            _torch.current_node(t)
+            for node in _torch.nodes_after(last):
+                node.meta[GRAD_VIEW_REPLAY] = made_after
+                self.record.needed.append(made_after)
+
     def _call_marking_view_replays(self, func, args, kwargs):
         """In grad mode, functionalization may replay a view made under no_grad
         from its base, in grad mode, reading a value that keeps its history:
@@ -193,6 +214,7 @@ class _Recorder(_torch.TorchFunctionMode):
                         self._any_no_grad_view = True
                     if not (detached or no_grad):  # a view with eager autograd history
                         self._grad_views.add(t)
+                        setattr(t, _MADE_AFTER, _torch.last_node(_torch.current_tracer().graph))
 
     @staticmethod
     def _base(t: torch.Tensor) -> torch.Tensor:
@@ -436,6 +458,7 @@ def recording(module: torch.nn.Module, record: TraceRecord, strip):
             recorder.sync_no_grad_view_outputs(out)
             if torch.is_grad_enabled():
                 recorder.end_grad_mode_segment()
+            recorder.sync_grad_view_outputs(out)
             draws.note_torch_call(out, None)  # a draw returned is replayed too
         _note_mutation_kinds(record, module, pytree.tree_leaves((args, kwargs)), strip)
         return out

@@ -1,9 +1,9 @@
 """Bugs found by the differential fuzzer (tools/fuzz), each as the minimal
 module it shrank to, with the diagnosis. Open ones are xfail(strict=True):
-remove the marker with the fix. Fixed: 1-22, 24 (4b's nested
+remove the marker with the fix. Fixed: 1-24 (4b's nested
 autocast(enabled=False) case by the refusal reading autocast nesting, 10 by
 marking no_grad view replays, 15 and 16 by noting grad-mode views at no_grad
-entries). Open: 23.
+entries). Open: none.
 
 A test passes when the program matches eager (outputs, gradients, states,
 G1/G3, G7) or, where ``refusal_ok``, when export refuses it with
@@ -814,13 +814,14 @@ def test_detached_alias_updated_with_a_kept_history_is_refused():
 
 
 # --------------------------------------------------------------------------
-# 23. OPEN (seed 1616). Two views of a tensor made in an enable_grad block; one
-# is updated in the caller's mode, the other returned. Functionalization
-# replays the returned view from the updated base after the forward, in the
-# caller's mode: under a caller's no_grad the replay is a view made under
-# no_grad, without history, while eager's view (made in grad mode) keeps
-# one. keep_history_if_no_grad is not enough: the replay itself would have to
-# run in grad mode (an enable_grad region around replays of grad-mode views).
+# 23. (seed 1616) Two views of a tensor made in an enable_grad block; one is
+# updated in the caller's mode (or the base under no_grad), the other
+# returned. Functionalization replays the returned view from the updated base
+# after the forward, in the caller's mode: under a caller's no_grad the replay
+# was a view made under no_grad, without history, while eager's view (made in
+# grad mode) keeps one. Fixed: the recorder replays such output views itself,
+# marked with where they were made; replays of views made in a block that set
+# grad on get an enable_grad block.
 
 class OtherViewOfABaseUpdatedInTheCallersMode(nn.Module):
     def forward(self, x):
@@ -832,10 +833,19 @@ class OtherViewOfABaseUpdatedInTheCallersMode(nn.Module):
         return b
 
 
-@pytest.mark.parametrize("module", [open_bug(
-    OtherViewOfABaseUpdatedInTheCallersMode(),
-    reason="a replayed view of a grad-mode view runs in the caller's mode")])
-def test_other_view_of_a_base_updated_in_the_callers_mode(module):
+class ViewOfABaseUpdatedUnderNoGradAfterEnableGrad(nn.Module):
+    def forward(self, x):
+        with torch.enable_grad():
+            h = x * 2
+            b = h.unsqueeze(1)
+        with torch.no_grad():
+            h.mul_(3)
+        return b
+
+
+@pytest.mark.parametrize("module", [OtherViewOfABaseUpdatedInTheCallersMode(),
+                                    ViewOfABaseUpdatedUnderNoGradAfterEnableGrad()])
+def test_returned_view_made_in_enable_grad_is_replayed_in_grad_mode(module):
     assert_sound(module, inputs((3,)))
 
 
