@@ -105,6 +105,7 @@ class _Recorder(_torch.TorchFunctionMode):
         # tensors written since the last grad-mode marker, in grad mode: id -> (tensor, old node)
         self._written: dict[int, tuple[torch.Tensor, torch.fx.Node]] | None = {}
         self._call = None  # (args, kwargs) of the torch call running
+        self._after_a_grad_marker = False  # views made since may be made inside a grad block
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         previous, self._call = self._call, (args, kwargs)
@@ -132,6 +133,9 @@ class _Recorder(_torch.TorchFunctionMode):
             self._note_tensors(args, kwargs)
         elif args and _is_in_place(func) and getattr(args[0], _DETACHED, False):
             return self._mutate_detached_alias(func, args, kwargs)
+        if self._after_a_grad_marker:
+            for t in pytree.tree_leaves((args, kwargs)):
+                self._replay_marked(t)
         try:
             if self._watch is None and self._any_no_grad_view and _reads_no_grad_view(args, kwargs):
                 out = self._call_marking_view_replays(func, args, kwargs)
@@ -172,19 +176,23 @@ class _Recorder(_torch.TorchFunctionMode):
                 self._call_marking_view_replays(torch._sync, (t,), {})
 
     def sync_grad_view_outputs(self, out) -> None:
-        """An output view made in grad mode whose base was updated since is
-        replayed from the base after the forward, in the caller's mode: replay
-        it now, marked with where it was made (a block may have set grad on)."""
-        graph = _torch.current_tracer().graph
+        """Output views are brought up to date after the forward; replay those
+        made in grad mode now, marked."""
         for t in pytree.tree_leaves(out):
-            made_after = getattr(t, _MADE_AFTER, None)
-            if made_after is None:
-                continue
-            last = _torch.last_node(graph)
-            _torch.current_node(t)
-            for node in _torch.nodes_after(last):
-                node.meta[GRAD_VIEW_REPLAY] = made_after
-                self.record.needed.append(made_after)
+            self._replay_marked(t)
+
+    def _replay_marked(self, t) -> None:
+        """A view made in grad mode whose base was updated since is replayed from
+        the base where it is next used, maybe in the caller's mode: replay it
+        now, marked with where it was made (a block may have set grad on)."""
+        made_after = getattr(t, _MADE_AFTER, None)
+        if made_after is None:
+            return
+        last = _torch.last_node(_torch.current_tracer().graph)
+        _torch.current_node(t)
+        for node in _torch.nodes_after(last):
+            node.meta[GRAD_VIEW_REPLAY] = made_after
+            self.record.needed.append(made_after)
 
     def _call_marking_view_replays(self, func, args, kwargs):
         """In grad mode, functionalization may replay a view made under no_grad
@@ -214,7 +222,8 @@ class _Recorder(_torch.TorchFunctionMode):
                         self._any_no_grad_view = True
                     if not (detached or no_grad):  # a view with eager autograd history
                         self._grad_views.add(t)
-                        setattr(t, _MADE_AFTER, _torch.last_node(_torch.current_tracer().graph))
+                        if self._after_a_grad_marker:
+                            setattr(t, _MADE_AFTER, _torch.last_node(_torch.current_tracer().graph))
 
     @staticmethod
     def _base(t: torch.Tensor) -> torch.Tensor:
@@ -262,6 +271,7 @@ class _Recorder(_torch.TorchFunctionMode):
                 Replacement(old, new, exit, in_grad_mode=True) for new, old in pairs.items())
 
     def _set_grad_enabled(self, func, args, kwargs):
+        self._after_a_grad_marker = True
         caller = _torch.grad_mode_caller()
         was_enabled = torch.is_grad_enabled()
         # at every marker, not only where the trace's mode changes: a block may fix

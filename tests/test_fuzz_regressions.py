@@ -1,6 +1,6 @@
 """Bugs found by the differential fuzzer (tools/fuzz), each as the minimal
 module it shrank to, with the diagnosis. Open ones are xfail(strict=True):
-remove the marker with the fix. Fixed: 1-24 (4b's nested
+remove the marker with the fix. Fixed: 1-25 (4b's nested
 autocast(enabled=False) case by the refusal reading autocast nesting, 10 by
 marking no_grad view replays, 15 and 16 by noting grad-mode views at no_grad
 entries). Open: none.
@@ -870,3 +870,26 @@ class BufferUpdatedWithAHistoryInsideEnableGrad(nn.Module):
 
 def test_buffer_updated_with_a_history_inside_enable_grad_keeps_it():
     assert_sound(BufferUpdatedWithAHistoryInsideEnableGrad(), inputs((3, 4)))
+
+
+# --------------------------------------------------------------------------
+# 25. (seed 2020) As 23, with the view replayed where it is next read (a
+# product in the caller's mode) rather than after the forward, and the base
+# updated through a detached alias. Fixed: once the forward has entered a
+# grad block, the recorder replays a grad-mode view read by a call itself,
+# marked, before the call.
+
+class GradModeViewReadAfterAHiddenUpdate(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.p = nn.Parameter(torch.randn(3, 4, generator=torch.Generator().manual_seed(0)))
+
+    def forward(self, x):
+        with torch.enable_grad():
+            v0 = self.p[0]
+        v0.detach().add_(-1.0)
+        return x[0] * v0, v0
+
+
+def test_grad_mode_view_read_after_a_hidden_update_keeps_its_history():
+    assert_sound(GradModeViewReadAfterAHiddenUpdate(), inputs((3, 4)))
