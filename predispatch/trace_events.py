@@ -11,7 +11,8 @@ cannot show:
   keep-history pass restores it; views are brought up to date in the grad
   mode they were made in;
 * tensors written in grad mode between two grad-mode markers: outside every
-  grad block that code runs in the caller's mode, which may be no_grad;
+  grad block that code runs in the caller's mode, which may be no_grad; and
+  replays of views made in grad mode, with where they were made;
 * how each graph input was mutated ("hidden" from autograd, under
   "no_grad", or under "grad"), so the program writes it back the same way;
 * constructs to refuse: a parameter or input updated in place inside an
@@ -52,8 +53,8 @@ _NO_GRAD_VIEW = "_predispatch_no_grad_view"  # made under no_grad, or a view of 
 # node.meta key: a view op replaying a view made under no_grad, which in eager
 # never requires grad; the keep-history pass leaves its inputs without history
 NO_GRAD_VIEW_REPLAY = "predispatch_no_grad_view_replay"
-# node.meta key: a view op replaying, after the forward, an output view made in
-# grad mode; the value is the node after which that view was made
+# node.meta key: a view op replaying a view made in grad mode (where it is next
+# read, or after the forward); the value is the node after which it was made
 GRAD_VIEW_REPLAY = "predispatch_grad_view_replay"
 _MADE_AFTER = "_predispatch_made_after"  # on a grad-mode view: the graph's last node then
 
@@ -192,6 +193,7 @@ class _Recorder(_torch.TorchFunctionMode):
         _torch.current_node(t)
         for node in _torch.nodes_after(last):
             node.meta[GRAD_VIEW_REPLAY] = made_after
+        if last.next.op != "root":  # replayed: the history stage reads where it was made
             self.record.needed.append(made_after)
 
     def _call_marking_view_replays(self, func, args, kwargs):
