@@ -183,18 +183,23 @@ class _Recorder(_torch.TorchFunctionMode):
             self._replay_marked(t)
 
     def _replay_marked(self, t) -> None:
-        """A view made in grad mode whose base was updated since is replayed from
-        the base where it is next used, maybe in the caller's mode: replay it
-        now, marked with where it was made (a block may have set grad on)."""
+        self._current_node(t)
+
+    def _current_node(self, t) -> torch.fx.Node | None:
+        """``t``'s node, up to date. A view made in grad mode whose base was
+        updated since is replayed from the base, maybe in the caller's mode:
+        the replay is marked with where the view was made (a block may have
+        set grad on there)."""
         made_after = getattr(t, _MADE_AFTER, None)
         if made_after is None:
-            return
+            return _torch.current_node(t)
         last = _torch.last_node(_torch.current_tracer().graph)
-        _torch.current_node(t)
-        for node in _torch.nodes_after(last):
-            node.meta[GRAD_VIEW_REPLAY] = made_after
+        node = _torch.current_node(t)
+        for replay in _torch.nodes_after(last):
+            replay.meta[GRAD_VIEW_REPLAY] = made_after
         if last.next.op != "root":  # replayed: the history stage reads where it was made
             self.record.needed.append(made_after)
+        return node
 
     def _call_marking_view_replays(self, func, args, kwargs):
         """In grad mode, functionalization may replay a view made under no_grad
@@ -237,11 +242,11 @@ class _Recorder(_torch.TorchFunctionMode):
         """In grad mode, an in-place op on a detached alias changes its base's
         values without autograd seeing it: like a mutation under no_grad."""
         base = self._base(args[0])
-        old = _torch.current_node(base)
+        old = self._current_node(base)
         operands = tuple(n for t in pytree.tree_leaves((args[1:], kwargs))
-                         if (n := _torch.current_node(t)) is not None)
+                         if (n := self._current_node(t)) is not None)
         out = func(*args, **kwargs)
-        new = _torch.current_node(base)
+        new = self._current_node(base)
         if old is not None and new is not None and new is not old:
             self.record.replacements.append(Replacement(old, new, new, user_location(), operands))
         return out
@@ -255,7 +260,7 @@ class _Recorder(_torch.TorchFunctionMode):
         called = [a for a in pytree.tree_leaves(self._call or ()) if isinstance(a, _torch.FunctionalTensor)]
         for written in [*tensors, *called]:
             for t in (written, self._base(written)):
-                if id(t) not in self._written and (node := _torch.current_node(t)) is not None:
+                if id(t) not in self._written and (node := self._current_node(t)) is not None:
                     self._written[id(t)] = (t, node)
 
     def end_grad_mode_segment(self) -> None:
@@ -264,7 +269,7 @@ class _Recorder(_torch.TorchFunctionMode):
         written, self._written = self._written, {}
         pairs = {}
         for t, old in (written or {}).values():
-            new = _torch.current_node(t)
+            new = self._current_node(t)
             if new is not None and new is not old:
                 pairs[new] = old
         if pairs:
@@ -314,7 +319,7 @@ class _Recorder(_torch.TorchFunctionMode):
             if not isinstance(arg, _torch.FunctionalTensor):
                 continue
             for t in (arg, self._base(arg)):  # a view made before the span changes its base
-                if id(t) not in self._watch and (node := _torch.current_node(t)) is not None:
+                if id(t) not in self._watch and (node := self._current_node(t)) is not None:
                     self._watch[id(t)] = (t, node)
 
     def _materialize_span_views(self):
@@ -323,7 +328,7 @@ class _Recorder(_torch.TorchFunctionMode):
         no_grad must not become differentiable). Bring views up to date in
         the mode they were made in."""
         for t in self._span_views:
-            _torch.current_node(t)
+            self._current_node(t)
         self._span_views = []
 
     def _note_views_at_entry(self):
@@ -332,7 +337,7 @@ class _Recorder(_torch.TorchFunctionMode):
         replay must keep that history: note each one's grad-mode value now."""
         self._views_at_entry = {}
         for view in list(self._grad_views):
-            if (node := _torch.current_node(view)) is not None:
+            if (node := self._current_node(view)) is not None:
                 self._views_at_entry[id(view)] = (view, node)
 
     def _replaced_in_span(self):
@@ -340,7 +345,7 @@ class _Recorder(_torch.TorchFunctionMode):
         used (noted at first use) and grad-mode views replayed inside it."""
         pairs = {}
         for t, old in (self._watch or {}).values():
-            new = _torch.current_node(t)
+            new = self._current_node(t)
             if new is not None and new is not old:
                 pairs[new] = old
         for view, old in self._views_at_entry.values():

@@ -1,6 +1,6 @@
 """Bugs found by the differential fuzzer (tools/fuzz), each as the minimal
 module it shrank to, with the diagnosis. Open ones are xfail(strict=True):
-remove the marker with the fix. Fixed: 1-25 (4b's nested
+remove the marker with the fix. Fixed: 1-26 (4b's nested
 autocast(enabled=False) case by the refusal reading autocast nesting, 10 by
 marking no_grad view replays, 15 and 16 by noting grad-mode views at no_grad
 entries). Open: none.
@@ -893,3 +893,29 @@ class GradModeViewReadAfterAHiddenUpdate(nn.Module):
 
 def test_grad_mode_view_read_after_a_hidden_update_keeps_its_history():
     assert_sound(GradModeViewReadAfterAHiddenUpdate(), inputs((3, 4)))
+
+
+# --------------------------------------------------------------------------
+# 26. (seed 2222) As 25, with the view replayed by the recorder's own
+# bookkeeping (bringing the values a segment wrote up to date at the next
+# grad-mode marker) rather than by a call reading it: the replay was not
+# marked. Fixed: every sync the recorder makes marks grad-mode view replays.
+
+class GradModeViewReplayedAtTheNextMarker(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.p = nn.Parameter(torch.randn(3, 4, generator=torch.Generator().manual_seed(0)))
+
+    def forward(self, x):
+        with torch.enable_grad():
+            v0 = self.p.view(-1)
+            with torch.no_grad():
+                v1 = v0.detach()
+        v1.mul_(2.0)
+        with torch.no_grad():
+            v5 = x * 2
+        return v5, v0
+
+
+def test_grad_mode_view_replayed_by_the_recorder_keeps_its_history():
+    assert_sound(GradModeViewReplayedAtTheNextMarker(), inputs((3, 4)))
