@@ -9,7 +9,8 @@ For each case, interleaved and repeated (min and median, seconds):
 * bare trace   torch's tracer alone, as the capture stage runs it:
                make_fx(pre_dispatch=True) over the forward under a
                FunctionalTensorMode, on fake tensors (functional_trace,
-               without torch.export's front end, the recorder, stack traces);
+               without torch.export's front end, the recorder, and with no
+               node stack traces at all);
 * predispatch  export_predispatch;
 * torch.export torch.export.export (non-strict).
 
@@ -24,6 +25,7 @@ import gc
 import statistics
 import sys
 import time
+import unittest.mock
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -52,7 +54,8 @@ def bare_trace(model, args):
     the capture stage traces in (grad on, compiling flag set)."""
     model = _FlatOutputs(model)
     mode = FakeTensorMode(allow_non_fake_inputs=False)
-    state = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+    state = {**dict(model.named_parameters(remove_duplicate=False)),  # tied weights: each name
+             **dict(model.named_buffers(remove_duplicate=False))}
     fake_state = {name: mode.from_tensor(t) for name, t in state.items()}
     fake_args = pytree.tree_map_only(torch.Tensor, mode.from_tensor, args)
     with contextlib.ExitStack() as stack:
@@ -60,6 +63,7 @@ def bare_trace(model, args):
         stack.enter_context(_torch.reparametrize_module(model, fake_state))
         stack.enter_context(_torch.compiling_state_context())
         stack.enter_context(torch.enable_grad())
+        stack.enter_context(unittest.mock.patch.object(torch.fx.config, "do_not_emit_stack_traces", True))
         return functional_trace(model, fake_args, {})
 
 
