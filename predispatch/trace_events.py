@@ -136,7 +136,7 @@ class _Recorder(_torch.TorchFunctionMode):
             return self._mutate_detached_alias(func, args, kwargs)
         if self._after_a_grad_marker:
             for t in pytree.tree_leaves((args, kwargs)):
-                self._replay_marked(t)
+                self._current_node(t)
         try:
             if self._watch is None and self._any_no_grad_view and _reads_no_grad_view(args, kwargs):
                 out = self._call_marking_view_replays(func, args, kwargs)
@@ -180,10 +180,7 @@ class _Recorder(_torch.TorchFunctionMode):
         """Output views are brought up to date after the forward; replay those
         made in grad mode now, marked."""
         for t in pytree.tree_leaves(out):
-            self._replay_marked(t)
-
-    def _replay_marked(self, t) -> None:
-        self._current_node(t)
+            self._current_node(t)
 
     def _current_node(self, t) -> torch.fx.Node | None:
         """``t``'s node, up to date. A view made in grad mode whose base was

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import gc
 import statistics
 import sys
 import time
@@ -71,17 +70,6 @@ MEASURED = {"floor": bench.fake_forward, "bare trace": bare_trace,
             "predispatch": bench.export_pd, "torch.export": bench.export_torch}
 
 
-def cpu_seconds(fn, *args) -> float:
-    """CPU time of one call (steadier than wall time on a shared machine)."""
-    bench.clear_caches()
-    start = time.process_time()
-    result = fn(*args)
-    seconds = time.process_time() - start
-    del result
-    gc.collect()
-    return seconds
-
-
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--only", default="llama,llama-L8,bert,gpt2")
@@ -95,7 +83,8 @@ def main(argv=None) -> None:
         times = {k: [] for k in MEASURED}
         for r in range(opts.repeat):
             for k in bench.rotated(list(MEASURED), r):
-                times[k].append(cpu_seconds(MEASURED[k], model, args))
+                # CPU time: steadier than wall time on a shared machine
+                times[k].append(bench.timed(MEASURED[k], model, args, clock=time.process_time))
         floor = statistics.median(times["floor"])
         print(f"{name}:")
         for k, ts in times.items():
