@@ -76,6 +76,14 @@ ConstraintViolationError = _export_trace.ConstraintViolationError
 ValueRangeError = _export_trace.ValueRangeError
 
 
+# Composites decomposed as eager runs them, through their C++ kernel, not the
+# Python decomposition torch registers for tracing: aten.dropout's calls
+# native_dropout, whose backward rounds a bf16 input's gradient otherwise than
+# eager's CPU composite (input * bernoulli mask / (1 - p)), and clones where
+# eager returns the input itself (train=False).
+_AS_EAGER = (torch.ops.aten.dropout.default,)
+
+
 @contextlib.contextmanager
 def decompose_by(should_decompose):
     """Let ``should_decompose(func) -> bool | None`` decide, while tracing,
@@ -88,11 +96,18 @@ def decompose_by(should_decompose):
             return original(self, func, args, kwargs)
         return verdict
 
+    cia = torch._C.DispatchKey.CompositeImplicitAutograd
+    python_kernels = {op: op.py_kernels.pop(cia) for op in _AS_EAGER if cia in op.py_kernels}
+    for op in python_kernels:
+        op._dispatch_cache.clear()
     FunctionalTensorMode._can_decompose = _can_decompose
     try:
         yield
     finally:
         FunctionalTensorMode._can_decompose = original
+        for op, kernel in python_kernels.items():
+            op.py_kernels[cia] = kernel
+            op._dispatch_cache.clear()
 
 
 def autocast_devices() -> list[str]:
@@ -585,6 +600,16 @@ def current_tracer():
     """The fx tracer of the make_fx trace in progress, or None."""
     mode = get_proxy_mode()
     return None if mode is None else mode.tracer
+
+
+def grad_mode_marker(enabled: bool) -> torch.fx.Node:
+    """Set grad mode, and record it in the trace as make_fx's pre-dispatch
+    torch-function mode records a ``_set_grad_enabled`` call it sees."""
+    node = current_tracer().create_node("call_function", SET_GRAD_ENABLED, (enabled,), {})
+    node.meta["val"] = None
+    with torch._C.DisableTorchFunction():
+        SET_GRAD_ENABLED(enabled)
+    return node
 
 
 def last_node(graph: torch.fx.Graph) -> torch.fx.Node:

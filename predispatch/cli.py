@@ -10,8 +10,10 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import importlib.machinery
 import importlib.util
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -46,7 +48,9 @@ def load_target(target: str):
     path = Path(path_text)
     if not path.is_file():
         raise CliError(f"no such file: {path}")
-    spec = importlib.util.spec_from_file_location(path.stem, path)
+    # loaded as Python source whatever its suffix (spec_from_file_location knows only .py)
+    loader = importlib.machinery.SourceFileLoader(path.stem, str(path))
+    spec = importlib.util.spec_from_loader(path.stem, loader)
     module = importlib.util.module_from_spec(spec)
     sys.path.insert(0, str(path.parent.resolve()))
     try:
@@ -66,7 +70,9 @@ def _run_user_code(what: str, fn):
         return fn()
     except SystemExit as e:  # would otherwise end the CLI silently with the user's code
         raise CliError(f"{what} called sys.exit({e.code!r})") from None
-    except Exception as e:
+    except KeyboardInterrupt:
+        raise
+    except BaseException as e:  # not only Exception: user code may raise any BaseException
         raise CliError(f"{what} failed: {_one_line(e)}") from e
 
 
@@ -158,7 +164,9 @@ def export_command(opts) -> int:
         raise CliError(f"cannot export: {' '.join(str(e).split())}") from e
     except SystemExit as e:  # sys.exit() in the user's forward
         raise CliError(f"{opts.target}: the module's forward called sys.exit({e.code!r})") from None
-    except Exception as e:
+    except KeyboardInterrupt:
+        raise
+    except BaseException as e:
         raise CliError(f"export failed: {_one_line(e)}") from e
     print(predispatch.format_program(ep), end="")
     print(op_summary(ep, policy))
@@ -181,6 +189,9 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("predispatch: interrupted", file=sys.stderr)
         return 128 + 2  # the shell's code for death by SIGINT
+    except BrokenPipeError:  # `predispatch export ... | head`: the reader left
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit's flush
+        return 128 + 13  # SIGPIPE
 
 
 if __name__ == "__main__":

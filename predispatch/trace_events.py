@@ -43,6 +43,7 @@ from .translations import (
     autocast_blocks_as_in_eager,
     buffer_reassignment_as_update,
     inference_mode_as_no_grad,
+    inside_inference_mode,
 )
 
 GRAD_BLOCK = "predispatch_grad_block"  # node.meta key: (phase, block id)
@@ -57,6 +58,7 @@ NO_GRAD_VIEW_REPLAY = "predispatch_no_grad_view_replay"
 # read, or after the forward); the value is the node after which it was made
 GRAD_VIEW_REPLAY = "predispatch_grad_view_replay"
 _MADE_AFTER = "_predispatch_made_after"  # on a grad-mode view: the graph's last node then
+_FROM_STACK = object()  # a grad-mode marker's caller: found on the Python stack
 
 
 @dataclasses.dataclass
@@ -107,6 +109,9 @@ class _Recorder(_torch.TorchFunctionMode):
         self._written: dict[int, tuple[torch.Tensor, torch.fx.Node]] | None = {}
         self._call = None  # (args, kwargs) of the torch call running
         self._after_a_grad_marker = False  # views made since may be made inside a grad block
+        self._grad_mode = torch.is_grad_enabled()  # as the markers seen so far set it
+        # grad-mode blocks no torch-function mode saw: (owner, mode before, where)
+        self._hidden_blocks: list[tuple[object, bool, str]] = []
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         previous, self._call = self._call, (args, kwargs)
@@ -248,11 +253,48 @@ class _Recorder(_torch.TorchFunctionMode):
             self.record.replacements.append(Replacement(old, new, new, user_location(), operands))
         return out
 
+    def before_functional_op(self, written) -> None:
+        """Before each op functionalization sees (``written``: the tensors it writes)."""
+        self.sync_grad_mode()
+        if written:
+            self.note_written(written)
+
+    def sync_grad_mode(self) -> None:
+        """A grad-mode change no torch-function mode saw: a library function
+        reached through ``handle_torch_function`` (``nn.init.constant_``) runs
+        its body, and the no_grad block in it, with every torch-function mode
+        off. Marked before the next op, as a block whose exit restores the
+        mode its entry found."""
+        actual = torch.is_grad_enabled()
+        if actual == self._grad_mode:
+            return
+        if self._hidden_blocks and self._hidden_blocks[-1][1] == actual:
+            owner = self._hidden_blocks.pop()[0]
+            phase = "exit"
+        else:
+            owner = object()
+            self._hidden_blocks.append((owner, self._grad_mode, user_location()))
+            phase = "enter"
+        with torch._C.DisableTorchFunction():  # the marker's bookkeeping runs in the mode before it
+            _torch.SET_GRAD_ENABLED(self._grad_mode)
+        self._set_grad_enabled(_torch.grad_mode_marker, (actual,), {},
+                               caller=(phase, owner))
+
+    def refuse_unrestored_hidden_blocks(self) -> None:
+        self.sync_grad_mode()
+        if self._hidden_blocks:
+            raise ExportError(
+                f"grad mode changed inside the library call at {self._hidden_blocks[-1][2]} and "
+                "not restored by the end of the forward: the program cannot know what mode its "
+                "caller is left in; restore it before returning")
+
     def note_written(self, tensors) -> None:
         """Before an op writes ``tensors`` in grad mode: their values (and their
         bases') before the first write since the last grad-mode marker."""
-        if self._written is None:
-            return  # under no_grad: the span's watch sees it
+        if self._written is None:  # under no_grad: the span's watch sees it
+            if self._watch is not None:  # unless torch-function modes are off (see sync_grad_mode)
+                self._note_tensors(tensors, {})
+            return
         # the call's tensors too: a view made inside it (x[0] = v) leads to none
         called = [a for a in pytree.tree_leaves(self._call or ()) if isinstance(a, _torch.FunctionalTensor)]
         for written in [*tensors, *called]:
@@ -274,9 +316,17 @@ class _Recorder(_torch.TorchFunctionMode):
             self.record.replacements.extend(
                 Replacement(old, new, exit, in_grad_mode=True) for new, old in pairs.items())
 
-    def _set_grad_enabled(self, func, args, kwargs):
+    def _set_grad_enabled(self, func, args, kwargs, caller=_FROM_STACK):
+        if bool(args[0]) and inside_inference_mode():
+            raise ExportError(
+                f"grad mode switched on inside a torch.inference_mode() block at {user_location()} "
+                "cannot be exported soundly: in eager autograd still records nothing there, which "
+                "a grad-mode region cannot express; use torch.inference_mode(False) to record, "
+                "or leave grad mode off")
+        if caller is _FROM_STACK:
+            self.sync_grad_mode()  # a hidden block may have ended with no op after it
+            caller = _torch.grad_mode_caller()
         self._after_a_grad_marker = True
-        caller = _torch.grad_mode_caller()
         was_enabled = torch.is_grad_enabled()
         # at every marker, not only where the trace's mode changes: a block may fix
         # the mode the caller's code (where a stale view is replayed) does not
@@ -297,6 +347,7 @@ class _Recorder(_torch.TorchFunctionMode):
         elif turning_on:
             self._watch = None
         self._written = {} if torch.is_grad_enabled() else None
+        self._grad_mode = torch.is_grad_enabled()
         return None  # what eager's call returns (make_fx hands back its node)
 
     def _block_mark(self, caller):
@@ -467,8 +518,9 @@ def recording(module: torch.nn.Module, record: TraceRecord, strip):
         draws = HostDraws()
         with autocast_blocks_as_in_eager(eager_autocast_cache), \
                 _Recorder(record, parameter_ids, draws) as recorder, stamping_stack_traces(), \
-                _wrapping_what_modes_miss(record, draws), _observing_mutations(recorder.note_written):
+                _wrapping_what_modes_miss(record, draws), _observing_ops(recorder.before_functional_op):
             out = forward(*args, **kwargs)
+            recorder.refuse_unrestored_hidden_blocks()
             recorder.sync_no_grad_view_outputs(out)
             if torch.is_grad_enabled():
                 recorder.end_grad_mode_segment()
@@ -488,20 +540,20 @@ def recording(module: torch.nn.Module, record: TraceRecord, strip):
             del module.forward
 
 
-def _observing_mutations(observer):
-    """``observer(tensors)`` before each op that writes FunctionalTensors, seen
-    where functionalization sees it (so in-place updates inside library calls,
-    ``F.relu(x, inplace=True)``, are seen too). A subclass of the mode would
-    not do: higher-order ops look their functionalization rule up by the
-    mode's exact type."""
+def _observing_ops(observer):
+    """``observer(tensors it writes)`` before each op on FunctionalTensors,
+    seen where functionalization sees it (so in-place updates inside library
+    calls, ``F.relu(x, inplace=True)``, are seen too). A subclass of the mode
+    would not do: higher-order ops look their functionalization rule up by
+    the mode's exact type."""
     def observed(dispatch):
         def call(mode, func, types, args=(), kwargs=None):
+            tensors = []
             if written := _torch.written_arguments(func):
                 tensors = [t for i, name in written
                            for t in ((args[i] if i < len(args) else (kwargs or {}).get(name)),)
                            if isinstance(t, _torch.FunctionalTensor)]
-                if tensors:
-                    observer(tensors)
+            observer(tensors)
             return dispatch(mode, func, types, args, kwargs)
         return call
     return patched(_torch.FunctionalTensorMode, "__torch_dispatch__", observed)

@@ -17,6 +17,15 @@ from . import _torch
 from .errors import ExportError, user_location
 from .patching import patched
 
+_INFERENCE_MODES: list[bool] = []  # the modes of the inference_mode blocks open, innermost last
+
+
+def inside_inference_mode() -> bool:
+    """Is the innermost inference_mode block open while tracing one that
+    switches inference mode on (where autograd records nothing, even with
+    grad mode switched back on)?"""
+    return bool(_INFERENCE_MODES) and _INFERENCE_MODES[-1]
+
 
 @contextlib.contextmanager
 def inference_mode_as_no_grad():
@@ -24,19 +33,28 @@ def inference_mode_as_no_grad():
     recorder cannot see it: the program would differentiate the block. While
     tracing, the block is a ``torch.no_grad()`` block (what it means for
     gradients; inference tensors' other restrictions are not kept), and
-    ``inference_mode(False)`` changes nothing, as it does not touch grad mode."""
+    ``inference_mode(False)``, which switches grad mode on (and recording back
+    on inside an inference_mode block), a ``torch.enable_grad()`` block."""
     def enter(_original):
         def call(self):
-            self._predispatch_block = torch.no_grad() if self.mode else contextlib.nullcontext()
+            _INFERENCE_MODES.append(bool(self.mode))
+            self._predispatch_block = torch.no_grad() if self.mode else torch.enable_grad()
             self._predispatch_block.__enter__()
         return call
 
     def exit_(_original):
-        return lambda self, *exc: self._predispatch_block.__exit__(*exc)
+        def call(self, *exc):
+            _INFERENCE_MODES.pop()  # first: the block's exit may switch grad mode back on
+            return self._predispatch_block.__exit__(*exc)
+        return call
 
-    with patched(torch.inference_mode, "__enter__", enter), \
-            patched(torch.inference_mode, "__exit__", exit_):
-        yield
+    saved = _INFERENCE_MODES[:]
+    try:
+        with patched(torch.inference_mode, "__enter__", enter), \
+                patched(torch.inference_mode, "__exit__", exit_):
+            yield
+    finally:
+        _INFERENCE_MODES[:] = saved
 
 
 def buffer_reassignment_as_update():

@@ -49,6 +49,18 @@ MODEL = textwrap.dedent("""
     def exits():
         raise SystemExit(3)
 
+    class Abort(BaseException):
+        pass
+
+    def aborts():
+        raise Abort("config missing")
+
+    def aborts_in_forward():
+        class A(torch.nn.Module):
+            def forward(self, x):
+                raise Abort("no config")
+        return A(), (torch.randn(2),)
+
     def bad_shape():
         return M(), (torch.randn(4, 5),)
 """)
@@ -89,6 +101,8 @@ def test_kwargs_save_and_dynamic_batch(model_file, tmp_path, capsys):
     ("{model}", "expected FILE.py:FUNC"),
     ("{model}:fails", "model.py:fails() failed: RuntimeError: boom"),
     ("{model}:exits", "model.py:exits() called sys.exit(3)"),
+    ("{model}:aborts", "model.py:aborts() failed: Abort: config missing"),
+    ("{model}:aborts_in_forward", "export failed: Abort: no config"),
     ("{exits_on_import}:make", "importing {exits_on_import} called sys.exit(0)"),
 ])
 def test_errors_are_one_line_with_exit_code_2(model_file, target, message, capsys):
@@ -132,3 +146,10 @@ def test_shape_error_is_one_line_without_torch_log(model_file):
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1, bad.stderr
     assert bad.stderr.startswith("predispatch: error: export failed: RuntimeError:")
+
+
+def test_a_script_without_the_py_suffix_is_loaded(model_file, capsys):
+    script = model_file.with_name("model_script")
+    script.write_text(model_file.read_text())
+    assert main(["export", f"{script}:make"]) == 0
+    assert "autocast policy" in capsys.readouterr().out.lower()

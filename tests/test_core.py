@@ -277,16 +277,34 @@ class _InferenceModeBlocks(torch.nn.Module):
     def forward(self, x):
         with torch.inference_mode():
             y = self.lin(x) * 2
-        with torch.inference_mode(False):  # leaves grad mode alone
+        with torch.inference_mode(False):  # switches grad mode on, even under no_grad
             z = self.lin(x)
-        return z + y + self.statistic(x)
+        return z, z + y + self.statistic(x)
 
 
-def test_inference_mode_blocks_are_no_grad_regions():
+def test_inference_mode_blocks_are_grad_mode_regions():
     """inference_mode switches grad mode off in C++, out of the tracer's
-    sight: without the region the program would differentiate the block."""
+    sight: without the region the program would differentiate the block.
+    inference_mode(False) switches it on: under a no_grad caller z keeps
+    its history, as in eager."""
     ep = assert_matches_eager(_InferenceModeBlocks(), (torch.randn(2, 4),))
-    assert [(d, args) for d, _, args in region_tree(ep.graph_module)] == [(0, (False,)), (0, (False,))]
+    assert [(d, args) for d, _, args in region_tree(ep.graph_module)] == [
+        (0, (False,)), (0, (True,)), (0, (False,))]
+
+
+class _GradOnInsideInferenceMode(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(3))
+
+    def forward(self, x):
+        with torch.inference_mode(), torch.enable_grad():  # autograd still records nothing
+            return x * self.w
+
+
+def test_grad_on_inside_inference_mode_is_refused():
+    with pytest.raises(predispatch.ExportError, match=r"inside a torch.inference_mode\(\) block at .*test_core.py:\d+ in forward"):
+        predispatch.export_predispatch(_GradOnInsideInferenceMode(), (torch.randn(3),))
 
 
 class _DataEMA(torch.nn.Module):
@@ -640,3 +658,71 @@ def test_an_update_in_the_callers_mode_read_only_there_needs_no_kept_history():
 
     ep = assert_matches_eager(M(), (torch.randn(3),))
     assert torch.ops.predispatch.keep_history_if_no_grad.default not in [n.target for n in ep.graph.nodes]
+
+
+def _library_style(body):
+    """A function like ``nn.init.constant_``: under any torch-function mode it
+    is reached through ``handle_torch_function``, so its body runs with every
+    torch-function mode off (the tracer's and the recorder's)."""
+    def call(t, *rest):
+        if torch.overrides.has_torch_function_unary(t):
+            return torch.overrides.handle_torch_function(call, (t,), t, *rest)
+        return body(t, *rest)
+    return call
+
+
+def _scaled_with_grad(t, w):
+    with torch.enable_grad():
+        return t * w
+
+
+_scaled_with_grad = _library_style(_scaled_with_grad)
+
+
+class _InitInTheForward(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(4))
+        self.v = torch.nn.Parameter(torch.randn(4))
+        self.register_buffer("b", torch.ones(4))
+
+    def forward(self, x):
+        torch.nn.init.constant_(self.w, 0.5)  # with torch.no_grad(): w.fill_(0.5)
+        torch.nn.init.zeros_(self.v[:2])
+        torch.nn.init.ones_(self.b)
+        return x * self.w + self.v * self.b
+
+
+class _GradOnInsideALibraryCall(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(4))
+
+    def forward(self, x):
+        with torch.no_grad():
+            y = _scaled_with_grad(x, self.w)  # has a history, as in eager
+        return y, y * 2
+
+
+@pytest.mark.parametrize("module", [_InitInTheForward, _GradOnInsideALibraryCall])
+def test_grad_mode_blocks_inside_library_calls_are_regions(module):
+    """The tracer's torch-function modes do not see the block inside: it is
+    marked where its first op runs, restored where the next op after it runs."""
+    ep = assert_matches_eager(module(), (torch.randn(4, requires_grad=True),))
+    assert [args for _, _, args in region_tree(ep.graph_module)]
+
+
+def _leaves_grad_off(t):
+    torch.set_grad_enabled(False)
+    return t * 2
+
+
+class _LeavesGradOffInALibraryCall(torch.nn.Module):
+    def forward(self, x):
+        return _library_style(_leaves_grad_off)(x) + 1
+
+
+def test_grad_mode_left_changed_by_a_library_call_is_refused():
+    with pytest.raises(predispatch.ExportError, match=r"library call at .*test_core.py:\d+ in _leaves_grad_off"):
+        predispatch.export_predispatch(_LeavesGradOffInALibraryCall(), (torch.randn(4),))
+    assert torch.is_grad_enabled()

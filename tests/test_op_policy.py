@@ -106,3 +106,31 @@ def test_a_packet_means_each_of_its_overloads():
 def test_bad_op_arguments_name_what_is_accepted(method, bad, message):
     with pytest.raises(ValueError, match=message):
         getattr(predispatch.OpPolicy.default(), method)(bad)
+
+
+class _DropoutUnderAutocast(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(16, 16), torch.nn.Linear(16, 16)
+        self.drop = torch.nn.Dropout(0.1)
+
+    def forward(self, x):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return self.b(self.drop(self.a(x)))
+
+
+class _DropoutOffAliases(torch.nn.Module):
+    def forward(self, x):
+        y = torch.nn.functional.dropout(x, 0.5, training=False)  # x itself, in eager
+        y.add_(1)
+        return y * 2
+
+
+def test_dropout_decomposes_as_eager_runs_it():
+    """A liar decomposed the way eager computes it (its C++ composite), not
+    by torch's Python decomposition: a bf16 dropout's gradients round as in
+    eager, bit for bit, and dropout with training=False returns its input."""
+    ep = assert_matches_eager(_DropoutUnderAutocast(), (torch.randn(8, 16),), rtol=0, atol=0)
+    assert torch.ops.aten.native_dropout.default not in targets(ep)
+    ep = assert_matches_eager(_DropoutOffAliases(), (torch.randn(4),), inputs_require_grad=False)
+    assert [s.kind.name for s in ep.graph_signature.output_specs] == ["USER_INPUT_MUTATION", "USER_OUTPUT"]
