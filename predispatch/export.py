@@ -18,7 +18,7 @@ from .autocast_policy import AutocastPolicy
 from .capture import Captured, capture
 from .copy_pass import replace_copies
 from .errors import ExportError, node_location
-from .keep_history import keep_history_pass, may_require_grad
+from .keep_history import keep_history_pass, may_require_grad, requires_grad_pass
 from .op_policy import OpPolicy
 from .program import PredispatchProgram, module_order, set_program_meta
 from .region_pass import replace_blocks_with_regions
@@ -51,6 +51,7 @@ def export_predispatch(module, args, kwargs=None, *, dynamic_shapes=None, op_pol
 
     with _torch.lazy_codegen():
         captured = capture(module, args, kwargs, dynamic_shapes, op_policy)
+        requires_grad_pass(captured.gm, captured.record.leaves)
         keep_histories(captured, module)
         eliminate_dead_code(captured)  # what the history stage did not need
         replace_copies(captured.gm)  # after: the trace's record names the copy nodes

@@ -65,6 +65,24 @@ for _name, _new_history in (("keep_history", False), ("keep_history_if_no_grad",
     _LIB.impl(_name, _value_of_new, "CompositeExplicitAutograd")
     _LIB.impl(_name, _autograd_kernel(_name, _new_history), "Autograd", with_keyset=True)
 
+_LIB.define("requires_grad(Tensor t) -> Tensor")
+
+
+def _requires_grad_kernel(keyset, t):
+    """``t.requires_grad_()``, functional: ``t``'s value and, as in eager,
+    ``t``'s history if it has one (in any mode), else a new leaf."""
+    if not t.requires_grad:
+        return t.detach().clone().requires_grad_()
+    if torch.is_grad_enabled():  # no mode change while traced (make_fx would record it)
+        return t.clone()
+    with torch.enable_grad():
+        return t.clone()
+
+
+_LIB.impl("requires_grad", lambda t: t.clone(), "CompositeExplicitAutograd")
+_LIB.impl("requires_grad", _requires_grad_kernel, "Autograd", with_keyset=True)
+REQUIRES_GRAD = torch.ops.predispatch.requires_grad.default
+
 KEEP_HISTORY = torch.ops.predispatch.keep_history.default
 # in code that runs in the caller's grad mode: an update there keeps the old history
 # only when the caller has grad off
@@ -102,6 +120,8 @@ def may_require_grad(gm: torch.fx.GraphModule, signature, params_requiring_grad:
         elif node.target is _torch.SET_GRAD_ENABLED:
             grad_on = bool(node.args[0])
             continue
+        elif node.target is REQUIRES_GRAD:
+            requires = True
         elif node.target in _KEEPS and modes is not None:
             requires = node.args[0] in result
         elif node.op == "call_function":
@@ -270,3 +290,23 @@ def _is_user_output_only(new, outputs, kinds) -> bool:
         return True
     as_kinds = {k for o, k in zip(outputs, kinds) if o is new}
     return as_kinds == {"USER_OUTPUT"}
+
+
+def requires_grad_pass(gm: torch.fx.GraphModule, leaves: list) -> None:
+    """Each ``(value, after)`` the recorder saw made to require grad
+    (``t.requires_grad_()``, ``torch.ones(..., requires_grad=True)``): later
+    uses of ``value``, after ``after``, read ``predispatch.requires_grad(value)``
+    instead (the trace, above autograd, has no node for it)."""
+    graph = gm.graph
+    position = {n: i for i, n in enumerate(graph.nodes)}
+    for value, after in leaves:
+        after_at = position[after]
+        with graph.inserting_after(after):
+            leaf = graph.create_node("call_function", REQUIRES_GRAD, (value,), name="requires_grad")
+        leaf.meta.update({k: v for k, v in value.meta.items() if k in ("val", "nn_module_stack")})
+        leaf.meta["stack_trace"] = after.meta.get("stack_trace")
+        for user in list(value.users):
+            if user is not leaf and position.get(user, after_at + 1) > after_at:
+                user.replace_input_with(value, leaf)
+        position = {n: i for i, n in enumerate(graph.nodes)}
+    gm.recompile()

@@ -88,6 +88,8 @@ class TraceRecord:
     layout_changes: list[str] = dataclasses.field(default_factory=list)
     # nodes the history stage reads although nothing else may use them
     needed: list = dataclasses.field(default_factory=list)
+    # (value, after): a value made to require grad after node ``after``
+    leaves: list = dataclasses.field(default_factory=list)
 
 
 class _Recorder(_torch.TorchFunctionMode):
@@ -123,6 +125,8 @@ class _Recorder(_torch.TorchFunctionMode):
     def _handle(self, func, args, kwargs):
         if getattr(func, "__self__", None) is _DATA:
             func, args = _data_access(func, args)
+        if _sets_requires_grad(func, args, kwargs):
+            return self._requires_grad(func, args, kwargs)
         if self.draws is not None and self.draws.pending:
             self.draws.note_torch_call(args, kwargs)
         if func is _torch.SET_GRAD_ENABLED:
@@ -157,7 +161,33 @@ class _Recorder(_torch.TorchFunctionMode):
         if _is_custom_op(func):
             _refuse_hidden_alias(func, args, kwargs, out)
         self._note_views(func, args, out)
+        if kwargs.get("requires_grad") and isinstance(out, _torch.FunctionalTensor):
+            self._note_leaf(out)  # torch.ones(..., requires_grad=True)
         return out
+
+    def _requires_grad(self, func, args, kwargs):
+        """``t.requires_grad_()`` / ``t.requires_grad = True``: no node in a
+        trace above autograd; noted, for the pass that puts one in."""
+        t = args[0]
+        required = t.requires_grad
+        out = func(*args, **kwargs)
+        if isinstance(t, _torch.FunctionalTensor):
+            self._note_leaf(t, required)
+        return out
+
+    def _note_leaf(self, t, required=False) -> None:
+        node = self._current_node(t)
+        if node is None:
+            return
+        if node.op == "placeholder":
+            if required:
+                return  # a parameter that requires grad: nothing changes
+            raise ExportError(
+                f"requires_grad set on a parameter, buffer or input at {user_location()}: eager "
+                "changes the caller's tensor, which a program cannot; set it before the call")
+        after = _torch.last_node(_torch.current_tracer().graph)
+        self.record.leaves.append((node, after))
+        self.record.needed.extend((node, after))
 
     def _lookup_renorming_visibly(self, func, args, kwargs):
         """``F.embedding(max_norm=...)`` renorms the weight in place through a
@@ -430,6 +460,17 @@ def _refuse_hidden_alias(func, args, kwargs, out) -> None:
                 f"new tensor, at {user_location()}: kept whole (the op policy keeps it), the "
                 f"program would not see the alias; decompose it (OpPolicy.decompose) or declare "
                 f"the alias in its schema (Tensor(a) -> Tensor(a))")
+
+
+_REQUIRES_GRAD_ATTR = torch._C.TensorBase.__dict__["requires_grad"]
+
+
+def _sets_requires_grad(func, args, kwargs) -> bool:
+    """``t.requires_grad_()`` / ``t.requires_grad_(True)`` / ``t.requires_grad = True``."""
+    if func is torch.Tensor.requires_grad_:
+        return bool(args[1] if len(args) > 1 else kwargs.get("requires_grad", True))
+    return (getattr(func, "__self__", None) is _REQUIRES_GRAD_ATTR
+            and func.__name__ == "__set__" and bool(args[1]))
 
 
 def _data_access(func, args):

@@ -726,3 +726,75 @@ def test_grad_mode_left_changed_by_a_library_call_is_refused():
     with pytest.raises(predispatch.ExportError, match=r"library call at .*test_core.py:\d+ in _leaves_grad_off"):
         predispatch.export_predispatch(_LeavesGradOffInALibraryCall(), (torch.randn(4),))
     assert torch.is_grad_enabled()
+
+
+class _LeafFromNoGrad(torch.nn.Module):
+    """'differentiate from here': a value computed under no_grad made a leaf."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(3))
+
+    def forward(self, x):
+        with torch.no_grad():
+            h = x * self.w
+        h.requires_grad_()
+        return h, h * 2
+
+
+class _LeavesMadeInTheForward(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(3))
+
+    def forward(self, x):
+        bias = torch.ones(3, requires_grad=True)
+        d = (x * 3).detach()
+        d.requires_grad = True
+        self.w.requires_grad_()  # already requires grad: nothing changes
+        return x * self.w + bias + d
+
+
+class _InputsRequireGradHook(torch.nn.Module):
+    """transformers' enable_input_require_grads: a frozen embedding's output is
+    made to require grad (for reentrant checkpointing with adapters)."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(10, 4).requires_grad_(False)
+        self.lin = torch.nn.Linear(4, 4)
+        self.emb.register_forward_hook(lambda module, args, out: out.requires_grad_(True))
+
+    def forward(self, ids):
+        return self.lin(self.emb(ids))
+
+
+@pytest.mark.parametrize("module, args", [
+    (_LeafFromNoGrad, (torch.randn(3),)),
+    (_LeavesMadeInTheForward, (torch.randn(3),)),
+    (_InputsRequireGradHook, (torch.tensor([[1, 2, 3]]),)),
+])
+def test_tensors_made_to_require_grad_in_the_forward(module, args):
+    """The trace, above autograd, has no node for requires_grad_(): the
+    program's ``predispatch.requires_grad`` keeps a history, or starts one."""
+    ep = assert_matches_eager(module(), args)
+    assert torch.ops.predispatch.requires_grad.default in {
+        n.target for m in all_graph_modules(ep.graph_module) for n in m.graph.nodes}
+
+
+def test_a_leaf_output_gets_its_gradient():
+    ep = predispatch.export_predispatch(_LeafFromNoGrad(), (torch.randn(3),))
+    h, out = ep.module()(torch.randn(3))
+    out.sum().backward()
+    assert h.is_leaf and torch.equal(h.grad, torch.full((3,), 2.0))
+
+
+class _InputMadeToRequireGrad(torch.nn.Module):
+    def forward(self, x):
+        x.requires_grad_()
+        return x * 2
+
+
+def test_requires_grad_set_on_an_input_is_refused():
+    with pytest.raises(predispatch.ExportError, match=r"requires_grad set on a parameter, buffer or input at .*test_core.py:\d+"):
+        predispatch.export_predispatch(_InputMadeToRequireGrad(), (torch.randn(3),))
