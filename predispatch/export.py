@@ -18,7 +18,7 @@ from .autocast_policy import AutocastPolicy
 from .capture import Captured, capture
 from .copy_pass import replace_copies
 from .errors import ExportError, node_location
-from .keep_history import keep_history_pass, may_require_grad, requires_grad_pass
+from .keep_history import drop_unseen_leaves, keep_history_pass, may_require_grad
 from .op_policy import OpPolicy
 from .program import PredispatchProgram, module_order, set_program_meta
 from .region_pass import replace_blocks_with_regions
@@ -51,7 +51,6 @@ def export_predispatch(module, args, kwargs=None, *, dynamic_shapes=None, op_pol
 
     with _torch.lazy_codegen():
         captured = capture(module, args, kwargs, dynamic_shapes, op_policy)
-        requires_grad_pass(captured.gm, captured.record.leaves)
         keep_histories(captured, module)
         eliminate_dead_code(captured)  # what the history stage did not need
         replace_copies(captured.gm)  # after: the trace's record names the copy nodes
@@ -86,6 +85,8 @@ def refuse_remaining_mutations(gm: torch.fx.GraphModule) -> None:
 def keep_histories(captured: Captured, module: torch.nn.Module) -> None:
     requiring = {name for name, p in module.named_parameters(remove_duplicate=False)
                  if p.requires_grad}
+    drop_unseen_leaves(captured.gm, may_require_grad(captured.gm, captured.signature, requiring,
+                                                     leaves=False))
     keep_history_pass(captured.gm, captured.record.replacements,
                       lambda modes: may_require_grad(captured.gm, captured.signature, requiring, modes),
                       [s.kind.name for s in captured.signature.output_specs])

@@ -22,71 +22,9 @@ from torch.export.graph_signature import InputKind
 from . import _torch
 from .errors import ExportError
 from .region_pass import grad_modes
+from .ops import KEEP_HISTORY, KEEP_HISTORY_IF_NO_GRAD, REQUIRES_GRAD
 from .trace_events import GRAD_BLOCK, GRAD_VIEW_REPLAY, NO_GRAD_VIEW_REPLAY
 
-_LIB = torch.library.Library("predispatch", "FRAGMENT")
-_LIB.define("keep_history(Tensor old, Tensor new) -> Tensor")
-_LIB.define("keep_history_if_no_grad(Tensor old, Tensor new) -> Tensor")
-
-
-def _value_of_new(old, new):
-    return new.clone()
-
-
-class _History(torch.autograd.Function):
-    """``new``'s value; the gradient goes to ``old`` (``of_old``) or to ``new``."""
-
-    @staticmethod
-    def forward(ctx, old, new, op, keyset, of_old):
-        ctx.of_old = of_old
-        with torch._C._AutoDispatchBelowAutograd():
-            return op.redispatch(keyset & torch._C._after_autograd_keyset, old, new)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return (grad, None, None, None, None) if ctx.of_old else (None, grad, None, None, None)
-
-
-def _autograd_kernel(op_name: str, new_history_in_grad_mode: bool):
-    """The ops' autograd: unlike a custom op's, it records the history under
-    no_grad too, as eager keeps a tensor's history across an update made
-    under no_grad, whatever the mode of the code that reads it later."""
-    def kernel(keyset, old, new):
-        op = getattr(torch.ops.predispatch, op_name).default
-        of_old = not (new_history_in_grad_mode and torch.is_grad_enabled())
-        if torch.is_grad_enabled():  # no mode change while traced (make_fx would record it)
-            return _History.apply(old, new, op, keyset, of_old)
-        with torch.enable_grad():
-            return _History.apply(old, new, op, keyset, of_old)
-    return kernel
-
-
-for _name, _new_history in (("keep_history", False), ("keep_history_if_no_grad", True)):
-    _LIB.impl(_name, _value_of_new, "CompositeExplicitAutograd")
-    _LIB.impl(_name, _autograd_kernel(_name, _new_history), "Autograd", with_keyset=True)
-
-_LIB.define("requires_grad(Tensor t) -> Tensor")
-
-
-def _requires_grad_kernel(keyset, t):
-    """``t.requires_grad_()``, functional: ``t``'s value and, as in eager,
-    ``t``'s history if it has one (in any mode), else a new leaf."""
-    if not t.requires_grad:
-        return t.detach().clone().requires_grad_()
-    if torch.is_grad_enabled():  # no mode change while traced (make_fx would record it)
-        return t.clone()
-    with torch.enable_grad():
-        return t.clone()
-
-
-_LIB.impl("requires_grad", lambda t: t.clone(), "CompositeExplicitAutograd")
-_LIB.impl("requires_grad", _requires_grad_kernel, "Autograd", with_keyset=True)
-REQUIRES_GRAD = torch.ops.predispatch.requires_grad.default
-
-KEEP_HISTORY = torch.ops.predispatch.keep_history.default
-# in code that runs in the caller's grad mode: an update there keeps the old history
-# only when the caller has grad off
-KEEP_HISTORY_IF_NO_GRAD = torch.ops.predispatch.keep_history_if_no_grad.default
 _DETACH = torch.ops.aten.detach.default
 _NO_HISTORY = (_DETACH,)  # ops whose result never requires grad
 _KEEPS = (KEEP_HISTORY, KEEP_HISTORY_IF_NO_GRAD)
@@ -100,12 +38,13 @@ def _is_float(node: torch.fx.Node) -> bool:
 
 
 def may_require_grad(gm: torch.fx.GraphModule, signature, params_requiring_grad: set[str],
-                     modes: dict | None = None):
+                     modes: dict | None = None, leaves: bool = True):
     """Nodes whose value may require grad at run time, over the flat graph.
 
     Parameters as in the module, floating user inputs always (the program may
     be called with inputs that require grad), buffers and constants never;
-    a computed value if it is floating, grad mode is on and an input may.
+    a computed value if it is floating, grad mode is on and an input may;
+    a tensor made to require grad in the forward does (unless not ``leaves``).
     Grad mode is the trace's (the caller's on), or with ``modes`` (see
     :func:`predispatch.region_pass.grad_modes`) a no_grad caller's: on only
     inside blocks that set it; a kept history is one whatever the mode."""
@@ -121,7 +60,7 @@ def may_require_grad(gm: torch.fx.GraphModule, signature, params_requiring_grad:
             grad_on = bool(node.args[0])
             continue
         elif node.target is REQUIRES_GRAD:
-            requires = True
+            requires = leaves or node.args[0] in result
         elif node.target in _KEEPS and modes is not None:
             requires = node.args[0] in result
         elif node.op == "call_function":
@@ -292,21 +231,30 @@ def _is_user_output_only(new, outputs, kinds) -> bool:
     return as_kinds == {"USER_OUTPUT"}
 
 
-def requires_grad_pass(gm: torch.fx.GraphModule, leaves: list) -> None:
-    """Each ``(value, after)`` the recorder saw made to require grad
-    (``t.requires_grad_()``, ``torch.ones(..., requires_grad=True)``): later
-    uses of ``value``, after ``after``, read ``predispatch.requires_grad(value)``
-    instead (the trace, above autograd, has no node for it)."""
-    graph = gm.graph
-    position = {n: i for i, n in enumerate(graph.nodes)}
-    for value, after in leaves:
-        after_at = position[after]
-        with graph.inserting_after(after):
-            leaf = graph.create_node("call_function", REQUIRES_GRAD, (value,), name="requires_grad")
-        leaf.meta.update({k: v for k, v in value.meta.items() if k in ("val", "nn_module_stack")})
-        leaf.meta["stack_trace"] = after.meta.get("stack_trace")
-        for user in list(value.users):
-            if user is not leaf and position.get(user, after_at + 1) > after_at:
-                user.replace_input_with(value, leaf)
-        position = {n: i for i, n in enumerate(graph.nodes)}
+
+def drop_unseen_leaves(gm: torch.fx.GraphModule, requiring_without_leaves: set) -> None:
+    """Reads of one value as a leaf become one read. A tensor made to require
+    grad whose history no output can show (every
+    value it reaches requires grad anyway, like T5's position bias under
+    gradient checkpointing) is read as itself: its own gradient is never
+    seen, and a leaf changes a kernel's choice (sdpa given a mask that
+    requires grad), so the layout the trace assumed."""
+    first = {}  # a value read as a leaf twice is one leaf, as in eager
+    for leaf in [n for n in gm.graph.nodes if n.target is REQUIRES_GRAD]:
+        if leaf.args[0] in first:
+            leaf.replace_all_uses_with(first[leaf.args[0]])
+            gm.graph.erase_node(leaf)
+        else:
+            first[leaf.args[0]] = leaf
+    outputs = set(gm.graph.output_node().all_input_nodes)
+    for leaf in first.values():
+        reached, todo = {leaf}, [leaf]
+        while todo:  # the values whose history comes from the leaf alone
+            for user in todo.pop().users:
+                if user not in reached and user not in requiring_without_leaves:
+                    reached.add(user)
+                    todo.append(user)
+        if not reached & outputs:
+            leaf.replace_all_uses_with(leaf.args[0])
+            gm.graph.erase_node(leaf)
     gm.recompile()

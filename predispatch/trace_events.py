@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import inspect
 import sys
 import weakref
@@ -32,7 +33,7 @@ import torch.fx
 import torch.nn.functional as F
 import torch.utils._pytree as pytree
 
-from . import _torch
+from . import _torch, ops
 from .errors import ExportError, is_library_file, user_location
 from .grad_mode_reads import noting_grad_mode_reads, passed_mode
 from .host_random import HostDraws, refusing_host_randomness
@@ -59,6 +60,8 @@ NO_GRAD_VIEW_REPLAY = "predispatch_no_grad_view_replay"
 GRAD_VIEW_REPLAY = "predispatch_grad_view_replay"
 _MADE_AFTER = "_predispatch_made_after"  # on a grad-mode view: the graph's last node then
 _FROM_STACK = object()  # a grad-mode marker's caller: found on the Python stack
+_LEAF = "_predispatch_leaf"  # made to require grad in the forward: read through the op
+_ALIASING_LEAF = "_predispatch_aliasing_leaf"  # such a tensor that is a view: where it was made
 
 
 @dataclasses.dataclass
@@ -88,8 +91,6 @@ class TraceRecord:
     layout_changes: list[str] = dataclasses.field(default_factory=list)
     # nodes the history stage reads although nothing else may use them
     needed: list = dataclasses.field(default_factory=list)
-    # (value, after): a value made to require grad after node ``after``
-    leaves: list = dataclasses.field(default_factory=list)
 
 
 class _Recorder(_torch.TorchFunctionMode):
@@ -114,6 +115,11 @@ class _Recorder(_torch.TorchFunctionMode):
         self._grad_mode = torch.is_grad_enabled()  # as the markers seen so far set it
         # grad-mode blocks no torch-function mode saw: (owner, mode before, where)
         self._hidden_blocks: list[tuple[object, bool, str]] = []
+        self._any_leaf = False  # a tensor was made to require grad in the forward
+        # storages such a tensor that is itself a view aliases, and those viewed in turn
+        # through it: id -> where it was made
+        self._aliased_by_leaves: dict[int, str] = {}
+        self._viewed_leaf_roots: dict[int, str] = {}
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         previous, self._call = self._call, (args, kwargs)
@@ -123,6 +129,8 @@ class _Recorder(_torch.TorchFunctionMode):
             self._call = previous
 
     def _handle(self, func, args, kwargs):
+        if func is not _torch.SET_GRAD_ENABLED:
+            self.sync_grad_mode()  # a hidden block ended: the bookkeeping below is the mode's
         if getattr(func, "__self__", None) is _DATA:
             func, args = _data_access(func, args)
         if _sets_requires_grad(func, args, kwargs):
@@ -147,10 +155,13 @@ class _Recorder(_torch.TorchFunctionMode):
             for t in pytree.tree_leaves((args, kwargs)):
                 self._current_node(t)
         try:
+            call = functools.partial(func, *args, **kwargs)
             if self._watch is None and self._any_no_grad_view and _reads_no_grad_view(args, kwargs):
-                out = self._call_marking_view_replays(func, args, kwargs)
+                call = functools.partial(self._call_marking_view_replays, func, args, kwargs)
+            if self._any_leaf and func is not ops.REQUIRES_GRAD:
+                out = self._call_reading_leaves(func, args, kwargs, call)
             else:
-                out = func(*args, **kwargs)
+                out = call()
         except RuntimeError as e:
             if _is_custom_op(func) and "alias annotations" in str(e):
                 raise ExportError(
@@ -185,9 +196,39 @@ class _Recorder(_torch.TorchFunctionMode):
             raise ExportError(
                 f"requires_grad set on a parameter, buffer or input at {user_location()}: eager "
                 "changes the caller's tensor, which a program cannot; set it before the call")
-        after = _torch.last_node(_torch.current_tracer().graph)
-        self.record.leaves.append((node, after))
-        self.record.needed.extend((node, after))
+        setattr(t, _LEAF, True)
+        self._any_leaf = True
+        if _torch.is_view(t):  # an alias (x.detach().requires_grad_()): see _note_views
+            setattr(t, _ALIASING_LEAF, user_location())
+            self._aliased_by_leaves[id(self._base(t))] = user_location()
+
+    def _call_reading_leaves(self, func, args, kwargs, call):
+        """A call reading tensors made to require grad: the nodes it makes
+        read ``predispatch.requires_grad`` of them (their history, or a leaf)
+        instead, as eager's call would differentiate through them. The
+        tensors themselves are untouched, so what aliases what is as in eager
+        (a view of one reads it through the op; its later replays from the
+        base do not); the tensor an in-place op writes is written as itself."""
+        written = args[0] if args and _is_in_place(func) else None
+        leaves = {node for t in pytree.tree_leaves((args, kwargs))
+                  if isinstance(t, _torch.FunctionalTensor) and t is not written
+                  and getattr(t, _LEAF, False) and (node := self._current_node(t)) is not None}
+        if not leaves:
+            return call()
+        graph = _torch.current_tracer().graph
+        mark = _torch.last_node(graph)
+        out = call()
+        reads = {}
+        for node in list(_torch.nodes_after(mark)):
+            for value in [i for i in node.all_input_nodes if i in leaves]:
+                if value not in reads:
+                    with graph.inserting_after(mark):
+                        reads[value] = graph.call_function(ops.REQUIRES_GRAD, (value,))
+                    reads[value].meta.update({k: v for k, v in node.meta.items()
+                                              if k in ("stack_trace", "nn_module_stack")})
+                    reads[value].meta["val"] = value.meta.get("val")
+                node.replace_input_with(value, reads[value])
+        return out
 
     def _lookup_renorming_visibly(self, func, args, kwargs):
         """``F.embedding(max_norm=...)`` renorms the weight in place through a
@@ -247,6 +288,10 @@ class _Recorder(_torch.TorchFunctionMode):
 
     def _note_views(self, func, args, out):
         source = args[0] if args and isinstance(args[0], torch.Tensor) else None
+        if (made := getattr(source, _ALIASING_LEAF, None)) and func is not torch.Tensor.detach and any(
+                isinstance(t, _torch.FunctionalTensor) and _torch.is_view(t) and t is not source
+                for t in (out if isinstance(out, (tuple, list)) else (out,))):
+            self._note_view_of_aliasing_leaf(self._base(source), made)
         for t in out if isinstance(out, (tuple, list)) else (out,):
             if isinstance(t, _torch.FunctionalTensor) and _torch.is_view(t):
                 self._span_views.append(t)
@@ -263,6 +308,14 @@ class _Recorder(_torch.TorchFunctionMode):
                         self._grad_views.add(t)
                         if self._after_a_grad_marker:
                             setattr(t, _MADE_AFTER, _torch.last_node(_torch.current_tracer().graph))
+
+    def _note_view_of_aliasing_leaf(self, root, made) -> None:
+        """A view of ``x.detach().requires_grad_()``: functionalization
+        recomputes it from ``x``'s storage once that is updated (before or
+        after), without the leaf; refused then."""
+        if _torch.has_data_mutation(root):
+            _refuse_view_of_aliasing_leaf(made, user_location())
+        self._viewed_leaf_roots[id(root)] = made
 
     @staticmethod
     def _base(t: torch.Tensor) -> torch.Tensor:
@@ -286,6 +339,16 @@ class _Recorder(_torch.TorchFunctionMode):
     def before_functional_op(self, written) -> None:
         """Before each op functionalization sees (``written``: the tensors it writes)."""
         self.sync_grad_mode()
+        for t in written if self._aliased_by_leaves else ():
+            root = id(self._base(t))
+            if made := self._viewed_leaf_roots.get(root):
+                _refuse_view_of_aliasing_leaf(made, user_location())
+            if (made := self._aliased_by_leaves.get(root)) and not getattr(t, _LEAF, False):
+                raise ExportError(
+                    f"a tensor made to require grad at {made} is a view of another (x.detach()"
+                    f".requires_grad_()) whose storage is updated in place through another alias "
+                    f"at {user_location()}: cannot be exported soundly; make it from a copy "
+                    "(x.detach().clone().requires_grad_())")
         if written:
             self.note_written(written)
 
@@ -465,6 +528,14 @@ def _refuse_hidden_alias(func, args, kwargs, out) -> None:
 _REQUIRES_GRAD_ATTR = torch._C.TensorBase.__dict__["requires_grad"]
 
 
+def _refuse_view_of_aliasing_leaf(made: str, where: str):
+    raise ExportError(
+        f"a tensor made to require grad at {made} is a view of another (x.detach()"
+        f".requires_grad_()), viewed in turn, and their storage is updated in place (at {where}): "
+        "cannot be exported soundly, the program would recompute the views from the storage "
+        "without the history; make it from a copy (x.detach().clone().requires_grad_())")
+
+
 def _sets_requires_grad(func, args, kwargs) -> bool:
     """``t.requires_grad_()`` / ``t.requires_grad_(True)`` / ``t.requires_grad = True``."""
     if func is torch.Tensor.requires_grad_:
@@ -562,6 +633,9 @@ def recording(module: torch.nn.Module, record: TraceRecord, strip):
                 _wrapping_what_modes_miss(record, draws), _observing_ops(recorder.before_functional_op):
             out = forward(*args, **kwargs)
             recorder.refuse_unrestored_hidden_blocks()
+            if recorder._any_leaf:  # an output made to require grad is read through the op too
+                out = pytree.tree_map_only(_torch.FunctionalTensor, lambda t: (
+                    ops.REQUIRES_GRAD(t) if getattr(t, _LEAF, False) else t), out)
             recorder.sync_no_grad_view_outputs(out)
             if torch.is_grad_enabled():
                 recorder.end_grad_mode_segment()

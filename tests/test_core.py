@@ -752,34 +752,37 @@ class _LeavesMadeInTheForward(torch.nn.Module):
         d = (x * 3).detach()
         d.requires_grad = True
         self.w.requires_grad_()  # already requires grad: nothing changes
-        return x * self.w + bias + d
+        return x * self.w, bias * 2, d + 1
 
 
 class _InputsRequireGradHook(torch.nn.Module):
     """transformers' enable_input_require_grads: a frozen embedding's output is
     made to require grad (for reentrant checkpointing with adapters)."""
 
-    def __init__(self):
+    def __init__(self, frozen_linear=False):
         super().__init__()
         self.emb = torch.nn.Embedding(10, 4).requires_grad_(False)
-        self.lin = torch.nn.Linear(4, 4)
+        self.lin = torch.nn.Linear(4, 4).requires_grad_(not frozen_linear)
         self.emb.register_forward_hook(lambda module, args, out: out.requires_grad_(True))
 
     def forward(self, ids):
         return self.lin(self.emb(ids))
 
 
-@pytest.mark.parametrize("module, args", [
-    (_LeafFromNoGrad, (torch.randn(3),)),
-    (_LeavesMadeInTheForward, (torch.randn(3),)),
-    (_InputsRequireGradHook, (torch.tensor([[1, 2, 3]]),)),
+@pytest.mark.parametrize("module, args, seen", [
+    (_LeafFromNoGrad(), (torch.randn(3),), True),
+    (_LeavesMadeInTheForward(), (torch.randn(3),), True),
+    (_InputsRequireGradHook(frozen_linear=True), (torch.tensor([[1, 2, 3]]),), True),
+    # the embedding's history cannot be seen: the linear's parameters give the output one
+    (_InputsRequireGradHook(), (torch.tensor([[1, 2, 3]]),), False),
 ])
-def test_tensors_made_to_require_grad_in_the_forward(module, args):
+def test_tensors_made_to_require_grad_in_the_forward(module, args, seen):
     """The trace, above autograd, has no node for requires_grad_(): the
-    program's ``predispatch.requires_grad`` keeps a history, or starts one."""
-    ep = assert_matches_eager(module(), args)
-    assert torch.ops.predispatch.requires_grad.default in {
-        n.target for m in all_graph_modules(ep.graph_module) for n in m.graph.nodes}
+    program's ``predispatch.requires_grad`` keeps a history, or starts one,
+    where an output can show it."""
+    ep = assert_matches_eager(module, args)
+    assert seen == (torch.ops.predispatch.requires_grad.default in {
+        n.target for m in all_graph_modules(ep.graph_module) for n in m.graph.nodes})
 
 
 def test_a_leaf_output_gets_its_gradient():
@@ -798,3 +801,26 @@ class _InputMadeToRequireGrad(torch.nn.Module):
 def test_requires_grad_set_on_an_input_is_refused():
     with pytest.raises(predispatch.ExportError, match=r"requires_grad set on a parameter, buffer or input at .*test_core.py:\d+"):
         predispatch.export_predispatch(_InputMadeToRequireGrad(), (torch.randn(3),))
+
+
+class _MaskRequiringGrad(torch.nn.Module):
+    """T5 under gradient checkpointing: ``position_bias.requires_grad = True``."""
+
+    def __init__(self):
+        super().__init__()
+        self.q, self.kv = torch.nn.Linear(32, 32), torch.nn.Linear(32, 32)
+
+    def forward(self, x, y):
+        b, s, _ = x.shape
+        q = self.q(x).view(b, s, 4, 8).transpose(1, 2)
+        k = self.kv(y).view(b, y.shape[1], 4, 8).transpose(1, 2)
+        bias = torch.zeros(1, 4, s, y.shape[1])
+        bias.requires_grad = True
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, k, attn_mask=bias)
+        return out.transpose(1, 2).reshape(b, s, -1)
+
+
+def test_a_leaf_no_output_shows_is_not_made():
+    """A mask that requires grad sends sdpa down another kernel, with another
+    output layout than the trace assumed (the reshape after it would fail)."""
+    assert_matches_eager(_MaskRequiringGrad(), (torch.randn(2, 6, 32), torch.randn(2, 8, 32)))

@@ -22,15 +22,17 @@ it, so a failing example prints as a test a developer can paste::
             return x.sin(), v0
 
 Blocks are ``no_grad`` / ``enable_grad`` / ``set_grad_enabled(b)`` /
-``autocast("cpu", dtype=torch.bfloat16)`` / ``autocast("cpu", enabled=False)``,
+``autocast("cpu", dtype=torch.bfloat16)`` / ``autocast("cpu", enabled=False)`` /
+``inference_mode(False)``,
 nested up to three deep, sometimes in decorator form (a decorated local
 function). Statements: ordinary ops (sin, relu, tanh, sigmoid, clone, +, *,
 -, sum, mean, ``@ self.w``, ``self.lin``, ``.float()``), views (slices,
 select, ``.t()``, ``.view``, ``.unsqueeze``, ``.detach()``) of inputs,
 parameters, buffers and intermediates, and in-place ops on any of them
 (add_, sub_, mul_, copy_, zero_, ``mul_(0)``, index assignment, EMA
-``mul_(0.9).add_(v, alpha=0.1)``). Outputs may alias inputs, parameters or
-buffers.
+``mul_(0.9).add_(v, alpha=0.1)``, ``nn.init.constant_``, whose no_grad block
+no torch-function mode sees), values made leaves (``.detach().requires_grad_()``).
+Outputs may alias inputs, parameters or buffers.
 
 The generator keeps a small abstract state (shape, dtype, storage root,
 grad mode at creation, "saved for backward", "requires grad") to steer away
@@ -393,7 +395,7 @@ class _Builder:
         return out
 
     def statement(self, depth: int) -> Stmt:
-        kinds = ["op", "view", "inplace", "op", "setitem", "view", "inplace", "op", "ema"]
+        kinds = ["op", "view", "inplace", "op", "setitem", "view", "inplace", "op", "ema", "leaf"]
         if depth < 3:
             kinds += ["block", "block", "block"]
         kind = self.pick(kinds)
@@ -408,6 +410,7 @@ class _Builder:
             ("with torch.set_grad_enabled(True):", ("grad", ON)),
             ('with torch.autocast("cpu", dtype=torch.bfloat16):', ("autocast", True)),
             ('with torch.autocast("cpu", enabled=False):', ("autocast", False)),
+            ("with torch.inference_mode(False):", ("grad", ON)),  # grad on, even under no_grad
         ])
         as_function = self.draw(st.integers(0, 3)) == 3  # the decorator form, now and then
         self.modes.append(mode)
@@ -561,10 +564,12 @@ class _Builder:
         if not targets:
             return None
         t = self.pick_var(targets)
-        form = self.pick(["add_", "mul_", "copy_", "zero", "sub_"])
+        form = self.pick(["add_", "mul_", "copy_", "zero", "sub_", "init"])
         if form == "zero":
             text = self.pick([f"{t.expr}.mul_(0)", f"{t.expr}.zero_()"])
             return Stmt(text)
+        if form == "init":  # a no_grad block no torch-function mode sees
+            return Stmt(self.pick([f"torch.nn.init.constant_({t.expr}, 0.5)", f"torch.nn.init.zeros_({t.expr})"]))
         o = self.operand(t.shape, t)
         if form == "copy_" and isinstance(o, str):
             o = f"torch.full_like({t.expr}, {o})"
@@ -573,6 +578,16 @@ class _Builder:
             self.roots[o.root].saved = True
         self._after_mutation(t, o)
         return Stmt(f"{t.expr}.{form}({o_text})")
+
+    def _leaf(self, depth) -> Stmt | None:
+        """A value made a leaf that requires grad: "differentiate from here"."""
+        a = self.pick_var()
+        if a.dtype != "f32":
+            return None
+        name = self.new_name()
+        self.roots[name] = Root("tmp", True, True)
+        self._add(Var(name, a.shape, a.dtype, name), contiguous=self.contiguous[a.expr])
+        return Stmt(f"{name} = {a.expr}.detach().requires_grad_()")
 
     def _ema(self, depth) -> Stmt | None:
         targets = self._targets()
