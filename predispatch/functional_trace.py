@@ -22,16 +22,20 @@ class InputLayoutChanged(ExportError):
 
 
 def _refuse_aliased_mutated_inputs(flat_args, mutated: list[int]) -> None:
+    """Inputs sharing memory (the same tensor twice, x and x[0]), one of them
+    mutated: the program treats its inputs as distinct."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
     seen = {}
     for i, a in enumerate(flat_args):
-        if isinstance(a, torch.Tensor):
-            seen.setdefault(id(a), []).append(i)
+        if isinstance(a, torch.Tensor) and a.device.type != "meta":
+            seen.setdefault(StorageWeakRef(a.untyped_storage()), []).append(i)
     for positions in seen.values():
         if len(positions) > 1 and any(p in mutated for p in positions):
             raise ExportError(
-                "the same tensor is passed as two inputs and mutated in the forward: the "
-                "program cannot know at run time whether its inputs alias; pass distinct "
-                "tensors (e.g. x and x.clone())")
+                "inputs that share memory (the same tensor twice, or views of one tensor) are "
+                "passed and one is mutated in the forward: the program cannot know at run time "
+                "whether its inputs alias; pass distinct tensors (e.g. x and x.clone())")
 
 
 def functional_trace(mod: torch.nn.Module, args, kwargs, keep=frozenset):

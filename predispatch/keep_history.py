@@ -21,8 +21,8 @@ from torch.export.graph_signature import InputKind
 
 from . import _torch
 from .errors import ExportError
-from .region_pass import grad_modes
 from .ops import KEEP_HISTORY, KEEP_HISTORY_IF_NO_GRAD, REQUIRES_GRAD
+from .region_pass import grad_modes
 from .trace_events import GRAD_BLOCK, GRAD_VIEW_REPLAY, NO_GRAD_VIEW_REPLAY
 
 _DETACH = torch.ops.aten.detach.default

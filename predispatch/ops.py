@@ -36,6 +36,12 @@ class _History(torch.autograd.Function):
     def backward(ctx, grad):
         return (grad, None, None, None, None) if ctx.of_old else (None, grad, None, None, None)
 
+    @staticmethod
+    def jvp(ctx, old_tangent, new_tangent, *_):
+        """Forward-mode AD ignores grad mode (an update under no_grad changes
+        eager's tangent too): ``new``'s tangent."""
+        return new_tangent
+
 
 def _autograd_kernel(op_name: str, new_history_in_grad_mode: bool):
     """The ops' autograd: unlike a custom op's, it records the history under

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import copy
 import dataclasses
 import warnings
 from collections.abc import Callable
@@ -294,6 +295,18 @@ def _run_without_autocast(gm: torch.fx.GraphModule):
     return run
 
 
+def _without_dead_random_ops(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """torch's default partitioner copies the forward's random ops into the
+    backward, unused; run, each would draw from the generator once more per
+    step than eager does (the next step's dropout masks would differ)."""
+    for node in list(gm.graph.nodes):
+        if (node.op == "call_function" and not node.users
+                and torch.Tag.nondeterministic_seeded in getattr(node.target, "tags", ())):
+            gm.graph.erase_node(node)
+    gm.recompile()
+    return gm
+
+
 def trace(flat: _FlatModule, key: CallKey, backward_autocast):
     """AOTAutograd's joint trace of ``flat`` for calls like ``key``, under its
     grad mode and autocast state.
@@ -305,7 +318,7 @@ def trace(flat: _FlatModule, key: CallKey, backward_autocast):
         return _run_without_autocast(gm)
 
     def bw_compiler(gm, _inputs):
-        graphs["backward"] = gm
+        graphs["backward"] = gm = _without_dead_random_ops(gm)
         return _run_without_autocast(gm)
 
     bwd = backward_autocast if isinstance(backward_autocast, str) else list(backward_autocast)
@@ -353,6 +366,13 @@ class CompiledTraining(torch.nn.Module):
         self.backward_graph = first.backward_graph
         self.backward_check = first.check
         self.variants = collections.OrderedDict({first.key: first})
+
+    def __deepcopy__(self, memo):
+        """The compiled functions hold the parameters they were traced with:
+        a copy is traced again, over copies of them."""
+        module = copy.deepcopy(self.flat.module, memo)
+        first = Variant(module, self.flat.in_spec, next(reversed(self.variants)), self.policy)
+        return CompiledTraining(first, self.policy, self.mutated)
 
     def forward(self, *args, **kwargs):
         leaves = _torch.call_leaves(self.flat.module, args, kwargs)

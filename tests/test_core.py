@@ -149,11 +149,20 @@ def test_same_tensor_passed_twice():
     assert_matches_eager(_Twice(), (x, x.clone()))
 
 
-def test_same_tensor_passed_twice_and_mutated_is_refused():
+class _MutatesFirstReadsSecond(torch.nn.Module):
+    def forward(self, x, y):
+        x.mul_(2)  # y = x[0] sees it, in eager
+        return y + 0
+
+
+def test_inputs_sharing_memory_one_mutated_are_refused():
     x = torch.randn(3)
-    with pytest.raises(predispatch.ExportError, match="same tensor is passed as two inputs"):
+    with pytest.raises(predispatch.ExportError, match="inputs that share memory"):
         predispatch.export_predispatch(cases.SameTensorTwice(), (x, x))
     assert_matches_eager(cases.SameTensorTwice(), (x, x.clone()))
+    b = torch.randn(2, 4)
+    with pytest.raises(predispatch.ExportError, match="inputs that share memory"):
+        predispatch.export_predispatch(_MutatesFirstReadsSecond(), (b, b[0]))
 
 
 def test_pytree_and_keyword_inputs_and_outputs():
@@ -824,3 +833,27 @@ def test_a_leaf_no_output_shows_is_not_made():
     """A mask that requires grad sends sdpa down another kernel, with another
     output layout than the trace assumed (the reshape after it would fail)."""
     assert_matches_eager(_MaskRequiringGrad(), (torch.randn(2, 6, 32), torch.randn(2, 8, 32)))
+
+
+class _ScaledUnderNoGrad(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        y = self.lin(x)
+        with torch.no_grad():
+            y.mul_(2)  # y keeps its history; forward-mode AD sees the update
+        return y
+
+
+def test_forward_mode_ad_through_a_kept_history():
+    import torch.autograd.forward_ad as fwAD
+
+    module, x = _ScaledUnderNoGrad(), torch.randn(3, 4)
+    ep = predispatch.export_predispatch(module, (x,))
+
+    def tangent(mod):
+        with fwAD.dual_level():
+            return fwAD.unpack_dual(mod(fwAD.make_dual(x, torch.ones_like(x)))).tangent
+    torch.testing.assert_close(tangent(ep.module()), tangent(module))
