@@ -38,13 +38,14 @@ def _is_float(node: torch.fx.Node) -> bool:
 
 
 def may_require_grad(gm: torch.fx.GraphModule, signature, params_requiring_grad: set[str],
-                     modes: dict | None = None, leaves: bool = True):
+                     modes: dict | None = None, leaves: bool = True, inputs: bool = True):
     """Nodes whose value may require grad at run time, over the flat graph.
 
     Parameters as in the module, floating user inputs always (the program may
     be called with inputs that require grad), buffers and constants never;
     a computed value if it is floating, grad mode is on and an input may;
     a tensor made to require grad in the forward does (unless not ``leaves``).
+    Not ``inputs``: what surely requires grad (user inputs may not).
     Grad mode is the trace's (the caller's on), or with ``modes`` (see
     :func:`predispatch.region_pass.grad_modes`) a no_grad caller's: on only
     inside blocks that set it; a kept history is one whatever the mode."""
@@ -55,7 +56,7 @@ def may_require_grad(gm: torch.fx.GraphModule, signature, params_requiring_grad:
             spec = specs.get(node.name)
             kind = spec.kind if spec is not None else None
             requires = (kind == InputKind.PARAMETER and spec.target in params_requiring_grad) or (
-                kind == InputKind.USER_INPUT and _is_float(node))
+                inputs and kind == InputKind.USER_INPUT and _is_float(node))
         elif node.target is _torch.SET_GRAD_ENABLED:
             grad_on = bool(node.args[0])
             continue

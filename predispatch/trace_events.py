@@ -343,11 +343,11 @@ class _Recorder(_torch.TorchFunctionMode):
             root = id(self._base(t))
             if made := self._viewed_leaf_roots.get(root):
                 _refuse_view_of_aliasing_leaf(made, user_location())
-            if (made := self._aliased_by_leaves.get(root)) and not getattr(t, _LEAF, False):
+            if made := self._aliased_by_leaves.get(root):
                 raise ExportError(
                     f"a tensor made to require grad at {made} is a view of another (x.detach()"
-                    f".requires_grad_()) whose storage is updated in place through another alias "
-                    f"at {user_location()}: cannot be exported soundly; make it from a copy "
+                    f".requires_grad_()) and their storage is updated in place at "
+                    f"{user_location()}: cannot be exported soundly; make it from a copy "
                     "(x.detach().clone().requires_grad_())")
         if written:
             self.note_written(written)
