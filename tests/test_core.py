@@ -857,3 +857,20 @@ def test_forward_mode_ad_through_a_kept_history():
         with fwAD.dual_level():
             return fwAD.unpack_dual(mod(fwAD.make_dual(x, torch.ones_like(x)))).tangent
     torch.testing.assert_close(tangent(ep.module()), tangent(module))
+
+
+class _AliasingLeafUpdated(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("b", torch.zeros(3))
+
+    def forward(self, x):
+        h = self.b.detach().requires_grad_()  # shares the buffer's memory
+        with torch.no_grad():
+            self.b.add_(1)
+        return x * h
+
+
+def test_a_leaf_sharing_memory_that_is_updated_is_refused():
+    with pytest.raises(predispatch.ExportError, match=r"made to require grad at .*test_core.py:\d+ .* updated in place"):
+        predispatch.export_predispatch(_AliasingLeafUpdated(), (torch.randn(3),))

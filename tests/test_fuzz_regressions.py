@@ -3,7 +3,7 @@ module it shrank to, with the diagnosis. Open ones are xfail(strict=True):
 remove the marker with the fix. Fixed: 1-26 (4b's nested
 autocast(enabled=False) case by the refusal reading autocast nesting, 10 by
 marking no_grad view replays, 15 and 16 by noting grad-mode views at no_grad
-entries). Open: none.
+entries). Open: 27.
 
 A test passes when the program matches eager (outputs, gradients, states,
 G1/G3, G7) or, where ``refusal_ok``, when export refuses it with
@@ -919,3 +919,32 @@ class GradModeViewReplayedAtTheNextMarker(nn.Module):
 
 def test_grad_mode_view_replayed_by_the_recorder_keeps_its_history():
     assert_sound(GradModeViewReplayedAtTheNextMarker(), inputs((3, 4)))
+
+
+# --------------------------------------------------------------------------
+# 27. (seed 81) Views made in an enable_grad block of a value with a history,
+# updated in place in the caller's mode, one returned. Under a no_grad
+# caller eager keeps the history (an update under no_grad), and the returned
+# view shows it; the program's replay of the view, in an enable_grad block
+# (it was made in one), reads the updated base without the kept history:
+# the caller-mode keep goes where the caller's mode holds, not inside that
+# replay block. OPEN.
+
+class GradModeViewsUpdatedInTheCallersMode(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        with torch.enable_grad():
+            v0 = self.lin(self.lin.weight)
+            v2 = v0.t()
+            v3 = v2[:, 1:3]
+        v3.zero_()
+        v2.mul_(0.9)
+        return v3
+
+
+@pytest.mark.xfail(strict=True, reason="open: fuzz bug 27, the returned replay has no kept history")
+def test_grad_mode_views_updated_in_the_callers_mode_keep_their_history():
+    assert_sound(GradModeViewsUpdatedInTheCallersMode(), inputs((3, 4)))
