@@ -313,7 +313,9 @@ class _Recorder(_torch.TorchFunctionMode):
         """A view of ``x.detach().requires_grad_()``: functionalization
         recomputes it from ``x``'s storage once that is updated (before or
         after), without the leaf; refused then."""
-        if _torch.has_data_mutation(root):
+        node = _torch.materialized_node(root)
+        if _torch.has_data_mutation(root) or (node is not None and node.op == "placeholder"):
+            # (a program's output views of its inputs are recomputed from them too)
             _refuse_view_of_aliasing_leaf(made, user_location())
         self._viewed_leaf_roots[id(root)] = made
 
@@ -326,6 +328,11 @@ class _Recorder(_torch.TorchFunctionMode):
     def _mutate_detached_alias(self, func, args, kwargs):
         """In grad mode, an in-place op on a detached alias changes its base's
         values without autograd seeing it: like a mutation under no_grad."""
+        if any(getattr(t, _LEAF, False) for t in pytree.tree_leaves((args[1:], kwargs))):
+            raise ExportError(  # a leaf requires grad: what keep_history_pass refuses
+                "an in-place update of a detached alias (x.detach().add_(y)) with an operand "
+                "that requires grad cannot be exported soundly: eager gives the alias a "
+                f"gradient history that the functional graph cannot carry; at {user_location()}")
         base = self._base(args[0])
         old = self._current_node(base)
         operands = tuple(n for t in pytree.tree_leaves((args[1:], kwargs))
@@ -531,9 +538,10 @@ _REQUIRES_GRAD_ATTR = torch._C.TensorBase.__dict__["requires_grad"]
 def _refuse_view_of_aliasing_leaf(made: str, where: str):
     raise ExportError(
         f"a tensor made to require grad at {made} is a view of another (x.detach()"
-        f".requires_grad_()), viewed in turn, and their storage is updated in place (at {where}): "
-        "cannot be exported soundly, the program would recompute the views from the storage "
-        "without the history; make it from a copy (x.detach().clone().requires_grad_())")
+        f".requires_grad_()) that is an input, a parameter or a buffer, or updated in place, "
+        f"and is viewed in turn at {where}: cannot be exported soundly, the program would "
+        "recompute the views from the other without the history; make it from a copy "
+        "(x.detach().clone().requires_grad_())")
 
 
 def _sets_requires_grad(func, args, kwargs) -> bool:
