@@ -134,6 +134,11 @@ def keep_history_pass(gm: torch.fx.GraphModule, replacements, analyze,
                 f"gradient history that the functional graph cannot carry; at {r.detached_alias_at}")
         old = history_of.get(r.old, r.old)  # mutated again later: chain to the first old
         if r.in_grad_mode:
+            replays = [u for u in r.new.users  # inside the segment, replays in an enable_grad block
+                       if GRAD_VIEW_REPLAY in u.meta and position.get(u, len(position)) <= position[r.exit]]
+            r.exit = _before_view_replays(min(replays, key=position.get) if replays else r.exit)
+            if position.get(r.new, -1) > position[r.exit]:
+                continue  # a replay after the segment: it reads the kept base
             if modes.get(r.exit) is not None:
                 continue  # inside a grad block: the update's history, as the graph has it
             if not (old in may_grad_off or old in kept) or not _same_layout(old, r.new):
@@ -156,6 +161,17 @@ def keep_history_pass(gm: torch.fx.GraphModule, replacements, analyze,
             may_grad = analyze(None)
     detach_no_grad_view_replays(graph, may_grad)
     return kept
+
+
+def _before_view_replays(node: torch.fx.Node) -> torch.fx.Node:
+    """A caller's-mode segment whose value is replayed into views in an
+    enable_grad block (:func:`replay_in_grad_mode`) ends, for its keep, in the
+    caller's mode before them: the replays read the kept value."""
+    while node.op != "root" and (GRAD_VIEW_REPLAY in node.meta or (
+            node.target is _torch.SET_GRAD_ENABLED
+            and isinstance((node.meta.get(GRAD_BLOCK) or (None, None))[1], tuple))):
+        node = node.prev
+    return node
 
 
 def replay_in_grad_mode(graph: torch.fx.Graph, nodes: list[torch.fx.Node]) -> None:

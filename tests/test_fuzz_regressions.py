@@ -1,9 +1,9 @@
 """Bugs found by the differential fuzzer (tools/fuzz), each as the minimal
 module it shrank to, with the diagnosis. Open ones are xfail(strict=True):
-remove the marker with the fix. Fixed: 1-26 (4b's nested
+remove the marker with the fix. Fixed: 1-27 (4b's nested
 autocast(enabled=False) case by the refusal reading autocast nesting, 10 by
 marking no_grad view replays, 15 and 16 by noting grad-mode views at no_grad
-entries). Open: 27.
+entries). Open: none.
 
 A test passes when the program matches eager (outputs, gradients, states,
 G1/G3, G7) or, where ``refusal_ok``, when export refuses it with
@@ -927,8 +927,9 @@ def test_grad_mode_view_replayed_by_the_recorder_keeps_its_history():
 # caller eager keeps the history (an update under no_grad), and the returned
 # view shows it; the program's replay of the view, in an enable_grad block
 # (it was made in one), reads the updated base without the kept history:
-# the caller-mode keep goes where the caller's mode holds, not inside that
-# replay block. OPEN.
+# the caller-mode keep went after the segment, not before that replay
+# block. Fixed: the keep goes in the caller's mode before the first replay
+# of the value in an enable_grad block (also when the segment goes on after).
 
 class GradModeViewsUpdatedInTheCallersMode(nn.Module):
     def __init__(self):
@@ -945,6 +946,23 @@ class GradModeViewsUpdatedInTheCallersMode(nn.Module):
         return v3
 
 
-@pytest.mark.xfail(strict=True, reason="open: fuzz bug 27, the returned replay has no kept history")
 def test_grad_mode_views_updated_in_the_callers_mode_keep_their_history():
     assert_sound(GradModeViewsUpdatedInTheCallersMode(), inputs((3, 4)))
+
+
+class GradModeViewsUpdatedThenAnEmptyBlock(GradModeViewsUpdatedInTheCallersMode):
+    def forward(self, x):
+        with torch.enable_grad():
+            v0 = self.lin(self.lin.weight)
+            v2 = v0.t()
+            v3 = v2[:, 1:3]
+        v2[:, 0] = 1.0
+        v3.zero_()
+        v2.mul_(0.9).add_(v2, alpha=0.1)
+        with torch.no_grad():  # the marker replays v3 in the middle of the segment
+            pass
+        return v3
+
+
+def test_grad_mode_views_replayed_inside_the_segment_keep_their_history():
+    assert_sound(GradModeViewsUpdatedThenAnEmptyBlock(), inputs((3, 4)))
