@@ -85,8 +85,9 @@ def refuse_remaining_mutations(gm: torch.fx.GraphModule) -> None:
 def keep_histories(captured: Captured, module: torch.nn.Module) -> None:
     requiring = {name for name, p in module.named_parameters(remove_duplicate=False)
                  if p.requires_grad}
-    drop_unseen_leaves(captured.gm, may_require_grad(captured.gm, captured.signature, requiring,
-                                                     leaves=False, inputs=False))
+    drop_unseen_leaves(captured.gm, may_require_grad(captured.gm, captured.signature, requiring),
+                       may_require_grad(captured.gm, captured.signature, requiring,
+                                        leaves=False, inputs=False))
     keep_history_pass(captured.gm, captured.record.replacements,
                       lambda modes: may_require_grad(captured.gm, captured.signature, requiring, modes),
                       [s.kind.name for s in captured.signature.output_specs])

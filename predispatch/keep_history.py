@@ -249,7 +249,7 @@ def _is_user_output_only(new, outputs, kinds) -> bool:
 
 
 
-def drop_unseen_leaves(gm: torch.fx.GraphModule, requiring_without_leaves: set) -> None:
+def drop_unseen_leaves(gm: torch.fx.GraphModule, requiring: set, requiring_without_leaves: set) -> None:
     """Reads of one value as a leaf become one read. A tensor made to require
     grad whose history no output can show (every
     value it reaches requires grad anyway, like T5's position bias under
@@ -268,7 +268,7 @@ def drop_unseen_leaves(gm: torch.fx.GraphModule, requiring_without_leaves: set) 
         reached, todo = {leaf}, [leaf]
         while todo:  # the values whose history comes from the leaf alone
             for user in todo.pop().users:
-                if user not in reached and user not in requiring_without_leaves:
+                if user not in reached and user in requiring and user not in requiring_without_leaves:
                     reached.add(user)
                     todo.append(user)
         if not reached & outputs:
