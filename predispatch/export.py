@@ -87,7 +87,8 @@ def keep_histories(captured: Captured, module: torch.nn.Module) -> None:
                  if p.requires_grad}
     drop_unseen_leaves(captured.gm, may_require_grad(captured.gm, captured.signature, requiring),
                        may_require_grad(captured.gm, captured.signature, requiring,
-                                        leaves=False, inputs=False))
+                                        leaves=False, inputs=False),
+                       captured.record.replacements)
     keep_history_pass(captured.gm, captured.record.replacements,
                       lambda modes: may_require_grad(captured.gm, captured.signature, requiring, modes),
                       [s.kind.name for s in captured.signature.output_specs])

@@ -249,29 +249,36 @@ def _is_user_output_only(new, outputs, kinds) -> bool:
 
 
 
-def drop_unseen_leaves(gm: torch.fx.GraphModule, requiring: set, requiring_without_leaves: set) -> None:
+def drop_unseen_leaves(gm: torch.fx.GraphModule, requiring: set, requiring_without_leaves: set,
+                       replacements=()) -> None:
     """Reads of one value as a leaf become one read. A tensor made to require
     grad whose history no output can show (every
     value it reaches requires grad anyway, like T5's position bias under
     gradient checkpointing) is read as itself: its own gradient is never
     seen, and a leaf changes a kernel's choice (sdpa given a mask that
     requires grad), so the layout the trace assumed."""
+    kept_from = {}
+    for r in replacements:
+        kept_from.setdefault(r.old, []).append(r.new)
     first = {}  # a value read as a leaf twice is one leaf, as in eager
     for leaf in [n for n in gm.graph.nodes if n.target is REQUIRES_GRAD]:
-        if leaf.args[0] in first:
+        if leaf.args[0] in first:  # (left for dead-code elimination: the trace's record names it)
             leaf.replace_all_uses_with(first[leaf.args[0]])
-            gm.graph.erase_node(leaf)
         else:
             first[leaf.args[0]] = leaf
     outputs = set(gm.graph.output_node().all_input_nodes)
     for leaf in first.values():
         reached, todo = {leaf}, [leaf]
         while todo:  # the values whose history comes from the leaf alone
-            for user in todo.pop().users:
+            node = todo.pop()
+            for user in node.users:
                 if user not in reached and user in requiring and user not in requiring_without_leaves:
                     reached.add(user)
                     todo.append(user)
+            for new in kept_from.get(node, ()):  # a value updated keeps the old one's history
+                if new not in reached:
+                    reached.add(new)
+                    todo.append(new)
         if not reached & outputs:
             leaf.replace_all_uses_with(leaf.args[0])
-            gm.graph.erase_node(leaf)
     gm.recompile()

@@ -116,10 +116,8 @@ class _Recorder(_torch.TorchFunctionMode):
         # grad-mode blocks no torch-function mode saw: (owner, mode before, where)
         self._hidden_blocks: list[tuple[object, bool, str]] = []
         self._any_leaf = False  # a tensor was made to require grad in the forward
-        # storages such a tensor that is itself a view aliases, and those viewed in turn
-        # through it: id -> where it was made
+        # storages such a tensor that is itself a view aliases: id -> where it was made
         self._aliased_by_leaves: dict[int, str] = {}
-        self._viewed_leaf_roots: dict[int, str] = {}
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         previous, self._call = self._call, (args, kwargs)
@@ -311,13 +309,9 @@ class _Recorder(_torch.TorchFunctionMode):
 
     def _note_view_of_aliasing_leaf(self, root, made) -> None:
         """A view of ``x.detach().requires_grad_()``: functionalization
-        recomputes it from ``x``'s storage once that is updated (before or
-        after), without the leaf; refused then."""
-        node = _torch.materialized_node(root)
-        if _torch.has_data_mutation(root) or (node is not None and node.op == "placeholder"):
-            # (a program's output views of its inputs are recomputed from them too)
-            _refuse_view_of_aliasing_leaf(made, user_location())
-        self._viewed_leaf_roots[id(root)] = made
+        recomputes it from ``x`` (after an update of the storage, for an
+        output), replaying the detach, without the leaf: refused."""
+        _refuse_view_of_aliasing_leaf(made, user_location())
 
     @staticmethod
     def _base(t: torch.Tensor) -> torch.Tensor:
@@ -348,8 +342,6 @@ class _Recorder(_torch.TorchFunctionMode):
         self.sync_grad_mode()
         for t in written if self._aliased_by_leaves else ():
             root = id(self._base(t))
-            if made := self._viewed_leaf_roots.get(root):
-                _refuse_view_of_aliasing_leaf(made, user_location())
             if made := self._aliased_by_leaves.get(root):
                 raise ExportError(
                     f"a tensor made to require grad at {made} is a view of another (x.detach()"
@@ -538,10 +530,9 @@ _REQUIRES_GRAD_ATTR = torch._C.TensorBase.__dict__["requires_grad"]
 def _refuse_view_of_aliasing_leaf(made: str, where: str):
     raise ExportError(
         f"a tensor made to require grad at {made} is a view of another (x.detach()"
-        f".requires_grad_()) that is an input, a parameter or a buffer, or updated in place, "
-        f"and is viewed in turn at {where}: cannot be exported soundly, the program would "
-        "recompute the views from the other without the history; make it from a copy "
-        "(x.detach().clone().requires_grad_())")
+        f".requires_grad_()) and is viewed in turn at {where}: cannot be exported soundly, the "
+        "program may recompute the view from the other without the history; make it from a "
+        "copy (x.detach().clone().requires_grad_())")
 
 
 def _sets_requires_grad(func, args, kwargs) -> bool:
