@@ -20,10 +20,14 @@ import torch.fx
 from torch.export.graph_signature import InputKind
 
 from . import _torch
-from .errors import ExportError
 from .ops import KEEP_HISTORY, KEEP_HISTORY_IF_NO_GRAD, REQUIRES_GRAD
 from .region_pass import grad_modes
-from .trace_events import GRAD_BLOCK, GRAD_VIEW_REPLAY, NO_GRAD_VIEW_REPLAY
+from .trace_events import (
+    GRAD_BLOCK,
+    GRAD_VIEW_REPLAY,
+    NO_GRAD_VIEW_REPLAY,
+    refuse_detached_alias_update,
+)
 
 _DETACH = torch.ops.aten.detach.default
 _NO_HISTORY = (_DETACH,)  # ops whose result never requires grad
@@ -128,10 +132,7 @@ def keep_history_pass(gm: torch.fx.GraphModule, replacements, analyze,
                 history_of.get(o, o) in may_grad for o in r.operands):  # a kept history counts
             # eager gives the alias itself the autograd history of this update,
             # which functionalization's detach view replay drops
-            raise ExportError(
-                "an in-place update of a detached alias (x.detach().add_(y)) with an operand "
-                "that requires grad cannot be exported soundly: eager gives the alias a "
-                f"gradient history that the functional graph cannot carry; at {r.detached_alias_at}")
+            refuse_detached_alias_update(r.detached_alias_at)
         old = history_of.get(r.old, r.old)  # mutated again later: chain to the first old
         if r.in_grad_mode:
             replays = [u for u in r.new.users  # inside the segment, replays in an enable_grad block
@@ -246,7 +247,6 @@ def _is_user_output_only(new, outputs, kinds) -> bool:
         return True
     as_kinds = {k for o, k in zip(outputs, kinds) if o is new}
     return as_kinds == {"USER_OUTPUT"}
-
 
 
 def drop_unseen_leaves(gm: torch.fx.GraphModule, requiring: set, requiring_without_leaves: set,

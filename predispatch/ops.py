@@ -43,6 +43,14 @@ class _History(torch.autograd.Function):
         return new_tangent
 
 
+def _recording(fn, *args):
+    """``fn(*args)`` with autograd recording, whatever the grad mode."""
+    if torch.is_grad_enabled():  # no mode change while traced (make_fx would record it)
+        return fn(*args)
+    with torch.enable_grad():
+        return fn(*args)
+
+
 def _autograd_kernel(op_name: str, new_history_in_grad_mode: bool):
     """The ops' autograd: unlike a custom op's, it records the history under
     no_grad too, as eager keeps a tensor's history across an update made
@@ -50,10 +58,7 @@ def _autograd_kernel(op_name: str, new_history_in_grad_mode: bool):
     def kernel(keyset, old, new):
         op = getattr(torch.ops.predispatch, op_name).default
         of_old = not (new_history_in_grad_mode and torch.is_grad_enabled())
-        if torch.is_grad_enabled():  # no mode change while traced (make_fx would record it)
-            return _History.apply(old, new, op, keyset, of_old)
-        with torch.enable_grad():
-            return _History.apply(old, new, op, keyset, of_old)
+        return _recording(_History.apply, old, new, op, keyset, of_old)
     return kernel
 
 
@@ -69,10 +74,7 @@ def _requires_grad_kernel(keyset, t):
     ``t``'s history if it has one (in any mode), else a new leaf."""
     if not t.requires_grad:
         return t.detach().clone().requires_grad_()
-    if torch.is_grad_enabled():  # no mode change while traced (make_fx would record it)
-        return t.clone()
-    with torch.enable_grad():
-        return t.clone()
+    return _recording(torch.clone, t)
 
 
 _LIB.impl("requires_grad", lambda t: t.clone(), "CompositeExplicitAutograd")

@@ -176,7 +176,8 @@ class _Recorder(_torch.TorchFunctionMode):
 
     def _requires_grad(self, func, args, kwargs):
         """``t.requires_grad_()`` / ``t.requires_grad = True``: no node in a
-        trace above autograd; noted, for the pass that puts one in."""
+        trace above autograd; the tensor is marked, and later calls read it
+        through the op (:meth:`_call_reading_leaves`)."""
         t = args[0]
         required = t.requires_grad
         out = func(*args, **kwargs)
@@ -199,6 +200,13 @@ class _Recorder(_torch.TorchFunctionMode):
         if _torch.is_view(t):  # an alias (x.detach().requires_grad_()): see _note_views
             setattr(t, _ALIASING_LEAF, user_location())
             self._aliased_by_leaves[id(self._base(t))] = user_location()
+
+    def read_leaf_outputs(self, out):
+        """Outputs made to require grad are read through the op too."""
+        if not self._any_leaf:
+            return out
+        return pytree.tree_map_only(_torch.FunctionalTensor, lambda t: (
+            ops.REQUIRES_GRAD(t) if getattr(t, _LEAF, False) else t), out)
 
     def _call_reading_leaves(self, func, args, kwargs, call):
         """A call reading tensors made to require grad: the nodes it makes
@@ -289,7 +297,7 @@ class _Recorder(_torch.TorchFunctionMode):
         if (made := getattr(source, _ALIASING_LEAF, None)) and func is not torch.Tensor.detach and any(
                 isinstance(t, _torch.FunctionalTensor) and _torch.is_view(t) and t is not source
                 for t in (out if isinstance(out, (tuple, list)) else (out,))):
-            self._note_view_of_aliasing_leaf(self._base(source), made)
+            _refuse_view_of_aliasing_leaf(made, user_location())
         for t in out if isinstance(out, (tuple, list)) else (out,):
             if isinstance(t, _torch.FunctionalTensor) and _torch.is_view(t):
                 self._span_views.append(t)
@@ -307,12 +315,6 @@ class _Recorder(_torch.TorchFunctionMode):
                         if self._after_a_grad_marker:
                             setattr(t, _MADE_AFTER, _torch.last_node(_torch.current_tracer().graph))
 
-    def _note_view_of_aliasing_leaf(self, root, made) -> None:
-        """A view of ``x.detach().requires_grad_()``: functionalization
-        recomputes it from ``x`` (after an update of the storage, for an
-        output), replaying the detach, without the leaf: refused."""
-        _refuse_view_of_aliasing_leaf(made, user_location())
-
     @staticmethod
     def _base(t: torch.Tensor) -> torch.Tensor:
         while (source := getattr(t, _SOURCE, None)) is not None:
@@ -323,10 +325,7 @@ class _Recorder(_torch.TorchFunctionMode):
         """In grad mode, an in-place op on a detached alias changes its base's
         values without autograd seeing it: like a mutation under no_grad."""
         if any(getattr(t, _LEAF, False) for t in pytree.tree_leaves((args[1:], kwargs))):
-            raise ExportError(  # a leaf requires grad: what keep_history_pass refuses
-                "an in-place update of a detached alias (x.detach().add_(y)) with an operand "
-                "that requires grad cannot be exported soundly: eager gives the alias a "
-                f"gradient history that the functional graph cannot carry; at {user_location()}")
+            refuse_detached_alias_update(user_location())  # a leaf requires grad
         base = self._base(args[0])
         old = self._current_node(base)
         operands = tuple(n for t in pytree.tree_leaves((args[1:], kwargs))
@@ -527,6 +526,14 @@ def _refuse_hidden_alias(func, args, kwargs, out) -> None:
 _REQUIRES_GRAD_ATTR = torch._C.TensorBase.__dict__["requires_grad"]
 
 
+def refuse_detached_alias_update(where: str):
+    """An in-place update of a detached alias with an operand that requires grad."""
+    raise ExportError(
+        "an in-place update of a detached alias (x.detach().add_(y)) with an operand "
+        "that requires grad cannot be exported soundly: eager gives the alias a "
+        f"gradient history that the functional graph cannot carry; at {where}")
+
+
 def _refuse_view_of_aliasing_leaf(made: str, where: str):
     raise ExportError(
         f"a tensor made to require grad at {made} is a view of another (x.detach()"
@@ -632,9 +639,7 @@ def recording(module: torch.nn.Module, record: TraceRecord, strip):
                 _wrapping_what_modes_miss(record, draws), _observing_ops(recorder.before_functional_op):
             out = forward(*args, **kwargs)
             recorder.refuse_unrestored_hidden_blocks()
-            if recorder._any_leaf:  # an output made to require grad is read through the op too
-                out = pytree.tree_map_only(_torch.FunctionalTensor, lambda t: (
-                    ops.REQUIRES_GRAD(t) if getattr(t, _LEAF, False) else t), out)
+            out = recorder.read_leaf_outputs(out)
             recorder.sync_no_grad_view_outputs(out)
             if torch.is_grad_enabled():
                 recorder.end_grad_mode_segment()

@@ -984,7 +984,7 @@ class NoGradViewOfAnUpdatedValueViewedInGradMode(nn.Module):
     def forward(self, y):
         with torch.set_grad_enabled(True):
             v0 = self.n * y
-            with torch.enable_grad():
+            with torch.enable_grad():  # noqa: SIM117 (the fuzzer's nesting, kept)
                 with torch.set_grad_enabled(False):
                     v0.mul_(v0)
                     v1 = v0[1:]
