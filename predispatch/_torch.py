@@ -55,6 +55,15 @@ def has_composite_implicit_kernel(op: torch._ops.OpOverload) -> bool:
     return torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), CIA_KEY)
 
 
+def has_own_functionalization_kernel(op: torch._ops.OpOverload) -> bool:
+    """Does functionalization know ``op`` itself (not only through its boxed
+    fallback, which refuses an op returning an alias)? torch has no query
+    for it but the dispatch table's text."""
+    table = torch._C._dispatch_dump_table(op.name())
+    line = next((entry for entry in table.splitlines() if entry.startswith("Functionalize:")), "")
+    return bool(line) and "[backend fallback]" not in line
+
+
 # --------------------------------------------------------------------------
 # Capture: torch.export's non-strict front end, with our own aten stage.
 

@@ -33,7 +33,7 @@ import torch.fx
 import torch.nn.functional as F
 import torch.utils._pytree as pytree
 
-from . import _torch, ops
+from . import _torch, inplace_rules, ops
 from .errors import ExportError, is_library_file, user_location
 from .grad_mode_reads import noting_grad_mode_reads, passed_mode
 from .host_random import HostDraws, refusing_host_randomness
@@ -667,10 +667,13 @@ def _observing_ops(observer):
     the mode's exact type."""
     def observed(dispatch):
         def call(mode, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if (rewrite := inplace_rules.traced_as(func, torch.is_grad_enabled())) is not None:
+                return rewrite(lambda f, a, k: call(mode, f, types, a, k), func, args, kwargs)
             tensors = []
             if written := _torch.written_arguments(func):
                 tensors = [t for i, name in written
-                           for t in ((args[i] if i < len(args) else (kwargs or {}).get(name)),)
+                           for t in ((args[i] if i < len(args) else kwargs.get(name)),)
                            if isinstance(t, _torch.FunctionalTensor)]
             observer(tensors)
             return dispatch(mode, func, types, args, kwargs)
