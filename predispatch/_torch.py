@@ -600,6 +600,19 @@ def storage_changed(t: FunctionalTensor) -> bool:
     return torch._functionalize_was_storage_changed(t.elem)
 
 
+def storage_elements(t: FunctionalTensor) -> int:
+    """How many elements of ``t``'s dtype its (functional) storage holds."""
+    return torch._functionalize_get_storage_size(t.elem, True) // t.element_size()
+
+
+def storage_of(t):
+    """A handle comparing equal for FunctionalTensors sharing their (functional)
+    storage, as aliases and tensors swapped by ``set_()`` do; None for others."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    return StorageWeakRef(t.elem.untyped_storage()) if isinstance(t, FunctionalTensor) else None
+
+
 # --- node stack traces (predispatch.stack_traces)
 from torch.fx.experimental.symbolic_shapes import uninteresting_files  # noqa: E402
 from torch.fx.proxy import _STACK_TRACE_ANCHORS  # noqa: E402

@@ -24,7 +24,9 @@ Rule, and why (each row a predicate on the in-place op):
   linked by ``where(False, operand, result)``;
 * **not recorded by autograd at all** (logical ops: non-differentiable, the
   tensor keeps its old history): traced under no_grad, like any update eager
-  does not record.
+  does not record;
+* **a resize past the storage's end**: the tensor moves to a grown copy
+  (see :class:`GrowingResize`).
 
 The history rows apply in grad mode only.
 """
@@ -98,11 +100,35 @@ def _by_name(op, args, kwargs) -> dict:
     return named
 
 
+@dataclasses.dataclass(frozen=True)
+class GrowingResize:
+    """``t.resize_(size)`` past the end of ``t``'s storage (functionalization
+    cannot grow one): ``t`` moves to a new storage holding its old elements
+    first, as eager's reallocation does; the new ones are uninitialized in
+    eager (zeros here). Within its storage, a resize is left as it is."""
+
+    for_history = False
+
+    def __call__(self, dispatch, op, args, kwargs):
+        named = _by_name(op, args, kwargs)
+        target, size = named["self"], named["size"]
+        numel = 1
+        for n in size:
+            numel *= n
+        have = _torch.storage_elements(target)
+        if numel <= have:
+            return dispatch(op, args, kwargs)
+        flat = dispatch(aten.as_strided.default, (target, [have], [1], 0), {})
+        grown = dispatch(aten.constant_pad_nd.default, (flat, [0, numel - have]), {})
+        new = dispatch(aten.view.default, (grown, list(size)), {})
+        return dispatch(aten.set_.source_Tensor, (target, new), {})
+
+
 def _differentiable(value) -> bool:
     return isinstance(value, torch.Tensor) and (value.is_floating_point() or value.is_complex())
 
 
-def traced_as(op, grad_enabled: bool) -> OutOfPlace | Unrecorded | None:
+def traced_as(op, grad_enabled: bool) -> OutOfPlace | Unrecorded | GrowingResize | None:
     """How the in-place ``op`` is traced, when not by functionalization alone.
     The history rows apply in grad mode only (under no_grad an update keeps
     the old history anyway: see :mod:`predispatch.keep_history`)."""
@@ -113,13 +139,15 @@ def traced_as(op, grad_enabled: bool) -> OutOfPlace | Unrecorded | None:
 
 
 @functools.lru_cache(maxsize=None)
-def _rule(op) -> OutOfPlace | Unrecorded | None:
+def _rule(op) -> OutOfPlace | Unrecorded | GrowingResize | None:
     if not (isinstance(op, torch._ops.OpOverload) and op.namespace == "aten"
             and torch.Tag.inplace in op.tags):
         return None
     name = op._schema.name.split("::")[1]
     if name in _UNRECORDED:
         return Unrecorded()
+    if op is aten.resize_.default:
+        return GrowingResize()
     random = name in _DRAWS
     functional = _functional_variant(op)
     if functional is None:

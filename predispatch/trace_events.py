@@ -64,6 +64,12 @@ _LEAF = "_predispatch_leaf"  # made to require grad in the forward: read through
 _ALIASING_LEAF = "_predispatch_aliasing_leaf"  # such a tensor that is a view: where it was made
 
 
+def mark_view(view: torch.Tensor, base: torch.Tensor) -> None:
+    """``view`` was made from ``base`` out of the recorder's sight (an input
+    traced as a view of another): updates of one concern the other."""
+    setattr(view, _SOURCE, base)
+
+
 @dataclasses.dataclass
 class Replacement:
     """``old`` was replaced by ``new`` without autograd seeing it (under no_grad,
@@ -85,12 +91,19 @@ class TraceRecord:
     replacements: list[Replacement] = dataclasses.field(default_factory=list)
     # "param:<fqn>" / "buffer:<fqn>" / "input:<flat index>" -> mutation kind
     mutation_kinds: dict[str, str] = dataclasses.field(default_factory=dict)
-    # source locations of Tensor.set_ calls, to name them if the trace fails
-    set_calls: list[str] = dataclasses.field(default_factory=list)
     # source locations of in-place layout changes (t_, unsqueeze_, ...) of an input first
     layout_changes: list[str] = dataclasses.field(default_factory=list)
     # nodes the history stage reads although nothing else may use them
     needed: list = dataclasses.field(default_factory=list)
+    # keys as in mutation_kinds -> LayoutChange.to_json() of inputs relaid or given another storage
+    layouts: dict[str, dict] = dataclasses.field(default_factory=dict)
+    # user inputs (flat position) traced as views of another (input_aliasing.View)
+    input_views: dict = dataclasses.field(default_factory=dict)
+
+    def clear(self) -> None:
+        """Forget a trace made again (see :func:`predispatch.functional_trace.functional_trace`)."""
+        for field in dataclasses.fields(self):
+            setattr(self, field.name, field.default_factory())
 
 
 class _Recorder(_torch.TorchFunctionMode):
@@ -599,22 +612,27 @@ def _note_mutation_kinds(record: TraceRecord, module, flat_inputs, strip) -> Non
             record.mutation_kinds[f"input:{i}"] = kind
 
 
-def _noting_set_calls(record: TraceRecord):
-    """Tensor.set_ bypasses torch-function modes, so wrap the method itself."""
-    def noting(set_):
-        def call(self, *args, **kwargs):
-            if not is_library_file(sys._getframe(2).f_code.co_filename):  # torch calls set_ too
-                record.set_calls.append(user_location())
-            return set_(self, *args, **kwargs)
+def _set_calls_to_aliases():
+    """``t.set_(source)``: ``t`` takes ``source``'s storage and layout. Traced
+    as ``t.set_(source.alias())``, the same storage, so that ``t``'s new value
+    is a node of its own: the history stage may give it ``t``'s old history
+    (``set_`` under no_grad keeps it) without giving it to ``source``. (set_
+    bypasses torch-function modes, so the method itself is wrapped; a storage
+    or no argument is left to functionalization, which refuses them.)"""
+    def aliasing(set_):
+        def call(self, source=None, *args, **kwargs):
+            if _torch.is_traced(self) and _torch.is_traced(source) and not (args or kwargs or _UNOBSERVED):
+                source = torch.ops.aten.alias.default(source)
+            return set_(self, *(() if source is None else (source,)), *args, **kwargs)
         return call
-    return patched(torch.Tensor, "set_", noting)
+    return patched(torch.Tensor, "set_", aliasing)
 
 
 @contextlib.contextmanager
 def _wrapping_what_modes_miss(record: TraceRecord, draws: HostDraws):
     """What bypasses torch-function modes, wrapped where it lives while the
     forward runs (see :mod:`predispatch.patching`)."""
-    with _noting_set_calls(record), noting_grad_mode_reads(), refusing_custom_backwards(), \
+    with _set_calls_to_aliases(), noting_grad_mode_reads(), refusing_custom_backwards(), \
             refusing_host_randomness(draws), inference_mode_as_no_grad(), \
             buffer_reassignment_as_update(), refusing_state_calls():
         yield
@@ -659,6 +677,20 @@ def recording(module: torch.nn.Module, record: TraceRecord, strip):
             del module.forward
 
 
+_UNOBSERVED: list[bool] = []  # inside unobserved(): ops go straight to functionalization
+
+
+@contextlib.contextmanager
+def unobserved():
+    """Ops traced meanwhile are not the forward's own (a write-back of
+    ``ep.module()`` exported again): no rule, no recorder sees them."""
+    _UNOBSERVED.append(True)
+    try:
+        yield
+    finally:
+        _UNOBSERVED.pop()
+
+
 def _observing_ops(observer):
     """``observer(tensors it writes)`` before each op on FunctionalTensors,
     seen where functionalization sees it (so in-place updates inside library
@@ -666,10 +698,15 @@ def _observing_ops(observer):
     would not do: higher-order ops look their functionalization rule up by
     the mode's exact type."""
     def observed(dispatch):
-        def call(mode, func, types, args=(), kwargs=None):
+        def call(mode, func, types, args=(), kwargs=None, rules=True):
             kwargs = kwargs or {}
-            if (rewrite := inplace_rules.traced_as(func, torch.is_grad_enabled())) is not None:
-                return rewrite(lambda f, a, k: call(mode, f, types, a, k), func, args, kwargs)
+            if _UNOBSERVED:
+                return dispatch(mode, func, types, args, kwargs)
+            if (rules and args and isinstance(args[0], _torch.FunctionalTensor)  # not a kernel's inner call
+                    and (rewrite := inplace_rules.traced_as(func, torch.is_grad_enabled())) is not None):
+                # the rewrite's own ops are observed; the op it rewrites is not rewritten again
+                return rewrite(lambda f, a, k: call(mode, f, types, a, k, rules=f is not func),
+                               func, args, kwargs)
             tensors = []
             if written := _torch.written_arguments(func):
                 tensors = [t for i, name in written
