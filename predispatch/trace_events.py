@@ -15,9 +15,9 @@ cannot show:
   replays of views made in grad mode, with where they were made;
 * how each graph input was mutated ("hidden" from autograd, under
   "no_grad", or under "grad"), so the program writes it back the same way;
-* constructs to refuse: a parameter or input updated in place inside an
-  autocast block (eager's cast cache goes stale), ``Tensor.set_`` calls
-  (others are in :mod:`predispatch.refusals`).
+* the casts eager's autocast cache would hold (:mod:`predispatch.autocast_cache`);
+  ``t.set_(source)`` is traced onto an alias of ``source``; how in-place ops
+  functionalization gets wrong are traced is :mod:`predispatch.inplace_rules`.
 """
 from __future__ import annotations
 
@@ -35,6 +35,7 @@ import torch.utils._pytree as pytree
 
 from . import _torch, inplace_rules, ops
 from .errors import ExportError, is_library_file, user_location
+from .autocast_cache import CastCache
 from .grad_mode_reads import noting_grad_mode_reads, passed_mode
 from .host_random import HostDraws, refusing_host_randomness
 from .patching import patched
@@ -91,8 +92,6 @@ class TraceRecord:
     replacements: list[Replacement] = dataclasses.field(default_factory=list)
     # "param:<fqn>" / "buffer:<fqn>" / "input:<flat index>" -> mutation kind
     mutation_kinds: dict[str, str] = dataclasses.field(default_factory=dict)
-    # source locations of in-place layout changes (t_, unsqueeze_, ...) of an input first
-    layout_changes: list[str] = dataclasses.field(default_factory=list)
     # nodes the history stage reads although nothing else may use them
     needed: list = dataclasses.field(default_factory=list)
     # keys as in mutation_kinds -> LayoutChange.to_json() of inputs relaid or given another storage
@@ -107,11 +106,11 @@ class TraceRecord:
 
 
 class _Recorder(_torch.TorchFunctionMode):
-    def __init__(self, record: TraceRecord, parameter_ids: frozenset = frozenset(), draws=None):
+    def __init__(self, record: TraceRecord, casts: CastCache, draws=None):
         super().__init__()
         self.record = record
         self.draws = draws  # host random draws: one passed to torch is read
-        self.parameter_ids = parameter_ids
+        self.casts = casts  # eager autocast's cast cache, followed
         self._block_ids: dict[int, int] = {}
         self._owners: list[object] = []  # keeps ids unique while tracing
         self._watch: dict[int, tuple[torch.Tensor, torch.fx.Node]] | None = None
@@ -152,12 +151,6 @@ class _Recorder(_torch.TorchFunctionMode):
             return self._set_grad_enabled(func, args, kwargs)
         if func in _RENORMING_LOOKUPS:
             return self._lookup_renorming_visibly(func, args, kwargs)
-        if args and _is_in_place(func) and id(self._base(args[0])) in self.parameter_ids:
-            _refuse_stale_autocast_cache(func)
-        if getattr(func, "__name__", None) in _LAYOUT_IN_PLACE:
-            on_input = args and id(self._base(args[0])) in self.parameter_ids
-            self.record.layout_changes.insert(0 if on_input else len(self.record.layout_changes),
-                                              user_location())
         if self._watch is not None:
             self._note_tensors(args, kwargs)
         elif args and _is_in_place(func) and getattr(args[0], _DETACHED, False):
@@ -165,6 +158,8 @@ class _Recorder(_torch.TorchFunctionMode):
         if self._after_a_grad_marker:
             for t in pytree.tree_leaves((args, kwargs)):
                 self._current_node(t)
+        cast_reads = self.casts.reads(args, kwargs, self._current_node)
+        mark = _torch.last_node(_torch.current_tracer().graph) if cast_reads else None
         try:
             call = functools.partial(func, *args, **kwargs)
             if self._watch is None and self._any_no_grad_view and _reads_no_grad_view(args, kwargs):
@@ -182,6 +177,7 @@ class _Recorder(_torch.TorchFunctionMode):
             raise
         if _is_custom_op(func):
             _refuse_hidden_alias(func, args, kwargs, out)
+        self.casts.after(cast_reads, out, mark)
         self._note_views(func, args, out)
         if kwargs.get("requires_grad") and isinstance(out, _torch.FunctionalTensor):
             self._note_leaf(out)  # torch.ones(..., requires_grad=True)
@@ -508,9 +504,6 @@ class _Recorder(_torch.TorchFunctionMode):
         return [(old, new) for new, old in pairs.items()]
 
 
-# in-place ops that change a tensor's shape or strides, not its values
-_LAYOUT_IN_PLACE = frozenset({"t_", "transpose_", "swapdims_", "swapaxes_", "unsqueeze_",
-                              "squeeze_", "resize_", "resize_as_", "as_strided_"})
 _RENORMING_LOOKUPS = {f: inspect.signature(f) for f in (F.embedding, F.embedding_bag)}
 _DATA = torch._C.TensorBase.__dict__["data"]  # torch-function modes see its __get__ / __set__
 
@@ -585,21 +578,6 @@ def _is_in_place(func) -> bool:
     return (name.endswith("_") and not name.endswith("__")) or name in ("__setitem__", "__iadd__", "__imul__", "__isub__", "__itruediv__")
 
 
-def _refuse_stale_autocast_cache(func) -> None:
-    """Eager autocast caches the low-precision cast of a parameter for the
-    whole autocast block and does not see in-place updates to it: after
-    ``w.mul_(-1)`` inside the block eager keeps using the old cast. A
-    functional program cannot reproduce that, so refuse. The cache lives until
-    the outermost block exits, even across a nested autocast(enabled=False).
-    (While tracing torch turns the cache off, so the block's flag cannot tell.)"""
-    if _torch.autocast_nesting() > 0:
-        raise ExportError(
-            f"an in-place update ({getattr(func, '__name__', func)}) of a parameter or input "
-            "inside an autocast block cannot be exported soundly: eager autocast keeps using its "
-            f"cached low-precision copy of the old value; at {user_location()}. Update it "
-            "outside the autocast block")
-
-
 def _note_mutation_kinds(record: TraceRecord, module, flat_inputs, strip) -> None:
     for name, t in module.named_parameters(remove_duplicate=False):
         if (kind := _torch.mutation_kind(t)) is not None:
@@ -645,15 +623,15 @@ def recording(module: torch.nn.Module, record: TraceRecord, strip):
     eager_autocast_cache = torch.is_autocast_cache_enabled()  # make_fx turns it off
 
     def recorded_forward(*args, **kwargs):
-        # leaves autocast caches casts of: parameters, and user inputs that may require grad
-        parameter_ids = frozenset([*(id(p) for p in module.parameters()),
-                                   *(id(t) for t in pytree.tree_leaves((args, kwargs))
-                                     if isinstance(t, torch.Tensor) and t.is_floating_point())])
+        # what autocast may cache casts of: parameters, buffers, inputs (what at run time)
+        casts = CastCache({id(t): _torch.current_node(t) for t in (
+            *module.parameters(), *module.buffers(), *pytree.tree_leaves((args, kwargs)))
+            if _torch.is_traced(t) and t.is_floating_point()})
         # the stamper on top: nodes the recorder's own calls make get the user's stack too
         # (and it stamps autocast's enter/exit as wrapped for the cache flag below it)
         draws = HostDraws()
         with autocast_blocks_as_in_eager(eager_autocast_cache), \
-                _Recorder(record, parameter_ids, draws) as recorder, stamping_stack_traces(), \
+                _Recorder(record, casts, draws) as recorder, stamping_stack_traces(), \
                 _wrapping_what_modes_miss(record, draws), _observing_ops(recorder.before_functional_op):
             out = forward(*args, **kwargs)
             recorder.refuse_unrestored_hidden_blocks()

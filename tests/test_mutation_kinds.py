@@ -224,3 +224,66 @@ def test_partially_overlapping_inputs_one_mutated_are_refused():
     b = torch.randn(4)
     with pytest.raises(predispatch.ExportError, match="partially overlap"):
         predispatch.export_predispatch(MutatesSecondReadsFirst(), (b[:3], b[1:]))
+
+
+# --- updates inside autocast: the cast cache ------------------------------------
+
+class StaleCastOfAParameter(torch.nn.Module):
+    """Eager caches the bf16 cast of ``lin.weight`` at its first use in the
+    block; the update does not reach the second ``lin`` (it does reach the
+    code after the block, and inside a nested ``autocast(enabled=False)``)."""
+
+    def __init__(self, cache_enabled=None):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.cache_enabled = cache_enabled
+
+    def forward(self, x):
+        kw = {} if self.cache_enabled is None else {"cache_enabled": self.cache_enabled}
+        with torch.autocast("cpu", dtype=torch.bfloat16, **kw):
+            a = self.lin(x)
+            with torch.no_grad():
+                self.lin.weight.mul_(-1)
+            b = self.lin(x)
+            with torch.autocast("cpu", enabled=False):
+                c = self.lin(x.float())
+        d = self.lin(x)
+        return a.float() + b.float(), c, d
+
+
+@pytest.mark.parametrize("cache_enabled", [None, False], ids=["cached", "cache_off"])
+def test_a_parameter_updated_inside_autocast_is_read_as_eager_s_cached_cast(cache_enabled):
+    ep = assert_matches_eager(StaleCastOfAParameter(cache_enabled), (torch.randn(2, 4),))
+    cached = [n for m in ep.graph_module.modules() if isinstance(m, torch.fx.GraphModule)
+              for n in m.graph.nodes if n.target is torch.ops.predispatch.autocast_cached.default]
+    assert len(cached) == 1  # the second lin in the block; not the nested or later ones
+
+
+def test_a_frozen_parameter_updated_inside_autocast_is_not_cached():
+    module = StaleCastOfAParameter()
+    module.lin.weight.requires_grad_(False)
+    assert_matches_eager(module, (torch.randn(2, 4),))
+
+
+class UpdatedInsideAutocast(torch.nn.Module):
+    """A buffer, and an input (cached by eager only when it is a leaf that
+    requires grad), updated between two uses in one autocast block."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("s", torch.randn(4, 4))
+
+    def forward(self, x, w):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            a = x @ self.s + x @ w
+            with torch.no_grad():
+                self.s.mul_(2)
+                w.mul_(2)
+            b = x @ self.s + x @ w
+        return a.float() + b.float()
+
+
+@pytest.mark.parametrize("requires_grad", [True, False])
+def test_inputs_and_buffers_updated_inside_autocast(requires_grad):
+    assert_matches_eager(UpdatedInsideAutocast(), (torch.randn(2, 4), torch.randn(4, 4)),
+                         inputs_require_grad=requires_grad)
