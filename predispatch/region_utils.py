@@ -127,8 +127,10 @@ def inline_region(owner: torch.fx.GraphModule, region: Region) -> None:
             graph.erase_node(user)
     submodule = call.args[_ARITY[region.kind]]
     graph.erase_node(call)
-    if not submodule.users:
+    if not submodule.users:  # the region's body is gone from the owner too
         graph.erase_node(submodule)
+        if not any(n.op == "get_attr" and n.target == submodule.target for n in graph.nodes):
+            owner.delete_submodule(submodule.target)
 
 
 def _moved_up(owner: torch.fx.GraphModule, submodule: torch.fx.GraphModule, target: str) -> str:

@@ -67,12 +67,22 @@ def place_new_nodes(graph: torch.fx.Graph) -> None:
     for node in graph.nodes:
         if node.op in ("placeholder", "output") or PLACE in node.meta:
             continue
-        paths = sorted((i.meta.get(PLACE, ()) for i in node.all_input_nodes), key=len)
-        place = paths[-1] if paths else ()
-        for p in paths:
-            while place[:len(p)] != p:
-                place = place[:-1]
-        node.meta[PLACE] = place
+        paths = [i.meta.get(PLACE, ()) for i in node.all_input_nodes]
+        deepest = max(paths, key=len, default=())
+        if all(deepest[:len(p)] == p for p in paths):
+            node.meta[PLACE] = deepest
+        else:
+            node.meta[PLACE] = _shared_prefix(paths)
+
+
+def _shared_prefix(paths: list[tuple]) -> tuple:
+    shared = paths[0]
+    for p in paths[1:]:
+        n = 0
+        while n < min(len(shared), len(p)) and shared[n] == p[n]:
+            n += 1
+        shared = shared[:n]
+    return shared
 
 
 def outline_placed(gm: torch.fx.GraphModule, placements: dict[int, Placement]) -> None:
