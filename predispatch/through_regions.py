@@ -98,7 +98,7 @@ def outline_placed(gm: torch.fx.GraphModule, placements: dict[int, Placement]) -
         call = outline_region(gm, body, p.hop, p.args, name, p.opened_at, make_submodule=_submodule)
         for node in (call, call.args[len(p.args)], *call.users):
             node.meta[PLACE] = p.path[:-1]
-        _in_dependency_order(graph)
+        _in_dependency_order(graph, name)
     for node in graph.nodes:
         node.meta.pop(PLACE, None)
     gm.delete_all_unused_submodules()
@@ -117,27 +117,31 @@ def _fresh_name(gm: torch.nn.Module, name: str) -> str:
     return f"{name}_{i}"
 
 
-def _in_dependency_order(graph: torch.fx.Graph) -> None:
+def _in_dependency_order(graph: torch.fx.Graph, region: str) -> None:
     """A region's call goes after its body's last node; a node placed outside
     that ran between its body nodes and reads one of its results moves after
-    the call. Nodes keep their order otherwise."""
+    the call. Nodes keep their order otherwise. A node outside that both
+    reads the region's results and feeds its body cannot be placed."""
     position = {n: i for i, n in enumerate(graph.nodes)}
     if all(position[i] < position[n] for n in graph.nodes for i in n.all_input_nodes):
         return
-    order, done = [], set()
+    order, state = [], {}
 
     def visit(node):
         stack = [(node, False)]
         while stack:
             n, ready = stack.pop()
-            if n in done:
-                continue
             if ready:
-                done.add(n)
+                state[n] = "done"
                 order.append(n)
-                continue
-            stack.append((n, True))
-            stack.extend((i, False) for i in reversed(n.all_input_nodes) if i not in done)
+            elif state.get(n) == "open":  # reached from its own inputs
+                raise RuntimeError(
+                    f"the pass made {n.name} read results of region {region} and feed its body: "
+                    f"the region cannot be outlined again")
+            elif n not in state:
+                state[n] = "open"
+                stack.append((n, True))
+                stack.extend((i, False) for i in reversed(n.all_input_nodes) if state.get(i) != "done")
 
     for node in graph.nodes:
         visit(node)

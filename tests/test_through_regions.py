@@ -9,7 +9,7 @@ import torch
 import cases
 import predispatch
 from predispatch.testing.eager import assert_runs_match, run_module
-from predispatch.through_regions import through_regions
+from predispatch.through_regions import PLACE, through_regions
 
 aten = torch.ops.aten
 CASES = {
@@ -115,3 +115,27 @@ def test_a_node_reading_two_regions_goes_to_the_level_they_share():
     expected.sum().backward()
     torch.testing.assert_close(got, expected)
     torch.testing.assert_close(x.grad, y.grad)
+
+
+class _TwoOpsUnderNoGrad(torch.nn.Module):
+    def forward(self, x):
+        with torch.no_grad():
+            y = x.sin().cos()
+        return y + x
+
+
+def _top_level_node_between(gm):
+    """A node placed at the top level that reads the region's sin and feeds its cos."""
+    sin = next(n for n in gm.graph.nodes if n.target is aten.sin.default)
+    cos = next(n for n in gm.graph.nodes if n.target is aten.cos.default)
+    with gm.graph.inserting_after(sin):
+        outside = gm.graph.call_function(aten.mul.Tensor, (sin, 2.0))
+    outside.meta[PLACE] = ()
+    cos.replace_input_with(sin, outside)
+    return gm
+
+
+def test_a_region_that_cannot_be_outlined_again_is_an_error():
+    program = predispatch.export_predispatch(_TwoOpsUnderNoGrad(), (torch.randn(3),)).module()
+    with pytest.raises(RuntimeError, match="mul.*region no_grad_0 .*cannot be outlined again"):
+        through_regions(program, _top_level_node_between)
