@@ -585,6 +585,14 @@ def to_functional(t):
     return FunctionalTensor.to_functional(t) if isinstance(t, torch.Tensor) else t
 
 
+def fake_as_strided(value: torch.Tensor, size, stride, offset) -> torch.Tensor:
+    """``value.as_strided(...)`` on a node's fake value, out of the trace."""
+    from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
+
+    with disable_proxy_modes_tracing():
+        return value.as_strided(size, stride, offset)
+
+
 def from_functional(t):
     if not isinstance(t, FunctionalTensor):
         return t

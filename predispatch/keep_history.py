@@ -20,14 +20,13 @@ import torch.fx
 from torch.export.graph_signature import InputKind
 
 from . import _torch
-from .ops import KEEP_HISTORY, KEEP_HISTORY_IF_NO_GRAD, LEAF_VIEW, REQUIRES_GRAD
+from .ops import KEEP_HISTORY, KEEP_HISTORY_IF_NO_GRAD, REQUIRES_GRAD
 from .region_pass import grad_modes
 from .trace_events import (
     GRAD_BLOCK,
     GRAD_VIEW_REPLAY,
-    LEAF_VIEW_MADE_AT,
+    OWN_HISTORY_READ,
     NO_GRAD_VIEW_REPLAY,
-    refuse_detached_alias_update,
 )
 
 _DETACH = torch.ops.aten.detach.default
@@ -67,9 +66,6 @@ def may_require_grad(gm: torch.fx.GraphModule, signature, params_requiring_grad:
             continue
         elif node.target is REQUIRES_GRAD:
             requires = leaves or node.args[0] in result
-        elif node.target is LEAF_VIEW:  # a leaf's history in grad mode only
-            requires = (grad_on if modes is None else modes.get(node) is True) and (
-                leaves or node.args[0] in result)
         elif node.target in _KEEPS and modes is not None:
             requires = node.args[0] in result
         elif node.op == "call_function":
@@ -94,7 +90,7 @@ def _insert_keep_history(graph, old, new, after, position, target=None) -> torch
     kept.meta.update({k: v for k, v in new.meta.items() if k in ("val", "stack_trace", "nn_module_stack")})
     for user in list(new.users):
         if (user is not kept and position.get(user, after_at + 1) > after_at
-                and not user.meta.get(NO_GRAD_VIEW_REPLAY)):
+                and not user.meta.get(NO_GRAD_VIEW_REPLAY) and not user.meta.get(OWN_HISTORY_READ)):
             user.replace_input_with(new, kept)
     return kept
 
@@ -122,7 +118,6 @@ def keep_history_pass(gm: torch.fx.GraphModule, replacements, analyze,
     keep_history_if_no_grad (``output_kinds``: the output specs' kinds, in
     order: a write-back needs none). Returns the inserted nodes."""
     graph = gm.graph
-    settle_leaf_views(graph)
     replays = [n for n in graph.nodes if GRAD_VIEW_REPLAY in n.meta]
     modes = grad_modes(graph) if replays or any(r.in_grad_mode for r in replacements) else None
     if replays:
@@ -132,15 +127,23 @@ def keep_history_pass(gm: torch.fx.GraphModule, replacements, analyze,
     may_grad, may_grad_off = analyze(None), (analyze(modes) if modes is not None else set())
     position = {n: i for i, n in enumerate(graph.nodes)}
     history_of = {}  # a replaced value -> the node whose autograd history it carries
+    # a caller's-mode update whose history no later read showed: (its old, its segment's end)
+    deferred: dict[torch.fx.Node, tuple[torch.fx.Node, torch.fx.Node]] = {}
     kept = []
     for r in replacements:
         if not (_alive(r.old, graph) and _alive(r.new, graph) and _alive(r.exit, graph)):
             continue
-        if r.detached_alias_at is not None and any(
-                history_of.get(o, o) in may_grad for o in r.operands):  # a kept history counts
-            # eager gives the alias itself the autograd history of this update,
-            # which functionalization's detach view replay drops
-            refuse_detached_alias_update(r.detached_alias_at)
+        if r.old in deferred and not r.in_grad_mode:
+            # a hidden or no_grad update keeps the history the caller's mode gave the value:
+            # the update's under grad mode, the first old one's under no_grad
+            first, exit = deferred.pop(r.old)
+            node = _insert_keep_history(graph, first, r.old, exit, position, KEEP_HISTORY_IF_NO_GRAD)
+            if node is not None:
+                history_of[r.old] = node
+                kept.append(node)
+                position = {n: i for i, n in enumerate(graph.nodes)}
+                modes[node] = modes.get(exit)
+                may_grad_off, may_grad = analyze(modes), analyze(None)
         old = history_of.get(r.old, r.old)  # mutated again later: chain to the first old
         if r.in_grad_mode:
             replays = [u for u in r.new.users  # inside the segment, replays in an enable_grad block
@@ -154,6 +157,7 @@ def keep_history_pass(gm: torch.fx.GraphModule, replacements, analyze,
                 continue
             if not _read_later_where_history_shows(r.new, r.exit, position, modes, graph, output_kinds):
                 history_of[r.new] = old  # a later update in the caller's mode chains to it
+                deferred[r.new] = (old, r.exit)
                 continue
             node = _insert_keep_history(graph, old, r.new, r.exit, position, KEEP_HISTORY_IF_NO_GRAD)
         else:
@@ -169,22 +173,18 @@ def keep_history_pass(gm: torch.fx.GraphModule, replacements, analyze,
                 may_grad_off = analyze(modes)
             may_grad = analyze(None)
     detach_no_grad_view_replays(graph, may_grad)
+    drop_historyless_own_reads(graph, may_grad)
     return kept
 
 
-def settle_leaf_views(graph: torch.fx.Graph) -> None:
-    """A view of a tensor made to require grad has a history as the grad mode
-    it was made in says: one made inside a block that set grad on always has
-    one (its read is ``requires_grad``); one made in the caller's mode has one
-    in grad mode (``leaf_view``, read where it is read: in the caller's mode
-    too, unless inside another block)."""
-    reads = [n for n in graph.nodes if n.target is LEAF_VIEW and LEAF_VIEW_MADE_AT in n.meta]
-    if not reads:
-        return
-    modes = grad_modes(graph)
-    for node in reads:
-        if modes.get(node.meta[LEAF_VIEW_MADE_AT]) is True:
-            node.target = REQUIRES_GRAD
+def drop_historyless_own_reads(graph: torch.fx.Graph, may_grad: set) -> None:
+    """A detached alias's read of its own history (see the recorder's
+    ``_mutate_detached_alias``) where that history cannot require grad (the
+    update's operands did not): the read is the value itself."""
+    for node in [n for n in graph.nodes if n.meta.get(OWN_HISTORY_READ) and n.target is KEEP_HISTORY]:
+        if node.args[0] not in may_grad:
+            node.replace_all_uses_with(node.args[1])
+            graph.erase_node(node)
 
 
 def _before_view_replays(node: torch.fx.Node) -> torch.fx.Node:
@@ -288,18 +288,26 @@ def drop_unseen_leaves(gm: torch.fx.GraphModule, requiring: set, requiring_witho
         if not r.in_grad_mode or r.old in off:
             kept_from.setdefault(r.old, []).append(r.new)
     first = {}  # a value read as a leaf twice is one leaf, as in eager
-    for leaf in [n for n in gm.graph.nodes if n.target in (REQUIRES_GRAD, LEAF_VIEW)]:
+    for leaf in [n for n in gm.graph.nodes if n.target is REQUIRES_GRAD]:
         key = (leaf.target, leaf.args[0])
         if key in first:  # (left for dead-code elimination: the trace's record names it)
             leaf.replace_all_uses_with(first[key])
         else:
             first[key] = leaf
-    outputs = set(gm.graph.output_node().all_input_nodes)
+    # a value updated without autograd seeing it is read later with the old value's
+    # history (a kept history): what the leaf gave the new value ends there
+    rekept = set()  # (an earlier kept history counts: the old value was replaced before)
+    for r in replacements:
+        if not r.in_grad_mode and (r.old in requiring or r.old in rekept):
+            rekept.add(r.new)
+    outputs = set(gm.graph.output_node().all_input_nodes) - rekept
     for leaf in first.values():
         reached, todo = {leaf}, [leaf]
         while todo:  # the values whose history comes from the leaf alone
             node = todo.pop()
             for user in node.users:
+                if node in rekept and not user.meta.get(OWN_HISTORY_READ):
+                    continue  # a later read of it keeps the old value's history
                 if user not in reached and user in requiring and user not in requiring_without_leaves:
                     reached.add(user)
                     todo.append(user)

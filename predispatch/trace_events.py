@@ -52,6 +52,7 @@ GRAD_BLOCK = "predispatch_grad_block"  # node.meta key: (phase, block id)
 # attributes the recorder sets on the views it sees
 _SOURCE = "_predispatch_source"  # the tensor the view was taken from
 _DETACHED = "_predispatch_detached"  # a detach() result, or a view of one
+_DETACH_RESULT = "_predispatch_detach_result"  # a detach() result (an autograd base of its own)
 _NO_GRAD_VIEW = "_predispatch_no_grad_view"  # made under no_grad, or a view of such a view
 # node.meta key: a view op replaying a view made under no_grad, which in eager
 # never requires grad; the keep-history pass leaves its inputs without history
@@ -62,9 +63,13 @@ GRAD_VIEW_REPLAY = "predispatch_grad_view_replay"
 _MADE_AFTER = "_predispatch_made_after"  # on a grad-mode view: the graph's last node then
 _FROM_STACK = object()  # a grad-mode marker's caller: found on the Python stack
 _LEAF = "_predispatch_leaf"  # made to require grad in the forward: read through the op
-_LEAF_VIEW = "_predispatch_leaf_view"  # a grad-mode view of such a tensor: its node when made
-# node.meta key: on a leaf_view read, the node the view was made at (its grad mode decides)
-LEAF_VIEW_MADE_AT = "predispatch_leaf_view_made_at"
+# the node holding a tensor's eager history when functionalization replays it
+# from memory without it: a detached alias updated in grad mode, a grad-mode
+# view of a tensor made to require grad or of such a tensor
+_OWN_HISTORY = "_predispatch_own_history"
+# node.meta key: a keep_history read of a detached alias's own history (the value it
+# keeps is the update's, which a later keep of the base's history must not replace)
+OWN_HISTORY_READ = "predispatch_own_history_read"
 
 
 def mark_view(view: torch.Tensor, base: torch.Tensor) -> None:
@@ -82,7 +87,6 @@ class Replacement:
     new: torch.fx.Node
     exit: torch.fx.Node
     detached_alias_at: str | None = None  # source line, when through a detached alias
-    operands: tuple = ()  # the other tensor operands of that in-place update
     # made while the trace ran in grad mode: outside every grad block this code
     # runs in the caller's mode, and under a no_grad caller eager keeps ``old``'s
     # history (``exit`` is then the last node before the next grad-mode marker)
@@ -120,6 +124,8 @@ class _Recorder(_torch.TorchFunctionMode):
         # a view's lineage lives on the view (see _note_views), so it goes when the view goes;
         # grad-mode views still alive, and their nodes when the current no_grad span began
         self._grad_views: weakref.WeakSet = weakref.WeakSet()
+        # grad-mode views of detached aliases: an update of the alias gives them its history
+        self._detached_views: weakref.WeakSet = weakref.WeakSet()
         self._views_at_entry: dict[int, tuple[torch.Tensor, torch.fx.Node]] = {}
         self._any_no_grad_view = False
         # tensors written since the last grad-mode marker, in grad mode: id -> (tensor, old node)
@@ -164,8 +170,8 @@ class _Recorder(_torch.TorchFunctionMode):
             call = functools.partial(func, *args, **kwargs)
             if self._watch is None and self._any_no_grad_view and _reads_no_grad_view(args, kwargs):
                 call = functools.partial(self._call_marking_view_replays, func, args, kwargs)
-            if self._any_leaf and func is not ops.REQUIRES_GRAD:
-                out = self._call_reading_leaves(func, args, kwargs, call)
+            if self._any_leaf and func not in (ops.REQUIRES_GRAD, ops.KEEP_HISTORY):  # our reads: not again
+                out = self._call_reading_through(func, args, kwargs, call)
             else:
                 out = call()
         except RuntimeError as e:
@@ -186,7 +192,7 @@ class _Recorder(_torch.TorchFunctionMode):
     def _requires_grad(self, func, args, kwargs):
         """``t.requires_grad_()`` / ``t.requires_grad = True``: no node in a
         trace above autograd; the tensor is marked, and later calls read it
-        through the op (:meth:`_call_reading_leaves`)."""
+        through the op (:meth:`_call_reading_through`)."""
         t = args[0]
         required = t.requires_grad
         out = func(*args, **kwargs)
@@ -211,59 +217,72 @@ class _Recorder(_torch.TorchFunctionMode):
         self._any_leaf = True
 
     def read_leaf_outputs(self, out):
-        """Outputs made to require grad, or grad-mode views of them, are read
-        through the op too (functionalization replays an output view from
-        memory once the forward returns)."""
+        """Outputs are read through their op too (functionalization replays
+        an output view from memory once the forward returns)."""
         if not self._any_leaf:
             return out
+
         def read(t):
-            op = self._leaf_read(t, replayed_later=True)
-            if op is None:
+            through = self._read_through(t, replayed_later=True)
+            if through is None:
                 return t
-            out = op(t)
-            if op is ops.LEAF_VIEW:
-                _torch.current_node(out).meta[LEAF_VIEW_MADE_AT] = getattr(t, _LEAF_VIEW)
+            op, leading = through
+            out = op(*(t for _ in leading), t)  # its leading arguments are nodes: set below
+            node = _torch.current_node(out)
+            node.args = (*leading, *node.args[len(leading):])
+            if op is ops.KEEP_HISTORY:
+                node.meta[OWN_HISTORY_READ] = True
             return out
         return pytree.tree_map_only(_torch.FunctionalTensor, read, out)
 
-    def _leaf_read(self, t, replayed_later=False):
-        """The op a read of ``t`` goes through: ``requires_grad`` for a tensor
-        made to require grad; ``leaf_view`` for a grad-mode view of one that
-        functionalization replayed from its base since it was made, or will
-        (the replay starts from memory, not from the leaf); None otherwise (a
-        view not replayed is computed from the leaf's read already)."""
+    def _read_through(self, t, replayed_later=False):
+        """(op, nodes before ``t`` in its arguments) a read of ``t`` goes
+        through, or None:
+
+        * ``requires_grad`` for a tensor made to require grad;
+        * ``keep_history(own, t)`` for a tensor whose history is the node
+          ``own`` (a detached alias updated in grad mode: the update, see
+          :meth:`_mutate_detached_alias`; a grad-mode view of a tensor read
+          through an op: the view as made, from that read), once
+          functionalization replayed it from memory, or will (an output)."""
         if getattr(t, _LEAF, False):
-            return ops.REQUIRES_GRAD
-        made = getattr(t, _LEAF_VIEW, None)
-        if made is not None and (replayed_later or self._current_node(t) is not made):
-            return ops.LEAF_VIEW
+            return ops.REQUIRES_GRAD, ()
+        own = getattr(t, _OWN_HISTORY, None)
+        if isinstance(own, _ViewOfUpdate):
+            own = own.node()
+            setattr(t, _OWN_HISTORY, own)
+        if own is not None and (replayed_later or self._current_node(t) is not own):
+            return ops.KEEP_HISTORY, (own,)
         return None
 
-    def _call_reading_leaves(self, func, args, kwargs, call):
-        """A call reading tensors made to require grad: the nodes it makes
-        read ``predispatch.requires_grad`` of them (their history, or a leaf)
-        instead, as eager's call would differentiate through them. The
-        tensors themselves are untouched, so what aliases what is as in eager
-        (a view of one reads it through the op; its later replays from the
-        base do not); the tensor an in-place op writes is written as itself."""
-        written = args[0] if args and _is_in_place(func) else None
-        leaves = {node: (op, getattr(t, _LEAF_VIEW, None)) for t in pytree.tree_leaves((args, kwargs))
-                  if isinstance(t, _torch.FunctionalTensor) and t is not written
-                  and (op := self._leaf_read(t)) is not None and (node := self._current_node(t)) is not None}
-        if not leaves:
+    def _call_reading_through(self, func, args, kwargs, call, read_written=False):
+        """A call reading tensors :meth:`_read_through` names: the nodes it
+        makes read the op of them instead (a leaf's history, an alias's own),
+        as eager's call would differentiate through them. The tensors
+        themselves are untouched, so what aliases what is as in eager (a view
+        of one reads it through the op; its later replays from the base do
+        not); the tensor an in-place op writes is written as itself (and,
+        ``read_written``, read through its op: a detached alias updated in
+        grad mode again computes from its own history)."""
+        written = args[0] if args and _is_in_place(func) and not read_written else None
+        reading = {node: (through, t) for t in pytree.tree_leaves((args, kwargs))
+                   if isinstance(t, _torch.FunctionalTensor) and t is not written
+                   and (through := self._read_through(t)) is not None
+                   and (node := self._current_node(t)) is not None}
+        if not reading:
             return call()
         graph = _torch.current_tracer().graph
         mark = _torch.last_node(graph)
         out = call()
         reads = {}
         for node in list(_torch.nodes_after(mark)):
-            for value in [i for i in node.all_input_nodes if i in leaves]:
+            for value in [i for i in node.all_input_nodes if i in reading]:
                 if value not in reads:
-                    op, made = leaves[value]
+                    (op, leading), t = reading[value]
                     with graph.inserting_after(mark):
-                        reads[value] = graph.call_function(op, (value,))
-                    if op is ops.LEAF_VIEW:
-                        reads[value].meta[LEAF_VIEW_MADE_AT] = made
+                        reads[value] = graph.call_function(op, (*leading, value))
+                    if op is ops.KEEP_HISTORY:
+                        reads[value].meta[OWN_HISTORY_READ] = True
                     reads[value].meta.update({k: v for k, v in node.meta.items()
                                               if k in ("stack_trace", "nn_module_stack")})
                     reads[value].meta["val"] = value.meta.get("val")
@@ -337,16 +356,35 @@ class _Recorder(_torch.TorchFunctionMode):
                     no_grad = not torch.is_grad_enabled() or getattr(source, _NO_GRAD_VIEW, False)
                     if detached:
                         setattr(t, _DETACHED, True)
+                        if func is torch.Tensor.detach:
+                            setattr(t, _DETACH_RESULT, True)
+                        if not no_grad:
+                            self._detached_views.add(t)
                     if no_grad:
                         setattr(t, _NO_GRAD_VIEW, True)
                         self._any_no_grad_view = True
                     if not (detached or no_grad):  # a view with eager autograd history
                         self._grad_views.add(t)
-                        if getattr(source, _LEAF, False) or hasattr(source, _LEAF_VIEW):
-                            # its history leads to the leaf; its node now, read from the leaf's read
-                            setattr(t, _LEAF_VIEW, _torch.current_node(t))
                         if self._after_a_grad_marker:
                             setattr(t, _MADE_AFTER, _torch.last_node(_torch.current_tracer().graph))
+                    if not no_grad and func is not torch.Tensor.detach and (
+                            getattr(source, _LEAF, False) or hasattr(source, _OWN_HISTORY)):
+                        # its history is that of the view as made now, from the source's read
+                        setattr(t, _OWN_HISTORY, _torch.materialized_node(t))
+
+    @staticmethod
+    def _detach_result(t):
+        """The ``detach()`` result ``t`` is (a view of): its autograd base."""
+        while not getattr(t, _DETACH_RESULT, False) and (source := getattr(t, _SOURCE, None)) is not None:
+            t = source
+        return t
+
+    @staticmethod
+    def _descends(view, ancestor) -> bool:
+        while (view := getattr(view, _SOURCE, None)) is not None:
+            if view is ancestor:
+                return True
+        return False
 
     @staticmethod
     def _base(t: torch.Tensor) -> torch.Tensor:
@@ -356,17 +394,28 @@ class _Recorder(_torch.TorchFunctionMode):
 
     def _mutate_detached_alias(self, func, args, kwargs):
         """In grad mode, an in-place op on a detached alias changes its base's
-        values without autograd seeing it: like a mutation under no_grad."""
-        if any(getattr(t, _LEAF, False) for t in pytree.tree_leaves((args[1:], kwargs))):
-            refuse_detached_alias_update(user_location())  # a leaf requires grad
-        base = self._base(args[0])
+        values without autograd seeing it: like a mutation under no_grad. The
+        alias itself gets the update's history (from its operands): the
+        base's new value, viewed as the alias, keeps it, and later reads of
+        the alias, which functionalization replays from memory through the
+        detach, read ``keep_history(that, value)`` (see :meth:`_read_through`)."""
+        alias, base = args[0], self._base(args[0])
         old = self._current_node(base)
-        operands = tuple(n for t in pytree.tree_leaves((args[1:], kwargs))
-                         if (n := self._current_node(t)) is not None)
-        out = func(*args, **kwargs)
+        call = functools.partial(func, *args, **kwargs)
+        out = self._call_reading_through(func, args, kwargs, call, read_written=True) if self._any_leaf \
+            else call()
         new = self._current_node(base)
+        # eager's autograd base of the alias is the detach result it is a view of:
+        # the update gives it a history, from which every view of it regenerates its own
+        detached = self._detach_result(alias)
+        if (updated := _update_of(detached, base, old, new)) is not None:
+            setattr(detached, _OWN_HISTORY, updated)
+            self._any_leaf = True  # reads go through _read_through from now on
+            for view in list(self._detached_views):
+                if view is not detached and self._descends(view, detached):
+                    setattr(view, _OWN_HISTORY, _ViewOfUpdate(updated, detached, view, user_location()))
         if old is not None and new is not None and new is not old:
-            self.record.replacements.append(Replacement(old, new, new, user_location(), operands))
+            self.record.replacements.append(Replacement(old, new, new, user_location()))
         return out
 
     def before_functional_op(self, written) -> None:
@@ -548,14 +597,6 @@ def _refuse_hidden_alias(func, args, kwargs, out) -> None:
 _REQUIRES_GRAD_ATTR = torch._C.TensorBase.__dict__["requires_grad"]
 
 
-def refuse_detached_alias_update(where: str):
-    """An in-place update of a detached alias with an operand that requires grad."""
-    raise ExportError(
-        "an in-place update of a detached alias (x.detach().add_(y)) with an operand "
-        "that requires grad cannot be exported soundly: eager gives the alias a "
-        f"gradient history that the functional graph cannot carry; at {where}")
-
-
 def _sets_requires_grad(func, args, kwargs) -> bool:
     """``t.requires_grad_()`` / ``t.requires_grad_(True)`` / ``t.requires_grad = True``."""
     if func is torch.Tensor.requires_grad_:
@@ -574,6 +615,56 @@ def _data_access(func, args):
         f"assigning Tensor.data at {user_location()} cannot be exported soundly: it swaps the "
         "tensor's storage, which a functional graph cannot express; update it in place instead "
         "(with torch.no_grad(): t.copy_(value))")
+
+
+@dataclasses.dataclass
+class _ViewOfUpdate:
+    """The history of a view made of a detached alias before the alias was
+    updated in grad mode: eager regenerates it from the alias's new one, as
+    ``as_strided`` of the update (made where it is first read)."""
+
+    update: torch.fx.Node
+    size: tuple
+    stride: tuple
+    offset: int
+    where: str
+
+    def __init__(self, update, alias, view, where):
+        val = update.meta.get("val")
+        if val is None or tuple(val.stride()) != tuple(alias.stride()):
+            raise ExportError(
+                f"a view of a detached alias that is then updated in place with an operand that "
+                f"requires grad, at {where}, when the update's value is laid out otherwise than "
+                "the alias: cannot be exported soundly; take the view after the update")
+        self.update, self.where = update, where
+        self.size, self.stride = tuple(view.size()), tuple(view.stride())
+        self.offset = view.storage_offset() - alias.storage_offset()
+
+    def node(self) -> torch.fx.Node:
+        graph = self.update.graph
+        with graph.inserting_after(_torch.last_node(graph)):
+            node = graph.call_function(torch.ops.aten.as_strided.default,
+                                       (self.update, list(self.size), list(self.stride), self.offset))
+        node.meta["val"] = _torch.fake_as_strided(self.update.meta["val"], self.size, self.stride, self.offset)
+        node.meta[OWN_HISTORY_READ] = True  # the update's own history: no kept one replaces it
+        return node
+
+
+def _update_of(alias, base, old: torch.fx.Node, new: torch.fx.Node) -> torch.fx.Node | None:
+    """The node holding ``alias``'s value as the in-place update made it, before
+    it reached ``base`` (``old`` -> ``new``): for an alias of all of the base,
+    the base's new value (computed from the detached alias, so with the
+    update's history only); for an alias of part of it, the value the base's
+    update scatters in. None where the graph does not show it."""
+    if (alias.size(), alias.stride(), alias.storage_offset()) == (
+            base.size(), base.stride(), base.storage_offset()):
+        return new
+    if (new is not None and new.op == "call_function" and str(new.target).split(".")[-2].endswith("_scatter")
+            and new.args[0] is old and isinstance(new.args[1], torch.fx.Node)):
+        val = new.args[1].meta.get("val")
+        if isinstance(val, torch.Tensor) and val.shape == alias.shape:
+            return new.args[1]
+    return None
 
 
 def _reads_no_grad_view(args, kwargs) -> bool:
@@ -638,8 +729,9 @@ def recording(module: torch.nn.Module, record: TraceRecord, strip):
         # the stamper on top: nodes the recorder's own calls make get the user's stack too
         # (and it stamps autocast's enter/exit as wrapped for the cache flag below it)
         draws = HostDraws()
-        with autocast_blocks_as_in_eager(eager_autocast_cache), \
-                _Recorder(record, casts, draws) as recorder, stamping_stack_traces(), \
+        recorder = _Recorder(record, casts, draws)
+        with autocast_blocks_as_in_eager(eager_autocast_cache, recorder.sync_grad_mode), \
+                recorder, stamping_stack_traces(), \
                 _wrapping_what_modes_miss(record, draws), _observing_ops(recorder.before_functional_op):
             out = forward(*args, **kwargs)
             recorder.refuse_unrestored_hidden_blocks()

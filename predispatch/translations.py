@@ -79,7 +79,7 @@ def buffer_reassignment_as_update():
 
 
 @contextlib.contextmanager
-def autocast_blocks_as_in_eager(eager_cache_default: bool):
+def autocast_blocks_as_in_eager(eager_cache_default: bool, at_block_edge=lambda: None):
     """What an autocast block leaves to run time, recorded as such.
 
     The cast cache: make_fx turns it off while tracing, so a block that does
@@ -91,7 +91,10 @@ def autocast_blocks_as_in_eager(eager_cache_default: bool):
     The dtype: ``torch.autocast("cpu")`` without one takes the dtype current
     when the block is entered (an enclosing autocast's, or
     ``torch.set_autocast_dtype``'s). The block records None, so the program
-    takes it at run time too; the trace runs with the current one."""
+    takes it at run time too; the trace runs with the current one.
+
+    ``at_block_edge()`` runs before each enter and exit (the recorder's: a
+    grad-mode change it did not see ends there, not inside the block)."""
     def init(original):
         def call(self, device_type, dtype=None, enabled=True, cache_enabled=None):
             original(self, device_type, dtype, enabled,
@@ -101,6 +104,7 @@ def autocast_blocks_as_in_eager(eager_cache_default: bool):
 
     def enter(original):
         def call(self):
+            at_block_edge()
             tracing = torch.is_autocast_cache_enabled()
             tracer = _torch.current_tracer()
             last = None if tracer is None else _torch.last_node(tracer.graph)
@@ -113,5 +117,12 @@ def autocast_blocks_as_in_eager(eager_cache_default: bool):
             return entered
         return call
 
-    with patched(torch.autocast, "__init__", init), patched(torch.autocast, "__enter__", enter):
+    def exit_(original):
+        def call(self, *exc):
+            at_block_edge()
+            return original(self, *exc)
+        return call
+
+    with patched(torch.autocast, "__init__", init), patched(torch.autocast, "__enter__", enter), \
+            patched(torch.autocast, "__exit__", exit_):
         yield

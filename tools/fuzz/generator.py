@@ -294,6 +294,11 @@ class Var:
     is_view: bool = False
     differentiable: bool = True  # False below a .detach()
     view_modes: frozenset = frozenset()  # grad modes the views of its chain were made in
+    storage: str = ""  # the storage it lives in, when not its root's (a leaf made of an alias)
+
+    @property
+    def memory(self) -> str:
+        return self.storage or self.root
 
 
 def _broadcast(a: tuple, b: tuple) -> tuple | None:
@@ -508,7 +513,7 @@ class _Builder:
                 forms.append((".view(4, 3)", (4, 3), True))
         suffix, shape, contig = self.pick(forms)
         name = self.new_name()
-        var = Var(name, shape, a.dtype, a.root, is_view=True,
+        var = Var(name, shape, a.dtype, a.root, is_view=True, storage=a.storage,
                   differentiable=a.differentiable and suffix != ".detach()",
                   view_modes=a.view_modes | {self.grad_mode()})
         self._add(var, contiguous=contig)
@@ -544,7 +549,7 @@ class _Builder:
         iteration order, which no functional program reproduces; the same
         tensor (full overlap) is well defined."""
         def overlaps(v):
-            return v.root == target.root and v.expr != target.expr and (v.is_view or target.is_view)
+            return v.memory == target.memory and v.expr != target.expr and (v.is_view or target.is_view)
         return [v for v in self.vars if _fits(v.shape, shape) and not overlaps(v)]
 
     def _after_mutation(self, t: Var, operand) -> None:
@@ -586,7 +591,9 @@ class _Builder:
             return None
         name = self.new_name()
         self.roots[name] = Root("tmp", True, True)
-        self._add(Var(name, a.shape, a.dtype, name), contiguous=self.contiguous[a.expr])
+        # its own autograd root, in the memory of ``a`` (an operand must not overlap it partially)
+        self._add(Var(name, a.shape, a.dtype, name, is_view=a.is_view, storage=a.memory),
+                  contiguous=self.contiguous[a.expr])
         return Stmt(f"{name} = {a.expr}.detach().requires_grad_()")
 
     def _ema(self, depth) -> Stmt | None:
