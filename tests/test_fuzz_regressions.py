@@ -1,9 +1,10 @@
 """Bugs found by the differential fuzzer (tools/fuzz), each as the minimal
 module it shrank to, with the diagnosis. Open ones are xfail(strict=True):
-remove the marker with the fix. Fixed: 1-27 (4b's nested
+remove the marker with the fix. Fixed: 1-27, 29, 30 (4b's nested
 autocast(enabled=False) case by the refusal reading autocast nesting, 10 by
 marking no_grad view replays, 15 and 16 by noting grad-mode views at no_grad
-entries). Open: 28.
+entries; 7 and 22, once refusals, are exported since the eighth session).
+Open: 28.
 
 A test passes when the program matches eager (outputs, gradients, states,
 G1/G3, G7) or, where ``refusal_ok``, when export refuses it with
@@ -1004,3 +1005,117 @@ class NoGradViewOfAnUpdatedValueViewedInGradMode(nn.Module):
 @pytest.mark.xfail(strict=True, reason="open: fuzz bug 28, the output replay of a no_grad view has a history")
 def test_no_grad_view_of_an_updated_value_viewed_in_grad_mode():
     assert_sound(NoGradViewOfAnUpdatedValueViewedInGradMode(), inputs((3, 4)))
+
+
+# --------------------------------------------------------------------------
+# 29. (seeds 9003-9005, eighth session) A detached alias updated in grad mode
+# with an operand that requires grad (a leaf made in the forward, a
+# parameter): eager gives the alias, and every view of the detach result it
+# belongs to, the update's history; they were refused. Now kept: reads of
+# them, which functionalization replays from memory through the detach, read
+# keep_history(the update, value); views made before the update regenerate
+# theirs from it (as_strided of the update), as eager's autograd does.
+
+class ViewsOfADetachedAliasUpdatedWithALeaf(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.bias = nn.Parameter(torch.randn(4, generator=torch.Generator().manual_seed(0)))
+
+    def forward(self, x):
+        v0 = self.bias.detach()
+        v1 = v0[1:]  # made before the update
+        v0.add_(2.0)
+        with torch.no_grad():
+            v4 = v0.detach().requires_grad_()
+        v5 = v4.detach().requires_grad_()
+        v0.sub_(v5)  # v0, and v1 with it, get the leaf's history
+        return v1 * 1.0, v0.unsqueeze(0)
+
+
+class DetachedAliasIndexAssignedAParameter(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        v0 = x.detach()
+        v0.add_(2.0)
+        v2 = v0.detach().requires_grad_()
+        v0[0] = self.lin.bias
+        return v2, v0
+
+
+class UpdatedAgainInTheCallersMode(nn.Module):
+    """The alias's own history (from an enable_grad block) is where its later
+    caller's-mode updates start."""
+
+    def __init__(self):
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.p = nn.Parameter(torch.randn(3, 4, generator=g))
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        with torch.enable_grad():
+            v0 = self.lin(self.p)
+            v1 = torch.sigmoid(v0)
+            v2 = v0.detach()
+            v2.add_(v1)
+        v2.mul_(0.9).add_(x, alpha=0.1)
+        return -v2
+
+
+class ViewOfTheDetachResultUpdated(nn.Module):
+    """An update through a view of a detach result gives the detach result
+    (its autograd base) the history."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.register_buffer("b", torch.randn(3, 4, generator=torch.Generator().manual_seed(0)))
+
+    def forward(self, x):
+        v0 = self.b.detach()
+        v0.mul_(v0)
+        with torch.enable_grad():
+            v2 = v0.unsqueeze(0)
+        v2[0] = self.lin.bias.unsqueeze(0)
+        return v0
+
+
+@pytest.mark.parametrize("module", [ViewsOfADetachedAliasUpdatedWithALeaf(),
+                                    DetachedAliasIndexAssignedAParameter(),
+                                    UpdatedAgainInTheCallersMode(), ViewOfTheDetachResultUpdated()],
+                         ids=lambda m: type(m).__name__)
+def test_detached_aliases_updated_with_a_history_keep_it(module):
+    assert_sound(module, inputs((3, 4)))
+
+
+# --------------------------------------------------------------------------
+# 30. (seed 9007, eighth session; pre-existing, hidden by a refusal) A buffer
+# updated in an enable_grad block, then through a view in the caller's mode,
+# then through another view by a hidden no_grad block (nn.init.constant_):
+# the hidden update's kept history chained to the value before the caller's-
+# mode update, dropping it (the gradient missed its factor 0.9). Fixed: a
+# no_grad or hidden update after a caller's-mode one whose history no read
+# showed keeps keep_history_if_no_grad of it (the update's history in grad
+# mode, the first one's under no_grad).
+
+class HiddenUpdateAfterACallersModeUpdate(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.bias = nn.Parameter(torch.randn(4, generator=torch.Generator().manual_seed(0)))
+        self.register_buffer("b", torch.randn(3, 4, generator=torch.Generator().manual_seed(1)))
+
+    def forward(self, x):
+        with torch.enable_grad():
+            self.b.mul_(self.bias)
+            v0 = self.b.view(4, 3)
+        v2 = v0.t()
+        v0.mul_(0.9)
+        torch.nn.init.constant_(v2, 0.5)
+        return v2[:, 1:3]
+
+
+def test_a_hidden_update_after_a_callers_mode_update_keeps_its_history():
+    assert_sound(HiddenUpdateAfterACallersModeUpdate(), inputs((3, 4)))
