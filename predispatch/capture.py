@@ -51,6 +51,13 @@ def _strip_root(name: str) -> str:
     return name[len(_ROOT):] if name.startswith(_ROOT) else name
 
 
+def history_nodes(record: TraceRecord) -> set:
+    """What the history stage may need although nothing else uses it: a
+    replaced value, the node a grad-mode segment ended at (where its
+    keep_history goes), and where a replayed view was made."""
+    return {*record.needed, *(n for r in record.replacements for n in (r.old, r.exit))}
+
+
 def _aten_stage(policy: OpPolicy, record: TraceRecord):
     """torch.export's ``_to_aten_func`` hook, doing our functional pre-dispatch trace."""
     t = _torch.export_trace
@@ -59,11 +66,7 @@ def _aten_stage(policy: OpPolicy, record: TraceRecord):
                 produce_guards_callback=None, *, transform=lambda f: f, **_unused):
         def trace(stack, wrapped, args, *, kwargs=None, **_flags):
             with recording(wrapped, record, _strip_root):
-                # the history stage may need a replaced value nothing else uses, the
-                # node a grad-mode segment ended at (where its keep_history goes), and
-                # where a replayed view was made
-                return functional_trace(wrapped, args, kwargs, keep=lambda: {
-                    *record.needed, *(n for r in record.replacements for n in (r.old, r.exit))})
+                return functional_trace(wrapped, args, kwargs, keep=lambda: history_nodes(record))
 
         with contextlib.ExitStack() as stack:
             stack.enter_context(_torch.restoring_module_attributes(getattr(mod, "_export_root", mod)))
