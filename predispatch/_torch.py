@@ -757,7 +757,36 @@ def free_module_name(root: torch.nn.Module, base: str) -> str:
     return f"{base}_{i}"
 
 
+def autocast_cache_default() -> bool:
+    """The cast-cache flag a block that does not say gets (while the forward
+    is traced: eager's, see ``translations.autocast_blocks_as_in_eager``)."""
+    return torch.autocast("cpu", enabled=False)._cache_enabled
+
+
+@contextlib.contextmanager
+def autocast_cache_enabled(value: bool):
+    previous = torch.is_autocast_cache_enabled()
+    torch.set_autocast_cache_enabled(value)
+    try:
+        yield
+    finally:
+        torch.set_autocast_cache_enabled(previous)
+
+
 def rename_placeholder(node: torch.fx.Node, name: str) -> None:
     """A placeholder's name and argument name (the graph's namespace kept unique)."""
     node.target = name
     node._rename(name)
+
+
+def traces_above_autograd(mode) -> bool:
+    """Is make_fx's proxy ``mode`` tracing above autograd (pre-dispatch)?"""
+    return mode.pre_dispatch
+
+
+def retrace_subgraph(gm: torch.fx.GraphModule, example_inputs: list) -> torch.fx.GraphModule:
+    """``gm`` traced again by the make_fx trace in progress (its decompositions,
+    the autocast state now), as a subgraph of its own."""
+    from torch._higher_order_ops.utils import reenter_make_fx
+
+    return reenter_make_fx(gm)(*example_inputs)

@@ -66,17 +66,24 @@ AUTOGRAD_FUNCTION = _AutogradFunctionOp()
 
 @dataclasses.dataclass(frozen=True)
 class FunctionSpec:
-    """The op's keyword arguments."""
+    """The op's keyword arguments (an empty list or a default is left out:
+    torch.export's serializer cannot tell an empty list's type)."""
 
     name: str  # the Function's class name: its subgraphs are named for it
     num_outputs: int  # fwd returns the outputs, then the saved tensors
-    non_differentiable: list  # outputs marked non-differentiable
-    grad_outputs: list  # the outputs whose gradients bwd takes, in order
-    grad_inputs: list  # the inputs bwd's results are the gradients of, in order
-    materialize_grads: bool  # ctx.set_materialize_grads
+    grad_outputs: list = ()  # the outputs whose gradients bwd takes, in order
+    grad_inputs: list = ()  # the inputs bwd's results are the gradients of, in order
+    non_differentiable: list = ()  # outputs marked non-differentiable
+    materialize_grads: bool = True  # ctx.set_materialize_grads
 
     def as_kwargs(self) -> dict:
-        return dataclasses.asdict(self)
+        kwargs = {"name": self.name, "num_outputs": self.num_outputs}
+        for field in ("grad_outputs", "grad_inputs", "non_differentiable"):
+            if getattr(self, field):
+                kwargs[field] = list(getattr(self, field))
+        if not self.materialize_grads:
+            kwargs["materialize_grads"] = False
+        return kwargs
 
 
 def _forward_outputs(fwd, inputs, num_outputs):
@@ -109,6 +116,8 @@ def _functionalize(ctx, fwd, bwd, *inputs, **spec):
 
 @AUTOGRAD_FUNCTION.py_impl(_torch.ProxyTorchDispatchMode)
 def _proxy(mode, fwd, bwd, *inputs, **spec):
+    if not _torch.traces_above_autograd(mode):  # run_decompositions: the subgraphs too
+        fwd, bwd = _lowered(fwd, bwd, inputs, FunctionSpec(**spec))
     # the values below the tracer: the subgraphs' ops are not the trace's
     with _torch.torch_function_modes_suspended():
         out = AUTOGRAD_FUNCTION(fwd, bwd, *inputs, **spec)
@@ -116,6 +125,31 @@ def _proxy(mode, fwd, bwd, *inputs, **spec):
     return _torch.record_higher_order_call(
         mode, AUTOGRAD_FUNCTION, (fwd, bwd, *inputs), spec, out,
         {f"{base}_fwd": fwd, f"{base}_bwd": bwd})
+
+
+def _lowered(fwd, bwd, inputs, spec: FunctionSpec):
+    """Both subgraphs traced by a trace below autograd (``run_decompositions``):
+    decomposed as the rest of the program, with the autocast casts of the
+    state the op runs in (the forward's, which the backward assumes)."""
+    lowered_fwd = _named_as(fwd, _torch.retrace_subgraph(fwd, list(inputs)))
+    values = _output_values(lowered_fwd)
+    outs, saved = values[:spec.num_outputs], values[spec.num_outputs:]
+    grads = [torch.empty(outs[i].shape, dtype=outs[i].dtype, device=outs[i].device)
+             for i in spec.grad_outputs]
+    saved = [torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device=v.device) for v in saved]
+    return lowered_fwd, _named_as(bwd, _torch.retrace_subgraph(bwd, [*grads, *saved]))
+
+
+def _named_as(original: torch.fx.GraphModule, new: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """``new``'s placeholders named as ``original``'s."""
+    for old, node in zip(_placeholders(original), _placeholders(new)):
+        _torch.rename_placeholder(node, old.target)
+    new.recompile()
+    return new
+
+
+def _placeholders(gm: torch.fx.GraphModule) -> list:
+    return [n for n in gm.graph.nodes if n.op == "placeholder"]
 
 
 def _snake(name: str) -> str:
@@ -129,6 +163,16 @@ def _free_name(root, base: str) -> str:
     return f"{base}_{i}"
 
 
+def run_autograd_function(fwd, bwd, *inputs, **spec):
+    """The op as ``ep.module()``'s code calls it: under dynamo
+    (``torch.compile``), as the autograd.Function it is at run time, which
+    dynamo traces (into its own ``autograd_function_apply``) where it does not
+    know the op; elsewhere the op itself (a re-export keeps it)."""
+    if torch.compiler.is_dynamo_compiling():
+        return _RunFunction.apply(fwd, bwd, FunctionSpec(**spec), *inputs)
+    return AUTOGRAD_FUNCTION(fwd, bwd, *inputs, **spec)
+
+
 class _RunFunction(torch.autograd.Function):
     """The op at run time: an autograd.Function running the two graphs."""
 
@@ -138,7 +182,7 @@ class _RunFunction(torch.autograd.Function):
         outputs, saved = results[:spec.num_outputs], results[spec.num_outputs:]
         ctx.bwd, ctx.spec = bwd, spec
         ctx.save_for_backward(*saved)
-        ctx.mark_non_differentiable(*(outputs[i] for i in spec.non_differentiable))
+        ctx.mark_non_differentiable(*[outputs[i] for i in spec.non_differentiable])
         ctx.set_materialize_grads(spec.materialize_grads)
         if not spec.materialize_grads:  # a gradient not given is then zeros (see subgraph docs)
             ctx.output_meta = [(o.shape, o.dtype, o.device) for o in outputs]
@@ -306,9 +350,10 @@ class _MutatedInput(Exception):
     """A subgraph updates one of its inputs in place."""
 
 
-def subgraph(fn, fake_inputs: list, names: list[str]) -> torch.fx.GraphModule:
+def subgraph(fn, fake_inputs: list, names: list[str], autocast_cache: bool) -> torch.fx.GraphModule:
     """``fn(*fake_inputs)`` traced by the module's pipeline (capture, kept
-    histories, dead code, copies, regions, G1's net), placeholders named ``names``."""
+    histories, dead code, copies, regions, G1's net), placeholders named
+    ``names``; an autocast block that does not say gets ``autocast_cache``."""
     from types import SimpleNamespace
 
     from torch.export.graph_signature import (
@@ -327,11 +372,12 @@ def subgraph(fn, fake_inputs: list, names: list[str]) -> torch.fx.GraphModule:
     from .trace_events import TraceRecord, recording
 
     body, record = _Body(fn), TraceRecord()
-    with recording(body, record, str):
+    with _torch.autocast_cache_enabled(autocast_cache), recording(body, record, str), \
+            _torch.autocast_cache_enabled(False):  # as make_fx traces
         gm, signature = functional_trace(body, fake_inputs, {}, keep=lambda: history_nodes(record))
     if signature.user_inputs_to_mutate:
         raise _MutatedInput()
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    placeholders = _placeholders(gm)
     for node, name in zip(placeholders, names):
         _torch.rename_placeholder(node, name)
     outputs = gm.graph.output_node().args[0]
@@ -355,6 +401,7 @@ def _inline_no_grad_regions(gm: torch.fx.GraphModule) -> None:
 
     for region in [r for r in regions(gm) if r.depth == 0 and r.owner is gm and r.args == (False,)]:
         inline_region(gm, region)
+    gm.graph.eliminate_dead_code()  # the inlined region's get_attr
     gm.delete_all_unused_submodules()
     gm.recompile()
 
@@ -366,6 +413,9 @@ class _Traced:
     spec: FunctionSpec
     outputs: tuple  # the forward's outputs: a tensor's position among the op's, or a constant
     single: bool  # the forward returned one value, not a tuple
+
+
+_SAVED = object()  # a tensor leaf of a ctx attribute: passed to the backward as saved
 
 
 class _TensorAt(int):
@@ -407,12 +457,13 @@ def _trace_call(cls, args, positions, tensors, where) -> _Traced:
     # traced as every floating input requiring grad: the caller decides at run time
     needs_input_grad = tuple(isinstance(a, torch.Tensor) and (a.is_floating_point() or a.is_complex())
                              for a in args)
+    cache = _torch.autocast_cache_default()
     try:
         with _torch.outer_trace_suspended(fake_mode), patches_suspended():
             inputs = [torch.empty_strided(s, st, dtype=d, device=dev) for s, st, d, dev in metas]
-            fwd, state = _trace_forward(cls, args, positions, inputs, needs_input_grad, where)
+            fwd, state = _trace_forward(cls, args, positions, inputs, needs_input_grad, where, cache)
             bwd, grad_outputs, grad_inputs = _trace_backward(cls, args, positions, fwd, state,
-                                                             needs_input_grad, where)
+                                                             needs_input_grad, where, cache)
     except _MutatedInput:
         raise ExportError(
             f"torch.autograd.Function {name} at {where} updates an input in place (in its "
@@ -442,7 +493,7 @@ def _forward_parameter_names(cls, count: int) -> list[str]:
     return [names[i] if i < len(names) else f"arg{i}" for i in range(count)]
 
 
-def _trace_forward(cls, args, positions, inputs, needs_input_grad, where):
+def _trace_forward(cls, args, positions, inputs, needs_input_grad, where, cache):
     name = cls.__name__
     state = {}
 
@@ -486,7 +537,8 @@ def _trace_forward(cls, args, positions, inputs, needs_input_grad, where):
                     "state the backward would read when it runs, which the graph fixes at "
                     "export time; keep tensors and plain values (numbers, strings, dtypes) on ctx")
             leaves, treespec = pytree.tree_flatten(value)
-            attributes[attr] = ([isinstance(leaf, torch.Tensor) or leaf for leaf in leaves], treespec)
+            attributes[attr] = ([_SAVED if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves],
+                                treespec)
             saved += [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
         marked = ctx._state["non_differentiable"]
         state.update(
@@ -497,7 +549,7 @@ def _trace_forward(cls, args, positions, inputs, needs_input_grad, where):
         return (*out_tensors, *saved)
 
     names = _forward_parameter_names(cls, len(args))
-    fwd = subgraph(forward, inputs, [names[p] for p in positions])
+    fwd = subgraph(forward, inputs, [names[p] for p in positions], cache)
     _inline_no_grad_regions(fwd)
     return fwd, state
 
@@ -506,7 +558,7 @@ def _output_values(gm: torch.fx.GraphModule) -> list:
     return [o.meta["val"] for o in gm.graph.output_node().args[0]]
 
 
-def _trace_backward(cls, args, positions, fwd, state, needs_input_grad, where):
+def _trace_backward(cls, args, positions, fwd, state, needs_input_grad, where, cache):
     name = cls.__name__
     n_out = state["num_outputs"]
     values = _output_values(fwd)
@@ -528,7 +580,7 @@ def _trace_backward(cls, args, positions, fwd, state, needs_input_grad, where):
         ctx._state["saved"] = tuple(None if empty else next(kept) for empty in state["saved_slots"])
         for attr, (leaves, treespec) in state["attributes"].items():
             setattr(ctx, attr, pytree.tree_unflatten(
-                [next(kept) if leaf is True else leaf for leaf in leaves], treespec))
+                [next(kept) if leaf is _SAVED else leaf for leaf in leaves], treespec))
         full = [None] * n_out
         for i, g in zip(grad_outputs, given):
             full[i] = g
@@ -546,7 +598,8 @@ def _trace_backward(cls, args, positions, fwd, state, needs_input_grad, where):
                 grads_out.append(result[p])
         return tuple(grads_out)
 
-    bwd = subgraph(backward, [*grads, *saved], _backward_names(backward_fn, grad_outputs, fwd, n_out))
+    bwd = subgraph(backward, [*grads, *saved], _backward_names(backward_fn, grad_outputs, fwd, n_out),
+                   cache)
     return bwd, grad_outputs, list(grad_inputs)
 
 

@@ -1,0 +1,172 @@
+"""torch.autograd.Function exported with its own backward (issue 16).
+
+Each case is compared with eager (outputs, which require grad, gradients of
+inputs and parameters, states, and G7 re-export) by ``assert_matches_eager``;
+the straight-through estimator also by its graph.
+"""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import predispatch
+from predispatch.autograd_functions import AUTOGRAD_FUNCTION
+from predispatch.testing import GraphTestCase, assert_invariants
+from predispatch.testing.eager import assert_matches_eager
+
+
+class STE(torch.autograd.Function):
+    """Rounds to quarters; the gradient passes straight through."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return torch.round(x * 4) / 4
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+class STEModule(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return STE.apply(self.lin(x)) * 2
+
+
+class ScaledTanh(torch.autograd.Function):
+    """Saves an intermediate and its output, keeps a number and a dtype on ctx."""
+
+    @staticmethod
+    def forward(ctx, x, scale: float):
+        t = torch.tanh(x * scale)
+        ctx.save_for_backward(x, t)
+        ctx.scale, ctx.dtype = scale, x.dtype
+        return t * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        x, t = ctx.saved_tensors
+        return (g * 2 * (1 - t * t) * ctx.scale).to(ctx.dtype), None
+
+
+class SavesIntermediates(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return ScaledTanh.apply(self.lin(x), 0.5)
+
+
+class SplitSign(torch.autograd.Function):
+    """Two outputs, the second non-differentiable."""
+
+    @staticmethod
+    def forward(ctx, x):
+        sign = torch.sign(x)
+        ctx.save_for_backward(sign)
+        ctx.mark_non_differentiable(sign)
+        return x.abs(), sign
+
+    @staticmethod
+    def backward(ctx, g_abs, g_sign):
+        (sign,) = ctx.saved_tensors
+        return g_abs * sign
+
+
+class TwoOutputs(torch.nn.Module):
+    def forward(self, x):
+        magnitude, sign = SplitSign.apply(x * 3)
+        return magnitude * 2, sign
+
+
+class InRegions(torch.nn.Module):
+    """One Function call under no_grad (its backward never runs), one in an
+    autocast region."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        with torch.no_grad():
+            frozen = STE.apply(self.lin(x))
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = STE.apply(self.lin(x) @ self.lin.weight)
+        return y.float() + frozen
+
+
+class CastToFloat(torch.autograd.Function):
+    """``custom_fwd(cast_inputs=float32)``: under autocast, runs in float32
+    with autocast off; ``custom_bwd``: the backward under the forward's state."""
+
+    @staticmethod
+    @torch.amp.custom_fwd(device_type="cpu", cast_inputs=torch.float32)
+    def forward(ctx, a, b):
+        ctx.save_for_backward(a, b)
+        return a @ b
+
+    @staticmethod
+    @torch.amp.custom_bwd(device_type="cpu")
+    def backward(ctx, g):
+        a, b = ctx.saved_tensors
+        return g @ b.t(), a.t() @ g
+
+
+class KeepsAutocast(torch.autograd.Function):
+    """``custom_fwd`` without casting: the backward runs under the forward's autocast."""
+
+    @staticmethod
+    @torch.amp.custom_fwd(device_type="cpu")
+    def forward(ctx, a, b):
+        ctx.save_for_backward(a, b)
+        return a @ b
+
+    @staticmethod
+    @torch.amp.custom_bwd(device_type="cpu")
+    def backward(ctx, g):
+        a, b = ctx.saved_tensors
+        return g @ b.t(), a.t() @ g
+
+
+class CustomAmp(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(4, 4))
+
+    def forward(self, x):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = CastToFloat.apply(x, self.w)
+            z = KeepsAutocast.apply(x, self.w)
+        return y + z.float()
+
+
+class UsedTwice(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return STE.apply(self.lin(STE.apply(x)))
+
+
+CASES = {
+    "straight_through": (STEModule, (torch.randn(2, 4),)),
+    "saves_intermediates": (SavesIntermediates, (torch.randn(2, 4),)),
+    "two_outputs": (TwoOutputs, (torch.randn(2, 4),)),
+    "in_regions": (InRegions, (torch.randn(2, 4),)),
+    "custom_amp": (CustomAmp, (torch.randn(3, 4),)),
+    "used_twice": (UsedTwice, (torch.randn(2, 4),)),
+}
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_matches_eager(name):
+    make, args = CASES[name]
+    torch.manual_seed(0)
+    assert_matches_eager(make(), args, rtol=1e-2, atol=1e-2)
