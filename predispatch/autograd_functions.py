@@ -44,7 +44,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from . import _torch
-from .errors import ExportError, user_location
+from .errors import ExportError, exception_location, user_location
 from .patching import patched, patches_suspended
 
 # --------------------------------------------------------------------------
@@ -268,7 +268,7 @@ class _TracedCtx:
 
     def mark_dirty(self, *tensors):
         raise ExportError(
-            f"torch.autograd.Function {self._state['name']} at {self._state['where']} updates its "
+            f"torch.autograd.Function {self._state['name']} at {self._state['where']}: it updates its "
             "input in place (ctx.mark_dirty): cannot be exported soundly as one op; return a new "
             "tensor, and update the input outside the Function")
 
@@ -441,7 +441,7 @@ def capture_call(cls, args: tuple, kwargs: dict):
     tensors = [args[i] for i in positions]
     if not all(_torch.is_traced(t) for t in tensors):
         raise ExportError(
-            f"torch.autograd.Function {name} at {where} takes a tensor that is neither a "
+            f"torch.autograd.Function {name} at {where}: it takes a tensor that is neither a "
             "parameter, a buffer, an input nor computed from them (a global tensor): "
             "cannot be exported soundly; register it as a buffer")
     traced = _trace_call(cls, args, positions, tensors, where)
@@ -466,16 +466,19 @@ def _trace_call(cls, args, positions, tensors, where) -> _Traced:
                                                              needs_input_grad, where, cache)
     except _MutatedInput:
         raise ExportError(
-            f"torch.autograd.Function {name} at {where} updates an input in place (in its "
+            f"torch.autograd.Function {name} at {where}: it updates an input in place (in its "
             "forward, or a saved tensor or gradient in its backward): cannot be exported soundly; "
             "compute a new tensor instead") from None
     except ExportError:
         raise
+    except _torch.data_dependence_errors() as e:
+        raise ExportError(
+            f"torch.autograd.Function {name} at {where}: data-dependent Python control flow "
+            f"(a Python bool/int/float/item() of a tensor's value) at {exception_location(e)} "
+            "cannot be exported soundly") from e
     except Exception as e:
-        if isinstance(e, _torch.data_dependence_errors()):
-            raise
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ExportError(f"torch.autograd.Function {name} at {where} could not be traced "
+        raise ExportError(f"torch.autograd.Function {name} at {where}: it could not be traced "
                           f"into a graph: {first}") from e
     spec = FunctionSpec(name=name, num_outputs=state["num_outputs"],
                         non_differentiable=state["non_differentiable"], grad_outputs=grad_outputs,
@@ -514,14 +517,14 @@ def _trace_forward(cls, args, positions, inputs, needs_input_grad, where, cache)
             if isinstance(o, torch.Tensor):
                 if any(o is t or _torch.shares_storage(o, t) for t in tensors):
                     raise ExportError(
-                        f"torch.autograd.Function {name} at {where} returns one of its inputs or "
+                        f"torch.autograd.Function {name} at {where}: it returns one of its inputs or "
                         "a view of one: cannot be exported soundly as one op (the program could "
                         "not keep the alias); return a new tensor (e.g. x.clone())")
                 layout.append(_TensorAt(len(out_tensors)))
                 out_tensors.append(o)
             elif any(isinstance(leaf, torch.Tensor) for leaf in pytree.tree_leaves(o)):
                 raise ExportError(
-                    f"torch.autograd.Function {name} at {where} returns tensors inside a "
+                    f"torch.autograd.Function {name} at {where}: it returns tensors inside a "
                     f"{type(o).__name__}: autograd does not differentiate those; return them "
                     "as elements of the output tuple")
             else:
@@ -533,7 +536,7 @@ def _trace_forward(cls, args, positions, inputs, needs_input_grad, where, cache)
             kind = _unfixed_state(value)
             if kind is not None:
                 raise ExportError(
-                    f"torch.autograd.Function {name} at {where} keeps a {kind} in ctx.{attr}: "
+                    f"torch.autograd.Function {name} at {where}: it keeps a {kind} in ctx.{attr}: "
                     "state the backward would read when it runs, which the graph fixes at "
                     "export time; keep tensors and plain values (numbers, strings, dtypes) on ctx")
             leaves, treespec = pytree.tree_flatten(value)

@@ -170,3 +170,132 @@ def test_matches_eager(name):
     make, args = CASES[name]
     torch.manual_seed(0)
     assert_matches_eager(make(), args, rtol=1e-2, atol=1e-2)
+
+
+# --------------------------------------------------------------------------
+# What cannot be captured soundly: refused, naming the Function and the line.
+
+
+def line_of(fn, text):
+    import inspect
+
+    src, start = inspect.getsourcelines(fn)
+    return start + next(i for i, line in enumerate(src) if text in line)
+
+
+class ViewOfInput(torch.autograd.Function):
+    """Gradient reversal written with an alias: the output is a view of the input."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return -g
+
+
+_GRAD_SCALES = {"scale": 1.0}  # changed between calls
+
+
+class ReadsGlobalState(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * _GRAD_SCALES["scale"]
+
+
+class KeepsModuleOnCtx(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, owner):
+        ctx.owner = owner  # the backward reads its attributes when it runs
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * ctx.owner.scale, None
+
+
+class MarksDirty(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        x.mul_(2)
+        ctx.mark_dirty(x)
+        return x
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2
+
+
+class MutatesInput(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        x.mul_(2)
+        return x * 1
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+class DataDependent(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        if x.sum() > 0:
+            return x * 2
+        return x * 3
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+class TooFewGradients(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, y):
+        return x * y
+
+    @staticmethod
+    def backward(ctx, g):
+        return (g,)
+
+
+class Calls(torch.nn.Module):
+    """Calls ``fn.apply`` on an intermediate (and the extra arguments)."""
+
+    def __init__(self, fn, *extra):
+        super().__init__()
+        self.fn, self.extra = fn, extra
+        self.scale = 2.0
+
+    def forward(self, x):
+        extra = [self if e == "self" else x if e == "x" else e for e in self.extra]
+        return self.fn.apply(x * 1, *extra)
+
+
+@pytest.mark.parametrize("fn, extra, construct", [
+    (ViewOfInput, (), "returns one of its inputs or a view of one"),
+    (ReadsGlobalState, (), "reads the global '_GRAD_SCALES'"),
+    (KeepsModuleOnCtx, ("self",), "keeps a Calls in ctx.owner"),
+    (MarksDirty, (), "ctx.mark_dirty"),
+    (MutatesInput, (), "updates an input in place"),
+    (DataDependent, (), "data-dependent Python control flow"),
+    (TooFewGradients, ("x",), "returns 1 gradients for 2 inputs"),
+], ids=lambda v: v.__name__ if isinstance(v, type) else None)
+def test_what_cannot_be_captured_soundly_is_refused(fn, extra, construct):
+    with pytest.raises(predispatch.ExportError) as info:
+        predispatch.export_predispatch(Calls(fn, *extra), (torch.randn(2, 3),))
+    message = str(info.value)
+    assert f"torch.autograd.Function {fn.__name__} at {__file__}:" in message, message
+    assert f"{__file__}:{line_of(Calls.forward, 'self.fn.apply(')}" in message, message
+    assert construct in message, message
+
+
+def test_a_data_dependent_forward_names_its_own_line():
+    with pytest.raises(predispatch.ExportError) as info:
+        predispatch.export_predispatch(Calls(DataDependent), (torch.randn(2, 3),))
+    assert f"{__file__}:{line_of(DataDependent.forward, 'if x.sum() > 0')}" in str(info.value)
