@@ -397,12 +397,13 @@ def subgraph(fn, fake_inputs: list, names: list[str], autocast_cache: bool) -> t
 def _inline_no_grad_regions(gm: torch.fx.GraphModule) -> None:
     """The forward's top-level no_grad block (ours: the op runs the forward
     under no_grad, as eager does) inlined."""
+    from .region_pass import delete_unused_submodules
     from .region_utils import inline_region, regions
 
     for region in [r for r in regions(gm) if r.depth == 0 and r.owner is gm and r.args == (False,)]:
         inline_region(gm, region)
     gm.graph.eliminate_dead_code()  # the inlined region's get_attr
-    gm.delete_all_unused_submodules()
+    delete_unused_submodules(gm)
     gm.recompile()
 
 
@@ -584,9 +585,8 @@ def _trace_backward(cls, args, positions, fwd, state, needs_input_grad, where, c
         for attr, (leaves, treespec) in state["attributes"].items():
             setattr(ctx, attr, pytree.tree_unflatten(
                 [next(kept) if leaf is _SAVED else leaf for leaf in leaves], treespec))
-        full = [None] * n_out
-        for i, g in zip(grad_outputs, given):
-            full[i] = g
+        by_output = dict(zip(grad_outputs, given))  # a non-tensor output's gradient is None
+        full = [by_output.get(o) if isinstance(o, _TensorAt) else None for o in state["outputs"]]
         result = backward_fn(ctx, *full)
         result = result if isinstance(result, tuple) else (result,)
         if len(result) < len(args) or any(r is not None for r in result[len(args):]):

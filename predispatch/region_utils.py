@@ -21,6 +21,7 @@ from torch.export import ExportedProgram
 
 from . import _torch
 from .program import PredispatchProgram, program_meta, set_program_meta
+from .region_pass import delete_unused_submodules
 
 _KIND = {_torch.wrap_with_set_grad_enabled: "grad", _torch.wrap_with_autocast: "autocast"}
 _ARITY = {"grad": 1, "autocast": 4}  # leading non-tensor arguments of each hop
@@ -159,7 +160,7 @@ def inline_regions(ep: ExportedProgram) -> ExportedProgram:
         for region in top:
             autocast_inlined |= region.kind == "autocast"
             inline_region(gm, region)
-    gm.delete_all_unused_submodules()
+    delete_unused_submodules(gm)
     gm.graph.eliminate_dead_code(is_impure_node=lambda n: n.op in ("placeholder", "output") or n.is_impure())
     if autocast_inlined:  # the nodes' values say what autocast made
         _drop_guards_of_autocast_dtypes(gm)

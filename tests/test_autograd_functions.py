@@ -155,6 +155,102 @@ class UsedTwice(torch.nn.Module):
         return STE.apply(self.lin(STE.apply(x)))
 
 
+class SelectiveLinear(torch.autograd.Function):
+    """Computes only the gradients asked for (``ctx.needs_input_grad``), in
+    the forward too: it saves the input only when the weight needs a gradient."""
+
+    @staticmethod
+    def forward(ctx, x, w):
+        ctx.save_for_backward(x if ctx.needs_input_grad[1] else None, w)
+        return x @ w.t()
+
+    @staticmethod
+    def backward(ctx, g):
+        x, w = ctx.saved_tensors
+        gx = g @ w if ctx.needs_input_grad[0] else None
+        gw = g.t() @ x if ctx.needs_input_grad[1] else None
+        return gx, gw
+
+
+class NeedsInputGrad(torch.nn.Module):
+    def __init__(self, freeze=False):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(3, 4), requires_grad=not freeze)
+        self.v = torch.nn.Parameter(torch.randn(3, 3))
+
+    def forward(self, x):
+        return SelectiveLinear.apply(SelectiveLinear.apply(x, self.w), self.v)
+
+
+class PartsWithoutMaterializing(torch.autograd.Function):
+    """``set_materialize_grads(False)``, ``once_differentiable``, a tensor and
+    a tuple kept as ctx attributes, and a non-tensor output."""
+
+    @staticmethod
+    def forward(ctx, x, bias):
+        ctx.set_materialize_grads(False)
+        ctx.x, ctx.pair = x, (bias, 2.0)
+        return x * bias, torch.exp(x), "done"
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g_prod, g_exp, _g_tag):
+        bias, two = ctx.pair
+        gx = torch.zeros_like(ctx.x)
+        if g_prod is not None:
+            gx = gx + g_prod * bias
+        if g_exp is not None:
+            gx = gx + g_exp * torch.exp(ctx.x) * two / 2
+        gb = None if g_prod is None else (g_prod * ctx.x).sum(0)
+        return gx, gb
+
+
+class WithoutMaterializing(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.bias = torch.nn.Parameter(torch.randn(4))
+
+    def forward(self, x):
+        prod, e, tag = PartsWithoutMaterializing.apply(x, self.bias)
+        return prod + e, tag
+
+
+class SetupContextSquare(torch.autograd.Function):
+    """The ``setup_context`` style, with a default argument."""
+
+    @staticmethod
+    def forward(x, power=2):
+        return x ** power
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        x, power = inputs
+        ctx.save_for_backward(x)
+        ctx.power = power
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return g * ctx.power * x ** (ctx.power - 1), None
+
+
+class ClippedBackward(torch.autograd.Function):
+    """Its backward calls another Function (itself captured inside the backward)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.sin()
+
+    @staticmethod
+    def backward(ctx, g):
+        return STE.apply(g.clamp(-0.5, 0.5))
+
+
+class Nested(torch.nn.Module):
+    def forward(self, x):
+        return SetupContextSquare.apply(ClippedBackward.apply(x) * 3)
+
+
 CASES = {
     "straight_through": (STEModule, (torch.randn(2, 4),)),
     "saves_intermediates": (SavesIntermediates, (torch.randn(2, 4),)),
@@ -162,14 +258,19 @@ CASES = {
     "in_regions": (InRegions, (torch.randn(2, 4),)),
     "custom_amp": (CustomAmp, (torch.randn(3, 4),)),
     "used_twice": (UsedTwice, (torch.randn(2, 4),)),
+    "needs_input_grad": (NeedsInputGrad, (torch.randn(2, 4),)),
+    "needs_input_grad_frozen": (lambda: NeedsInputGrad(freeze=True), (torch.randn(2, 4),)),
+    "without_materializing": (WithoutMaterializing, (torch.randn(2, 4),)),
+    "nested": (Nested, (torch.randn(2, 4),)),
 }
 
 
+@pytest.mark.parametrize("inputs_require_grad", [True, False], ids=["inputs_grad", "inputs_no_grad"])
 @pytest.mark.parametrize("name", CASES)
-def test_matches_eager(name):
+def test_matches_eager(name, inputs_require_grad):
     make, args = CASES[name]
     torch.manual_seed(0)
-    assert_matches_eager(make(), args, rtol=1e-2, atol=1e-2)
+    assert_matches_eager(make(), args, rtol=1e-2, atol=1e-2, inputs_require_grad=inputs_require_grad)
 
 
 # --------------------------------------------------------------------------
