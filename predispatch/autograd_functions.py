@@ -39,6 +39,7 @@ import dis
 import enum
 import re
 import types
+from typing import Callable
 
 import torch
 import torch.utils._pytree as pytree
@@ -280,7 +281,7 @@ class _TracedCtx:
 _FIXED = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device,
           torch.layout, torch.memory_format, torch.Size, enum.Enum, type, range, slice,
           types.FunctionType, types.BuiltinFunctionType, types.MethodType, types.ModuleType,
-          torch.SymInt, torch.SymFloat, torch.SymBool, type(Ellipsis), frozenset,
+          type(Ellipsis), frozenset,
           torch._ops.OpOverload, torch._ops.OpOverloadPacket)
 
 
@@ -289,10 +290,45 @@ def _is_fixed(value) -> bool:
 
 
 def _unfixed_state(value) -> str | None:
-    """What in ``value`` is not fixed at export time (a tensor aside), or None."""
-    for leaf in pytree.tree_leaves(value):
-        if not isinstance(leaf, torch.Tensor) and not _is_fixed(leaf):
+    """What in ``value`` is neither fixed at export time nor passed to the
+    backward (see :func:`_passed`), or None."""
+    for leaf in _leaves(value)[0]:
+        if _passed(leaf) is None and not _is_fixed(leaf):
             return type(leaf).__name__
+    return None
+
+
+def _leaves(value):
+    """A ctx attribute flattened; a torch.Size stays whole (pytree would give it back as a tuple)."""
+    return pytree.tree_flatten(value, is_leaf=lambda v: isinstance(v, torch.Size))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Passed:
+    """How a ctx attribute's leaf reaches the backward: as a saved tensor, the
+    leaf itself or (a size of a dynamic dimension, which the backward's trace
+    must read from one of its inputs) a one-element tensor of that shape."""
+
+    carrier: Callable  # the leaf -> the tensor saved
+    value: Callable  # the saved tensor -> the leaf's value in the backward
+
+
+def _carrier(shape) -> torch.Tensor:
+    return torch.zeros(()).expand(shape)
+
+
+_AS_TENSOR = _Passed(lambda t: t, lambda t: t)
+_AS_SIZE = _Passed(_carrier, lambda t: t.shape)
+_AS_INT = _Passed(lambda n: _carrier((n,)), lambda t: t.shape[0])
+
+
+def _passed(leaf) -> _Passed | None:
+    if isinstance(leaf, torch.Tensor):
+        return _AS_TENSOR
+    if isinstance(leaf, torch.SymInt):
+        return _AS_INT
+    if isinstance(leaf, torch.Size) and any(isinstance(d, torch.SymInt) for d in leaf):
+        return _AS_SIZE
     return None
 
 
@@ -416,9 +452,6 @@ class _Traced:
     single: bool  # the forward returned one value, not a tuple
 
 
-_SAVED = object()  # a tensor leaf of a ctx attribute: passed to the backward as saved
-
-
 class _TensorAt(int):
     """An output that is the op's output at this position."""
 
@@ -540,10 +573,9 @@ def _trace_forward(cls, args, positions, inputs, needs_input_grad, where, cache)
                     f"torch.autograd.Function {name} at {where}: it keeps a {kind} in ctx.{attr}: "
                     "state the backward would read when it runs, which the graph fixes at "
                     "export time; keep tensors and plain values (numbers, strings, dtypes) on ctx")
-            leaves, treespec = pytree.tree_flatten(value)
-            attributes[attr] = ([_SAVED if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves],
-                                treespec)
-            saved += [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
+            leaves, treespec = _leaves(value)
+            attributes[attr] = ([_passed(leaf) or leaf for leaf in leaves], treespec)
+            saved += [how.carrier(leaf) for leaf in leaves if (how := _passed(leaf)) is not None]
         marked = ctx._state["non_differentiable"]
         state.update(
             num_outputs=len(out_tensors), outputs=tuple(layout), single=not isinstance(out, tuple),
@@ -584,7 +616,8 @@ def _trace_backward(cls, args, positions, fwd, state, needs_input_grad, where, c
         ctx._state["saved"] = tuple(None if empty else next(kept) for empty in state["saved_slots"])
         for attr, (leaves, treespec) in state["attributes"].items():
             setattr(ctx, attr, pytree.tree_unflatten(
-                [next(kept) if leaf is _SAVED else leaf for leaf in leaves], treespec))
+                [leaf.value(next(kept)) if isinstance(leaf, _Passed) else leaf for leaf in leaves],
+                treespec))
         by_output = dict(zip(grad_outputs, given))  # a non-tensor output's gradient is None
         full = [by_output.get(o) if isinstance(o, _TensorAt) else None for o in state["outputs"]]
         result = backward_fn(ctx, *full)

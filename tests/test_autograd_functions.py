@@ -400,3 +400,34 @@ def test_a_data_dependent_forward_names_its_own_line():
     with pytest.raises(predispatch.ExportError) as info:
         predispatch.export_predispatch(Calls(DataDependent), (torch.randn(2, 3),))
     assert f"{__file__}:{line_of(DataDependent.forward, 'if x.sum() > 0')}" in str(info.value)
+
+
+class KeepsShape(torch.autograd.Function):
+    """Keeps sizes on ctx: with a dynamic batch they reach the backward as the
+    shapes of (one-element) saved tensors."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.shape, ctx.rows = x.shape, x.shape[0]
+        return x.reshape(-1) * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        return g.reshape(ctx.shape) * 2 * ctx.rows / ctx.rows
+
+
+class FlattensWithDynamicBatch(torch.nn.Module):
+    def forward(self, x):
+        return KeepsShape.apply(STE.apply(x * 1.5))
+
+
+def test_sizes_kept_on_ctx_follow_a_dynamic_batch():
+    batch = torch.export.Dim("batch", min=2)
+    ep = predispatch.export_predispatch(FlattensWithDynamicBatch(), (torch.randn(3, 4),),
+                                        dynamic_shapes=({0: batch},))
+    for rows in (3, 5):
+        x = torch.randn(rows, 4)
+        eager, program = x.clone().requires_grad_(), x.clone().requires_grad_()
+        FlattensWithDynamicBatch()(eager).square().sum().backward()
+        ep.module()(program).square().sum().backward()
+        torch.testing.assert_close(program.grad, eager.grad)
