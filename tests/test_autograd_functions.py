@@ -431,3 +431,259 @@ def test_sizes_kept_on_ctx_follow_a_dynamic_batch():
         FlattensWithDynamicBatch()(eager).square().sum().backward()
         ep.module()(program).square().sum().backward()
         torch.testing.assert_close(program.grad, eager.grad)
+
+
+# --------------------------------------------------------------------------
+# Quantization-aware training: fake quantization with straight-through
+# estimators and learned scales, trained a few SGD steps.
+
+
+class FakeQuantize(torch.autograd.Function):
+    """LSQ fake quantization (Esser et al., 2020): rounds to ``scale`` steps
+    clamped to [qmin, qmax]; the input's gradient passes straight through
+    inside the range, the scale gets the step-size gradient."""
+
+    @staticmethod
+    def forward(ctx, x, scale, qmin: int, qmax: int):
+        ctx.save_for_backward(x, scale)
+        ctx.qmin, ctx.qmax = qmin, qmax
+        return torch.clamp(torch.round(x / scale), qmin, qmax) * scale
+
+    @staticmethod
+    def backward(ctx, g):
+        x, scale = ctx.saved_tensors
+        v = x / scale
+        inside = (v >= ctx.qmin) & (v <= ctx.qmax)
+        step = torch.where(inside, torch.round(v) - v, torch.clamp(v, ctx.qmin, ctx.qmax))
+        return g * inside, (g * step).sum().reshape(scale.shape), None, None
+
+
+class QATLinear(torch.nn.Module):
+    """4-bit weights with a learned scale; activations scaled by a running
+    maximum (a buffer updated under no_grad in training)."""
+
+    def __init__(self, n_in, n_out):
+        super().__init__()
+        self.linear = torch.nn.Linear(n_in, n_out)
+        self.weight_scale = torch.nn.Parameter(torch.tensor(0.05))
+        self.register_buffer("act_max", torch.tensor(1.0))
+
+    def forward(self, x):
+        if self.training:
+            with torch.no_grad():
+                self.act_max.mul_(0.9).add_(0.1 * x.abs().amax())
+        xq = FakeQuantize.apply(x, self.act_max / 7, -8, 7)
+        wq = FakeQuantize.apply(self.linear.weight, self.weight_scale, -8, 7)
+        return torch.nn.functional.linear(xq, wq, self.linear.bias)
+
+
+class QATNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.first, self.second = QATLinear(8, 16), QATLinear(16, 4)
+
+    def forward(self, x):
+        return self.second(torch.relu(self.first(x)))
+
+
+def train(module, batches, steps=4):
+    """Losses of ``steps`` SGD steps, and the state after."""
+    optimizer = torch.optim.SGD(module.parameters(), lr=0.05)
+    losses = []
+    for x, target in batches[:steps]:
+        loss = (module(x) - target).square().mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.detach())
+    # compile_training's module holds the program as flat.module
+    return losses, {k.removeprefix("flat.module."): v.detach().clone()
+                    for k, v in module.state_dict().items()}
+
+
+@pytest.mark.parametrize("how", ["module", "compile_training"])
+def test_qat_trains_like_eager(how):
+    torch.manual_seed(0)
+    net = QATNet()
+    batches = [(torch.randn(6, 8), torch.randn(6, 4)) for _ in range(4)]
+    ep = predispatch.export_predispatch(copy.deepcopy(net), (batches[0][0],))
+    assert_invariants(ep)
+    assert sum(n.target is AUTOGRAD_FUNCTION for m in ep.graph_module.modules()
+               if isinstance(m, torch.fx.GraphModule) for n in m.graph.nodes) == 4
+    program = copy.deepcopy(ep.module()) if how == "module" else predispatch.compile_training(ep)
+    eager_losses, eager_state = train(net, batches)
+    losses, state = train(program, batches)
+    torch.testing.assert_close(losses, eager_losses)
+    assert state.keys() == eager_state.keys()
+    for name in eager_state:
+        torch.testing.assert_close(state[name], eager_state[name], msg=name)
+    assert not torch.equal(eager_state["first.weight_scale"], torch.tensor(0.05)), "the scale learns"
+
+
+# --------------------------------------------------------------------------
+# The op in the graph, and through what takes a program.
+
+
+class Graphs(GraphTestCase):
+    def test_straight_through_estimator(self):
+        """The forward's ops in one subgraph, the backward (the gradient passed
+        through) in the other; the op's keywords say what its outputs are."""
+        ep = predispatch.export_predispatch(STEModule(), (torch.randn(2, 4),))
+        self.assertGraphExpectedInline(ep, """\
+def forward(p_lin_weight: f32[4, 4], p_lin_bias: f32[4], x: f32[2, 4]):
+    linear = aten.linear.default(x, p_lin_weight, p_lin_bias)
+    ste_0 = predispatch_autograd_function(self.ste_0_fwd, self.ste_0_bwd, linear, name='STE', num_outputs=1, grad_outputs=[0], grad_inputs=[0])
+    getitem = ste_0[0]
+    mul = aten.mul.Tensor(getitem, 2)
+    return (mul,)
+def ste_0_fwd(linear: f32[2, 4]):
+    mul = aten.mul.Tensor(linear, 4)
+    round = aten.round.default(mul)
+    div = aten.div.Tensor(round, 4)
+    return (div,)
+def ste_0_bwd(g: f32[2, 4]):
+    return (g,)
+inputs:
+    p_lin_weight: PARAMETER -> lin.weight
+    p_lin_bias: PARAMETER -> lin.bias
+    x: USER_INPUT
+outputs:
+    mul: USER_OUTPUT
+autocast policy: backward_pass_autocast='same_as_forward', on_backward_autocast_mismatch='error'
+""")
+
+    def test_saved_tensors_and_ctx_values(self):
+        """Saved tensors are the forward's last outputs and the backward's last
+        inputs (an input saved is passed through); a ctx number is a constant."""
+        ep = predispatch.export_predispatch(SavesIntermediates(), (torch.randn(2, 4),))
+        self.assertGraphExpectedInline(ep, """\
+def forward(p_lin_weight: f32[4, 4], p_lin_bias: f32[4], x: f32[2, 4]):
+    linear = aten.linear.default(x, p_lin_weight, p_lin_bias)
+    scaled_tanh_0 = predispatch_autograd_function(self.scaled_tanh_0_fwd, self.scaled_tanh_0_bwd, linear, name='ScaledTanh', num_outputs=1, grad_outputs=[0], grad_inputs=[0])
+    getitem = scaled_tanh_0[0]
+    return (getitem,)
+def scaled_tanh_0_fwd(linear: f32[2, 4]):
+    mul = aten.mul.Tensor(linear, 0.5)
+    tanh = aten.tanh.default(mul)
+    mul_1 = aten.mul.Tensor(tanh, 2)
+    return (mul_1, linear, tanh)
+def scaled_tanh_0_bwd(g: f32[2, 4], x: f32[2, 4], saved_1: f32[2, 4]):
+    mul = aten.mul.Tensor(g, 2)
+    mul_1 = aten.mul.Tensor(saved_1, saved_1)
+    rsub = aten.rsub.Scalar(mul_1, 1)
+    mul_2 = aten.mul.Tensor(mul, rsub)
+    mul_3 = aten.mul.Tensor(mul_2, 0.5)
+    _assert_tensor_metadata = aten._assert_tensor_metadata.default(mul_3, None, None, torch.float32, device=device(type='cpu'), layout=torch.strided)
+    return (mul_3,)
+inputs:
+    p_lin_weight: PARAMETER -> lin.weight
+    p_lin_bias: PARAMETER -> lin.bias
+    x: USER_INPUT
+outputs:
+    getitem: USER_OUTPUT
+autocast policy: backward_pass_autocast='same_as_forward', on_backward_autocast_mismatch='error'
+""")
+
+
+def _eager_and(program, module, args):
+    """``program`` runs as eager ``module`` does; its state named as the
+    module's (compile_training holds it as flat.module, torch.compile as _orig_mod)."""
+    import dataclasses
+
+    from predispatch.testing.eager import assert_runs_match, run_module
+
+    def named_as_eager(named):
+        return {k.removeprefix("flat.module.").removeprefix("_orig_mod."): v for k, v in named.items()}
+
+    run = run_module(program, args, None)
+    run = dataclasses.replace(run, param_grads=named_as_eager(run.param_grads),
+                              params=named_as_eager(run.params), buffers=named_as_eager(run.buffers))
+    assert_runs_match(run_module(copy.deepcopy(module), args, None), run, rtol=1e-2, atol=1e-2)
+
+
+def _function_ops(gm):
+    return [n for m in gm.modules() if isinstance(m, torch.fx.GraphModule)
+            for n in m.graph.nodes if n.target is AUTOGRAD_FUNCTION]
+
+
+def test_save_and_load_in_a_fresh_process(tmp_path):
+    import subprocess
+    import sys
+
+    torch.manual_seed(0)
+    module, x = STEModule(), torch.randn(2, 4)
+    torch.export.save(predispatch.export_predispatch(copy.deepcopy(module), (x,)), tmp_path / "ste.pt2")
+    torch.save(x, tmp_path / "x.pt")
+    script = (
+        "import sys, torch, predispatch\n"
+        "m = predispatch.load(sys.argv[1]).module()\n"
+        "x = torch.load(sys.argv[2]).requires_grad_()\n"
+        "m(x).square().sum().backward()\n"
+        "torch.save({'x': x.grad, **{n: p.grad for n, p in m.named_parameters()}}, sys.argv[3])\n")
+    subprocess.run([sys.executable, "-c", script, tmp_path / "ste.pt2", tmp_path / "x.pt",
+                    tmp_path / "grads.pt"], check=True)
+    loaded = torch.load(tmp_path / "grads.pt")
+    x.requires_grad_()
+    module(x).square().sum().backward()
+    torch.testing.assert_close(loaded, {"x": x.grad, **{n: p.grad for n, p in module.named_parameters()}})
+
+
+def test_run_decompositions_keeps_the_op_with_its_backward():
+    """Below autograd the op stays, its subgraphs decomposed with the rest."""
+    torch.manual_seed(0)
+    module, args = CustomAmp(), (torch.randn(3, 4),)
+    decomposed = predispatch.export_predispatch(copy.deepcopy(module), args).run_decompositions()
+    calls = _function_ops(decomposed.graph_module)
+    assert [n.kwargs["name"] for n in calls] == ["CastToFloat", "KeepsAutocast"]
+    subgraph_ops = {n.target for n in calls for sub in n.args[:2]
+                    for n in getattr(decomposed.graph_module, sub.target).graph.nodes}
+    assert torch.ops.aten.mm.default in subgraph_ops and torch.ops.aten.matmul.default not in subgraph_ops
+    _eager_and(decomposed.module(), module, args)
+
+
+def test_compile_training_puts_the_custom_backward_in_the_backward_graph():
+    torch.manual_seed(0)
+    module, args = SavesIntermediates(), (torch.randn(2, 4),)
+    train = predispatch.compile_training(predispatch.export_predispatch(copy.deepcopy(module), args))
+    _eager_and(train, module, args)
+    backward = train.backward_graph.graph.nodes
+    # the Function's backward (times ctx.scale), not autograd's derivative of the forward
+    assert torch.ops.aten.tanh_backward.default not in {n.target for n in backward}
+    assert any(n.target is torch.ops.aten.mul.Tensor and 0.5 in n.args for n in backward)
+
+
+def test_torch_compile_traces_the_op_into_one_graph():
+    import torch._dynamo
+
+    torch.manual_seed(0)
+    module, args = SavesIntermediates(), (torch.randn(2, 4),)
+    ep = predispatch.export_predispatch(copy.deepcopy(module), args)
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    _eager_and(torch.compile(copy.deepcopy(ep.module()), backend=backend), module, args)
+    assert len(graphs) == 1
+    assert torch.ops.higher_order.autograd_function_apply in {n.target for n in graphs[0].graph.nodes}
+
+
+def test_regions_inside_the_subgraphs_are_regions():
+    """``regions`` finds them; ``inline_regions`` inlines them and the
+    Function's forward (for consumers that take no higher-order op)."""
+    torch.manual_seed(0)
+    module = CustomAmp()
+    ep = predispatch.export_predispatch(copy.deepcopy(module), (torch.randn(3, 4),))
+    found = [(r.owner is ep.graph_module, r.name, r.args, r.depth) for r in predispatch.regions(ep)]
+    assert found == [
+        (True, "autocast_bfloat16_0", ("cpu", torch.bfloat16, True, True), 0),
+        (False, "autocast_off_1", ("cpu", None, False, True), 1),  # custom_fwd's cast, in the forward
+        (False, "autocast_off_0", ("cpu", torch.bfloat16, False, True), 1),  # custom_bwd's, as forward
+        (False, "autocast_bfloat16_0", ("cpu", torch.bfloat16, True, True), 1)]
+    inlined = predispatch.inline_regions(ep)
+    assert not [n for m in inlined.graph_module.modules() if isinstance(m, torch.fx.GraphModule)
+                for n in m.graph.nodes if isinstance(n.target, torch._ops.HigherOrderOperator)]
+    x = torch.randn(3, 4)  # now computed in float32 throughout: close to eager's bf16 matmul
+    torch.testing.assert_close(inlined.module()(x), module(x), rtol=5e-2, atol=5e-2)
