@@ -268,10 +268,9 @@ class _TracedCtx:
         """For forward-mode AD only, which the program does not run."""
 
     def mark_dirty(self, *tensors):
-        raise ExportError(
-            f"torch.autograd.Function {self._state['name']} at {self._state['where']}: it updates its "
-            "input in place (ctx.mark_dirty): cannot be exported soundly as one op; return a new "
-            "tensor, and update the input outside the Function")
+        raise _refused(self._state["name"], self._state["where"], (
+            "it updates its input in place (ctx.mark_dirty): cannot be exported soundly as one "
+            "op; return a new tensor, and update the input outside the Function"))
 
     def user_attributes(self) -> dict:
         return {k: v for k, v in vars(self).items() if k not in ("_state", "needs_input_grad")}
@@ -456,6 +455,14 @@ class _TensorAt(int):
     """An output that is the op's output at this position."""
 
 
+class _Refused(ExportError):
+    """A Function that cannot be captured soundly; the message names it and its call."""
+
+
+def _refused(name: str, where: str, why: str) -> _Refused:
+    return _Refused(f"torch.autograd.Function {name} at {where}: {why}")
+
+
 def capture_call(cls, args: tuple, kwargs: dict):
     """``cls.apply(*args, **kwargs)`` while tracing: the op, its subgraphs traced now."""
     where, name = user_location(), cls.__name__
@@ -467,17 +474,16 @@ def capture_call(cls, args: tuple, kwargs: dict):
         args = tuple(bound.args)
     read = _state_the_backward_reads(_backward_function(cls))
     if read is not None:
-        raise ExportError(
-            f"torch.autograd.Function {name} at {where}: its backward reads the global "
-            f"{read[0]!r} (a {read[1]}), state that may change between calls, which the graph "
-            "would fix at export time; pass it to the Function, or keep a value fixed at export")
+        raise _refused(name, where, (
+            f"its backward reads the global {read[0]!r} (a {read[1]}), state that may change "
+            "between calls, which the graph would fix at export time; pass it to the Function, "
+            "or keep a value fixed at export"))
     positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
     tensors = [args[i] for i in positions]
     if not all(_torch.is_traced(t) for t in tensors):
-        raise ExportError(
-            f"torch.autograd.Function {name} at {where}: it takes a tensor that is neither a "
-            "parameter, a buffer, an input nor computed from them (a global tensor): "
-            "cannot be exported soundly; register it as a buffer")
+        raise _refused(name, where, (
+            "it takes a tensor that is neither a parameter, a buffer, an input nor computed from "
+            "them (a global tensor): cannot be exported soundly; register it as a buffer"))
     traced = _trace_call(cls, args, positions, tensors, where)
     results = AUTOGRAD_FUNCTION(traced.fwd, traced.bwd, *tensors, **traced.spec.as_kwargs())
     outputs = tuple(results[o] if isinstance(o, _TensorAt) else o for o in traced.outputs)
@@ -485,7 +491,9 @@ def capture_call(cls, args: tuple, kwargs: dict):
 
 
 def _trace_call(cls, args, positions, tensors, where) -> _Traced:
-    name = cls.__name__
+    """Both subgraphs, traced with the running trace suspended (its modes and
+    its wrappers), on fresh fake inputs of the arguments' metadata."""
+    name, phase = cls.__name__, "forward"
     fake_mode = _torch.fake_mode_of(tensors[0])
     metas = [(t.shape, t.stride(), t.dtype, t.device) for t in tensors]
     # traced as every floating input requiring grad: the caller decides at run time
@@ -496,24 +504,25 @@ def _trace_call(cls, args, positions, tensors, where) -> _Traced:
         with _torch.outer_trace_suspended(fake_mode), patches_suspended():
             inputs = [torch.empty_strided(s, st, dtype=d, device=dev) for s, st, d, dev in metas]
             fwd, state = _trace_forward(cls, args, positions, inputs, needs_input_grad, where, cache)
+            phase = "backward"
             bwd, grad_outputs, grad_inputs = _trace_backward(cls, args, positions, fwd, state,
                                                              needs_input_grad, where, cache)
     except _MutatedInput:
-        raise ExportError(
-            f"torch.autograd.Function {name} at {where}: it updates an input in place (in its "
-            "forward, or a saved tensor or gradient in its backward): cannot be exported soundly; "
-            "compute a new tensor instead") from None
-    except ExportError:
+        raise _refused(name, where, (
+            f"its {phase} updates an input in place (an input of the forward, or a saved tensor "
+            "or a gradient in the backward): cannot be exported soundly; compute a new tensor "
+            "instead")) from None
+    except _Refused:
         raise
+    except ExportError as e:  # what the module's trace refuses, refused in the Function
+        raise _refused(name, where, f"in its {phase}: {e}") from e
     except _torch.data_dependence_errors() as e:
-        raise ExportError(
-            f"torch.autograd.Function {name} at {where}: data-dependent Python control flow "
-            f"(a Python bool/int/float/item() of a tensor's value) at {exception_location(e)} "
-            "cannot be exported soundly") from e
+        raise _refused(name, where, (
+            f"data-dependent Python control flow in its {phase} (a Python bool/int/float/item() "
+            f"of a tensor's value) at {exception_location(e)} cannot be exported soundly")) from e
     except Exception as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ExportError(f"torch.autograd.Function {name} at {where}: it could not be traced "
-                          f"into a graph: {first}") from e
+        raise _refused(name, where, f"its {phase} could not be traced into a graph: {first}") from e
     spec = FunctionSpec(name=name, num_outputs=state["num_outputs"],
                         non_differentiable=state["non_differentiable"], grad_outputs=grad_outputs,
                         grad_inputs=grad_inputs, materialize_grads=state["materialize_grads"])
@@ -550,17 +559,16 @@ def _trace_forward(cls, args, positions, inputs, needs_input_grad, where, cache)
         for o in outs:
             if isinstance(o, torch.Tensor):
                 if any(o is t or _torch.shares_storage(o, t) for t in tensors):
-                    raise ExportError(
-                        f"torch.autograd.Function {name} at {where}: it returns one of its inputs or "
-                        "a view of one: cannot be exported soundly as one op (the program could "
-                        "not keep the alias); return a new tensor (e.g. x.clone())")
+                    raise _refused(name, where, (
+                        "it returns one of its inputs or a view of one: cannot be exported "
+                        "soundly as one op (the program could not keep the alias); return a new "
+                        "tensor (e.g. x.clone())"))
                 layout.append(_TensorAt(len(out_tensors)))
                 out_tensors.append(o)
             elif any(isinstance(leaf, torch.Tensor) for leaf in pytree.tree_leaves(o)):
-                raise ExportError(
-                    f"torch.autograd.Function {name} at {where}: it returns tensors inside a "
-                    f"{type(o).__name__}: autograd does not differentiate those; return them "
-                    "as elements of the output tuple")
+                raise _refused(name, where, (
+                    f"it returns tensors inside a {type(o).__name__}: autograd does not "
+                    "differentiate those; return them as elements of the output tuple"))
             else:
                 layout.append(o)
         saved_slots = [t is None for t in ctx.saved_tensors]
@@ -569,10 +577,10 @@ def _trace_forward(cls, args, positions, inputs, needs_input_grad, where, cache)
         for attr, value in ctx.user_attributes().items():
             kind = _unfixed_state(value)
             if kind is not None:
-                raise ExportError(
-                    f"torch.autograd.Function {name} at {where}: it keeps a {kind} in ctx.{attr}: "
-                    "state the backward would read when it runs, which the graph fixes at "
-                    "export time; keep tensors and plain values (numbers, strings, dtypes) on ctx")
+                raise _refused(name, where, (
+                    f"it keeps a {kind} in ctx.{attr}: state the backward would read when it "
+                    "runs, which the graph fixes at export time; keep tensors and plain values "
+                    "(numbers, strings, dtypes) on ctx"))
             leaves, treespec = _leaves(value)
             attributes[attr] = ([_passed(leaf) or leaf for leaf in leaves], treespec)
             saved += [how.carrier(leaf) for leaf in leaves if (how := _passed(leaf)) is not None]
@@ -623,9 +631,8 @@ def _trace_backward(cls, args, positions, fwd, state, needs_input_grad, where, c
         result = backward_fn(ctx, *full)
         result = result if isinstance(result, tuple) else (result,)
         if len(result) < len(args) or any(r is not None for r in result[len(args):]):
-            raise ExportError(
-                f"torch.autograd.Function {name} at {where}: its backward returns "
-                f"{len(result)} gradients for {len(args)} inputs")
+            raise _refused(name, where, f"its backward returns {len(result)} gradients for "
+                           f"{len(args)} inputs")
         grad_inputs.clear()
         grads_out = []
         for k, p in enumerate(positions):

@@ -11,6 +11,7 @@ subgraphs) sets its own replacements up, with the outer ones suspended.
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import threading
 from typing import Callable
@@ -31,6 +32,7 @@ def patched(owner, name: str, make_replacement: Callable[[Callable], Callable]):
     replacement = make_replacement(original)
     thread, level = threading.get_ident(), next(_levels)
 
+    @functools.wraps(original)  # a patch made over another names what it replaces
     def dispatch(*args, **kwargs):
         if threading.get_ident() == thread and level >= getattr(_local, "floor", 0):
             return replacement(*args, **kwargs)

@@ -26,9 +26,10 @@ _AUTOCAST_CALL = ("an autocast mode set by a function call rather than a block: 
                   "would run without it; use `with torch.autocast(...)`")
 _RNG_CALL = ("torch's random generator re-seeded or restored: the program would draw from the "
              "caller's generator state instead")
-_AUTOGRAD_CALL = ("autograd run inside the forward (a gradient, a hook on the backward): a "
-                  "pre-dispatch graph records the forward's ops, and the program's backward "
-                  "would not do it; compute it outside the exported module")
+_AUTOGRAD_CALL = ("autograd run inside the traced code (a gradient, a hook on the backward): a "
+                  "pre-dispatch graph records the ops, and the program's backward would not do "
+                  "it; compute it outside the exported module (a custom Function's backward: "
+                  "differentiate by hand, or recompute with torch.utils.checkpoint)")
 _TRANSFORM_CALL = ("a torch.func transform inside the forward: the functional pre-dispatch "
                    "trace cannot capture it")
 _CONTROL_FLOW_CALL = ("a control-flow operator: its branches or body are traced by dynamo, "

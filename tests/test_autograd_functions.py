@@ -365,6 +365,23 @@ class TooFewGradients(torch.autograd.Function):
         return (g,)
 
 
+class RecomputesWithAutograd(torch.autograd.Function):
+    """Memory-saving recomputation by running autograd in the backward."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return torch.sin(x).exp()
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        with torch.enable_grad():
+            x = x.detach().requires_grad_()
+            (gx,) = torch.autograd.grad(torch.sin(x).exp(), x, g)
+        return gx
+
+
 class Calls(torch.nn.Module):
     """Calls ``fn.apply`` on an intermediate (and the extra arguments)."""
 
@@ -386,6 +403,7 @@ class Calls(torch.nn.Module):
     (MutatesInput, (), "updates an input in place"),
     (DataDependent, (), "data-dependent Python control flow"),
     (TooFewGradients, ("x",), "returns 1 gradients for 2 inputs"),
+    (RecomputesWithAutograd, (), "in its backward: grad() at"),
 ], ids=lambda v: v.__name__ if isinstance(v, type) else None)
 def test_what_cannot_be_captured_soundly_is_refused(fn, extra, construct):
     with pytest.raises(predispatch.ExportError) as info:

@@ -258,7 +258,7 @@ class CustomBackwardThatCannotRun(torch.nn.Module):
     (ReseedsTorch(), (torch.randn(2, 4),), "random generator re-seeded", "torch.manual_seed(0)"),
     (ChangesInputLayout(), (torch.randn(2, 3),), "shape, strides or storage is changed",
      "x.unsqueeze_(0)"),
-    (GradientPenalty(), (torch.randn(2, 4),), "autograd run inside the forward",
+    (GradientPenalty(), (torch.randn(2, 4),), "autograd run inside the traced code",
      "torch.autograd.grad(y"),
     (VmapInForward(), (torch.randn(2, 4),), "torch.func transform", "torch.vmap(torch.outer)"),
     (SetsAutocastByCall(), (torch.randn(2, 4),), "autocast mode set by a function call",
