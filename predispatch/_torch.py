@@ -790,3 +790,6 @@ def retrace_subgraph(gm: torch.fx.GraphModule, example_inputs: list) -> torch.fx
     from torch._higher_order_ops.utils import reenter_make_fx
 
     return reenter_make_fx(gm)(*example_inputs)
+
+
+OP_TYPES = (torch._ops.OpOverload, torch._ops.OpOverloadPacket, HigherOrderOperator)

@@ -26,6 +26,8 @@ import torch
 import torch.fx
 from torch.export import ExportedProgram
 
+from .autograd_function_op import AUTOGRAD_FUNCTION
+
 
 def _op_name(target) -> str:
     if isinstance(target, torch._ops.OpOverload):
@@ -130,8 +132,6 @@ def _subgraphs(node: torch.fx.Node) -> list[tuple[torch.fx.Node, tuple | None]]:
     its placeholders take (None: they keep their own names). A region's take
     the arguments after it; an autograd Function's forward takes its inputs,
     its backward gradients and saved tensors."""
-    from .autograd_functions import AUTOGRAD_FUNCTION
-
     if node.op != "call_function" or not isinstance(node.target, torch._ops.HigherOrderOperator):
         return []
     subs = [a for a in node.args if isinstance(a, torch.fx.Node) and a.op == "get_attr"]

@@ -18,7 +18,7 @@ import torch
 from torch.export import ExportedProgram
 
 from . import _torch
-from .autograd_functions import AUTOGRAD_FUNCTION, run_autograd_function
+from .autograd_function_op import AUTOGRAD_FUNCTION, run_autograd_function
 
 META_KEY = "predispatch"
 

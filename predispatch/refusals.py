@@ -12,9 +12,7 @@ import sys
 import torch
 import torch._higher_order_ops
 import torch.autograd.forward_ad
-import torch.utils._pytree as pytree
 
-from . import _torch
 from .errors import ExportError, is_library_file, user_location
 from .patching import patched
 

@@ -20,7 +20,7 @@ import torch.fx
 from torch.export import ExportedProgram
 
 from . import _torch
-from .autograd_functions import AUTOGRAD_FUNCTION
+from .autograd_function_op import AUTOGRAD_FUNCTION
 from .program import PredispatchProgram, program_meta, set_program_meta
 from .region_pass import delete_unused_submodules
 
