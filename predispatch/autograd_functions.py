@@ -335,19 +335,21 @@ def _trace_backward(cls, args, positions, fwd, state, needs_input_grad, where, c
                 grads_out.append(result[p])
         return tuple(grads_out)
 
-    bwd = subgraph(backward, [*grads, *saved], _backward_names(backward_fn, grad_outputs, fwd, n_out),
-                   cache)
+    names = _backward_names(backward_fn, grad_outputs, state["outputs"], fwd, n_out)
+    bwd = subgraph(backward, [*grads, *saved], names, cache)
     return bwd, grad_outputs, list(grad_inputs)
 
 
-def _backward_names(backward_fn, grad_outputs, fwd, n_out) -> list[str]:
+def _backward_names(backward_fn, grad_outputs, layout, fwd, n_out) -> list[str]:
     """Gradients named as the backward names them; saved inputs as the
     forward's placeholders; other saved tensors ``saved_<k>``."""
-    params = [p for p in list(inspect.signature(backward_fn).parameters.values())[1:]
+    params = [p.name for p in list(inspect.signature(backward_fn).parameters.values())[1:]
               if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    names = [params[i].name if i < len(params) else f"grad_{i}" for i in grad_outputs]
-    for k, o in enumerate(fwd.graph.output_node().args[0][n_out:]):
-        names.append(o.name if o.op == "placeholder" else f"saved_{k}")
+    at = [k for k, o in enumerate(layout) if isinstance(o, _TensorAt)]  # tensor output -> position
+    names = [params[at[i]] if at[i] < len(params) else f"grad_{at[i]}" for i in grad_outputs]
+    saved = fwd.graph.output_node().args[0][n_out:]
+    computed = iter(range(len(saved)))
+    names += [o.name if o.op == "placeholder" else f"saved_{next(computed)}" for o in saved]
     unique, seen = [], set()
     for n in names:
         candidate, i = n, 0

@@ -585,9 +585,9 @@ def scaled_tanh_0_fwd(linear: f32[2, 4]):
     tanh = aten.tanh.default(mul)
     mul_1 = aten.mul.Tensor(tanh, 2)
     return (mul_1, linear, tanh)
-def scaled_tanh_0_bwd(g: f32[2, 4], x: f32[2, 4], saved_1: f32[2, 4]):
+def scaled_tanh_0_bwd(g: f32[2, 4], x: f32[2, 4], saved_0: f32[2, 4]):
     mul = aten.mul.Tensor(g, 2)
-    mul_1 = aten.mul.Tensor(saved_1, saved_1)
+    mul_1 = aten.mul.Tensor(saved_0, saved_0)
     rsub = aten.rsub.Scalar(mul_1, 1)
     mul_2 = aten.mul.Tensor(mul, rsub)
     mul_3 = aten.mul.Tensor(mul_2, 0.5)
