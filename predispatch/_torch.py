@@ -793,3 +793,9 @@ def retrace_subgraph(gm: torch.fx.GraphModule, example_inputs: list) -> torch.fx
 
 
 OP_TYPES = (torch._ops.OpOverload, torch._ops.OpOverloadPacket, HigherOrderOperator)
+
+
+def traced_constant(t: torch.Tensor) -> torch.Tensor:
+    """A tensor constant, in the trace in progress, as ``torch.tensor(data)`` is
+    traced (a lifted copy of a constant the program holds)."""
+    return torch.ops.aten.lift_fresh_copy.default(t)

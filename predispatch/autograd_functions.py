@@ -95,10 +95,12 @@ class _MutatedInput(Exception):
     """A subgraph updates one of its inputs in place."""
 
 
-def subgraph(fn, fake_inputs: list, names: list[str], autocast_cache: bool) -> torch.fx.GraphModule:
+def subgraph(fn, fake_inputs: list, names: list[str], autocast_cache: bool):
     """``fn(*fake_inputs)`` traced by the module's pipeline (capture, kept
     histories, dead code, copies, regions, G1's net), placeholders named
-    ``names``; an autocast block that does not say gets ``autocast_cache``."""
+    ``names``; an autocast block that does not say gets ``autocast_cache``.
+    Returns the graph module and its tensor constants, which it takes as its
+    last inputs (see :func:`_lift_constants`)."""
     from types import SimpleNamespace
 
     from torch.export.graph_signature import (
@@ -122,9 +124,10 @@ def subgraph(fn, fake_inputs: list, names: list[str], autocast_cache: bool) -> t
         gm, signature = functional_trace(body, fake_inputs, {}, keep=lambda: history_nodes(record))
     if signature.user_inputs_to_mutate:
         raise _MutatedInput()
-    inputs = placeholders(gm)
-    for node, name in zip(inputs, names):
+    for node, name in zip(placeholders(gm), names):
         _torch.rename_placeholder(node, name)
+    constants = _lift_constants(gm)
+    inputs = placeholders(gm)
     outputs = gm.graph.output_node().args[0]
     signature = SimpleNamespace(
         input_specs=[InputSpec(InputKind.USER_INPUT, TensorArgument(n.name), None) for n in inputs],
@@ -136,7 +139,28 @@ def subgraph(fn, fake_inputs: list, names: list[str], autocast_cache: bool) -> t
     replace_blocks_with_regions(gm)
     refuse_remaining_mutations(gm)
     gm.recompile()
-    return gm
+    return gm, constants
+
+
+def _lift_constants(gm: torch.fx.GraphModule) -> list[torch.Tensor]:
+    """Tensor constants of the Function's code (``torch.tensor(data)``) become
+    placeholders after the others: the op takes them as inputs, which
+    torch.export lifts as the program's constants (a subgraph's own tensor
+    attributes would be neither lifted nor serialized)."""
+    constants = []
+    for node in [n for n in gm.graph.nodes if n.op == "get_attr"]:
+        value = getattr(gm, node.target)
+        if not isinstance(value, torch.Tensor):
+            continue
+        with gm.graph.inserting_after(placeholders(gm)[-1]) if placeholders(gm) else \
+                gm.graph.inserting_before(next(iter(gm.graph.nodes))):
+            lifted = gm.graph.placeholder(f"constant_{len(constants)}")
+        lifted.meta.update(node.meta)
+        node.replace_all_uses_with(lifted)
+        gm.graph.erase_node(node)
+        delattr(gm, node.target)
+        constants.append(value)
+    return constants
 
 
 def _inline_no_grad_regions(gm: torch.fx.GraphModule) -> None:
@@ -159,6 +183,7 @@ class _Traced:
     spec: FunctionSpec
     outputs: tuple  # the forward's outputs: a tensor's position among the op's, or a constant
     single: bool  # the forward returned one value, not a tuple
+    constants: list  # tensors made from data in the Function's code: the op's last inputs
 
 
 class _TensorAt(int):
@@ -185,7 +210,8 @@ def capture_call(cls, args: tuple, kwargs: dict):
             "it takes a tensor that is neither a parameter, a buffer, an input nor computed from "
             "them (a global tensor): cannot be exported soundly; register it as a buffer"))
     traced = _trace_call(cls, args, positions, tensors, where)
-    results = AUTOGRAD_FUNCTION(traced.fwd, traced.bwd, *tensors, **traced.spec.as_kwargs())
+    constants = [_torch.traced_constant(c) for c in traced.constants]
+    results = AUTOGRAD_FUNCTION(traced.fwd, traced.bwd, *tensors, *constants, **traced.spec.as_kwargs())
     outputs = tuple(results[o] if isinstance(o, _TensorAt) else o for o in traced.outputs)
     return outputs[0] if traced.single else outputs
 
@@ -226,7 +252,7 @@ def _trace_call(cls, args, positions, tensors, where) -> _Traced:
     spec = FunctionSpec(name=name, num_outputs=state["num_outputs"],
                         non_differentiable=state["non_differentiable"], grad_outputs=grad_outputs,
                         grad_inputs=grad_inputs, materialize_grads=state["materialize_grads"])
-    return _Traced(fwd, bwd, spec, state["outputs"], state["single"])
+    return _Traced(fwd, bwd, spec, state["outputs"], state["single"], state["constants"])
 
 
 def _forward_parameter_names(cls, count: int) -> list[str]:
@@ -291,7 +317,7 @@ def _trace_forward(cls, args, positions, inputs, needs_input_grad, where, cache)
         return (*out_tensors, *saved)
 
     names = _forward_parameter_names(cls, len(args))
-    fwd = subgraph(forward, inputs, [names[p] for p in positions], cache)
+    fwd, state["constants"] = subgraph(forward, inputs, [names[p] for p in positions], cache)
     _inline_no_grad_regions(fwd)
     return fwd, state
 
@@ -336,8 +362,24 @@ def _trace_backward(cls, args, positions, fwd, state, needs_input_grad, where, c
         return tuple(grads_out)
 
     names = _backward_names(backward_fn, grad_outputs, state["outputs"], fwd, n_out)
-    bwd = subgraph(backward, [*grads, *saved], names, cache)
+    bwd, constants = subgraph(backward, [*grads, *saved], names, cache)
+    _pass_through(fwd, placeholders(bwd)[len(names):])
+    state["constants"] += constants
     return bwd, grad_outputs, list(grad_inputs)
+
+
+def _pass_through(fwd: torch.fx.GraphModule, lifted: list) -> None:
+    """The backward's constants (its ``lifted`` last placeholders) become the
+    forward's last inputs, returned last: the backward takes what the forward
+    saves after the gradients, in order."""
+    output = fwd.graph.output_node()
+    passed = []
+    for node in lifted:
+        with fwd.graph.inserting_after(placeholders(fwd)[-1]):
+            passed.append(fwd.graph.placeholder(f"backward_{node.name}"))
+        passed[-1].meta.update(node.meta)
+    output.args = ((*output.args[0], *passed),)
+    fwd.recompile()
 
 
 def _backward_names(backward_fn, grad_outputs, layout, fwd, n_out) -> list[str]:

@@ -251,6 +251,27 @@ class Nested(torch.nn.Module):
         return SetupContextSquare.apply(ClippedBackward.apply(x) * 3)
 
 
+class Weighted(torch.autograd.Function):
+    """Tensors made from data in its forward and its backward: constants the
+    op takes as inputs (the program lifts them)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        w = torch.tensor([0.5, 1.5, 2.0, 1.0])
+        ctx.save_for_backward(w)
+        return x * w
+
+    @staticmethod
+    def backward(ctx, g):
+        (w,) = ctx.saved_tensors
+        return g * w * torch.tensor(2.0)
+
+
+class MadeFromData(torch.nn.Module):
+    def forward(self, x):
+        return Weighted.apply(x * 3)
+
+
 CASES = {
     "straight_through": (STEModule, (torch.randn(2, 4),)),
     "saves_intermediates": (SavesIntermediates, (torch.randn(2, 4),)),
@@ -262,6 +283,7 @@ CASES = {
     "needs_input_grad_frozen": (lambda: NeedsInputGrad(freeze=True), (torch.randn(2, 4),)),
     "without_materializing": (WithoutMaterializing, (torch.randn(2, 4),)),
     "nested": (Nested, (torch.randn(2, 4),)),
+    "made_from_data": (MadeFromData, (torch.randn(2, 4),)),
 }
 
 
@@ -629,8 +651,8 @@ def test_save_and_load_in_a_fresh_process(tmp_path):
     import sys
 
     torch.manual_seed(0)
-    module, x = STEModule(), torch.randn(2, 4)
-    torch.export.save(predispatch.export_predispatch(copy.deepcopy(module), (x,)), tmp_path / "ste.pt2")
+    module, x = torch.nn.Sequential(STEModule(), MadeFromData()), torch.randn(2, 4)
+    torch.export.save(predispatch.export_predispatch(copy.deepcopy(module), (x,)), tmp_path / "f.pt2")
     torch.save(x, tmp_path / "x.pt")
     script = (
         "import sys, torch, predispatch\n"
@@ -638,7 +660,7 @@ def test_save_and_load_in_a_fresh_process(tmp_path):
         "x = torch.load(sys.argv[2]).requires_grad_()\n"
         "m(x).square().sum().backward()\n"
         "torch.save({'x': x.grad, **{n: p.grad for n, p in m.named_parameters()}}, sys.argv[3])\n")
-    subprocess.run([sys.executable, "-c", script, tmp_path / "ste.pt2", tmp_path / "x.pt",
+    subprocess.run([sys.executable, "-c", script, tmp_path / "f.pt2", tmp_path / "x.pt",
                     tmp_path / "grads.pt"], check=True)
     loaded = torch.load(tmp_path / "grads.pt")
     x.requires_grad_()
