@@ -292,7 +292,7 @@ CASES = {
 def test_matches_eager(name, inputs_require_grad):
     make, args = CASES[name]
     torch.manual_seed(0)
-    assert_matches_eager(make(), args, rtol=1e-2, atol=1e-2, inputs_require_grad=inputs_require_grad)
+    assert_matches_eager(make(), args, inputs_require_grad=inputs_require_grad)
 
 
 # --------------------------------------------------------------------------
@@ -638,7 +638,7 @@ def _eager_and(program, module, args):
     run = run_module(program, args, None)
     run = dataclasses.replace(run, param_grads=named_as_eager(run.param_grads),
                               params=named_as_eager(run.params), buffers=named_as_eager(run.buffers))
-    assert_runs_match(run_module(copy.deepcopy(module), args, None), run, rtol=1e-2, atol=1e-2)
+    assert_runs_match(run_module(copy.deepcopy(module), args, None), run)
 
 
 def _function_ops(gm):
