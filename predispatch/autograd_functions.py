@@ -51,6 +51,7 @@ from .autograd_function_op import AUTOGRAD_FUNCTION, FunctionSpec, output_values
 from .errors import ExportError, exception_location, user_location
 from .patching import patched, patches_suspended
 
+
 def capturing_autograd_functions():
     """While the forward is traced, ``torch.autograd.Function.apply`` becomes
     the op (:func:`capture_call`) where the custom backward could run: in grad
@@ -196,11 +197,14 @@ def capture_call(cls, args: tuple, kwargs: dict):
     if kwargs or _torch.defines_setup_context(cls):
         bound = inspect.signature(cls.forward).bind(*args, **kwargs)
         bound.apply_defaults()
+        if bound.kwargs:
+            raise refused(name, where, f"keyword-only arguments {sorted(bound.kwargs)} to its "
+                          "forward are not supported; pass them positionally")
         args = tuple(bound.args)
     read = state_the_backward_reads(backward_function(cls))
     if read is not None:
         raise refused(name, where, (
-            f"its backward reads the global {read[0]!r} (a {read[1]}), state that may change "
+            f"its backward reads {read[0]!r} (a {read[1]}, global or from a closure), state that may change "
             "between calls, which the graph would fix at export time; pass it to the Function, "
             "or keep a value fixed at export"))
     positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]

@@ -36,7 +36,9 @@ _INPUTS = {"grad": 2, "autocast": 5, "autograd_function": 2}
 class Region:
     """One region: its kind ("grad" or "autocast"), its mode arguments, the
     submodule it runs, the higher-order-op node calling it, the graph module
-    that node lives in, and how deep it is nested (0 = top level)."""
+    that node lives in, and how deep it is nested (0 = top level). (Inlining
+    also takes an autograd Function's op as one, of kind "autograd_function",
+    whose submodule is its forward.)"""
 
     kind: str
     args: tuple

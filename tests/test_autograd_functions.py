@@ -419,7 +419,7 @@ class Calls(torch.nn.Module):
 
 @pytest.mark.parametrize("fn, extra, construct", [
     (ViewOfInput, (), "returns one of its inputs or a view of one"),
-    (ReadsGlobalState, (), "reads the global '_GRAD_SCALES'"),
+    (ReadsGlobalState, (), "reads '_GRAD_SCALES' (a dict, global or from a closure)"),
     (KeepsModuleOnCtx, ("self",), "keeps a Calls in ctx.owner"),
     (MarksDirty, (), "ctx.mark_dirty"),
     (MutatesInput, (), "updates an input in place"),
@@ -727,3 +727,48 @@ def test_regions_inside_the_subgraphs_are_regions():
                 for n in m.graph.nodes if isinstance(n.target, torch._ops.HigherOrderOperator)]
     x = torch.randn(3, 4)  # now computed in float32 throughout: close to eager's bf16 matmul
     torch.testing.assert_close(inlined.module()(x), module(x), rtol=5e-2, atol=5e-2)
+
+
+class PlainMatmul(torch.autograd.Function):
+    """No ``custom_bwd``: eager runs its backward under the autocast the
+    backward is called in."""
+
+    @staticmethod
+    def forward(ctx, a, b):
+        ctx.save_for_backward(a, b)
+        return a @ b
+
+    @staticmethod
+    def backward(ctx, g):
+        a, b = ctx.saved_tensors
+        return g @ b.t(), a.t() @ g
+
+
+class MatmulInAutocast(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(4, 4))
+
+    def forward(self, x):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return PlainMatmul.apply(x, self.w)
+
+
+def test_a_backward_runs_under_the_autocast_it_is_called_in():
+    """As in eager: called under the forward's autocast its matmuls are cast
+    (bf16 gradient, fp32 saved tensors); called outside, they fail alike."""
+    torch.manual_seed(0)
+    module, x = MatmulInAutocast(), torch.randn(3, 4)
+    program = predispatch.export_predispatch(copy.deepcopy(module), (x,)).module()
+
+    def grads(m, autocast):
+        inp = x.clone().requires_grad_()
+        out = m(inp)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            out.float().square().sum().backward()
+        return inp.grad, m.w.grad
+
+    torch.testing.assert_close(grads(program, True), grads(module, True))
+    for m in (module, program):
+        with pytest.raises(RuntimeError, match="dtype"):
+            grads(m, False)
