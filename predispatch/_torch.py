@@ -55,6 +55,15 @@ def has_composite_implicit_kernel(op: torch._ops.OpOverload) -> bool:
     return torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), CIA_KEY)
 
 
+def has_own_functionalization_kernel(op: torch._ops.OpOverload) -> bool:
+    """Does functionalization know ``op`` itself (not only through its boxed
+    fallback, which refuses an op returning an alias)? torch has no query
+    for it but the dispatch table's text."""
+    table = torch._C._dispatch_dump_table(op.name())
+    line = next((entry for entry in table.splitlines() if entry.startswith("Functionalize:")), "")
+    return bool(line) and "[backend fallback]" not in line
+
+
 # --------------------------------------------------------------------------
 # Capture: torch.export's non-strict front end, with our own aten stage.
 
@@ -595,6 +604,19 @@ def has_metadata_mutation(t: FunctionalTensor) -> bool:
 
 def storage_changed(t: FunctionalTensor) -> bool:
     return torch._functionalize_was_storage_changed(t.elem)
+
+
+def storage_elements(t: FunctionalTensor) -> int:
+    """How many elements of ``t``'s dtype its (functional) storage holds."""
+    return torch._functionalize_get_storage_size(t.elem, True) // t.element_size()
+
+
+def storage_of(t):
+    """A handle comparing equal for FunctionalTensors sharing their (functional)
+    storage, as aliases and tensors swapped by ``set_()`` do; None for others."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    return StorageWeakRef(t.elem.untyped_storage()) if isinstance(t, FunctionalTensor) else None
 
 
 # --- node stack traces (predispatch.stack_traces)

@@ -122,7 +122,8 @@ def subgraph(fn, fake_inputs: list, names: list[str], autocast_cache: bool):
     body, record = _Body(fn), TraceRecord()
     with _torch.autocast_cache_enabled(autocast_cache), recording(body, record, str), \
             _torch.autocast_cache_enabled(False):  # as make_fx traces
-        gm, signature = functional_trace(body, fake_inputs, {}, keep=lambda: history_nodes(record))
+        gm, signature, _views = functional_trace(body, fake_inputs, {}, keep=lambda: history_nodes(record),
+                                                 on_retrace=record.clear)
     if signature.user_inputs_to_mutate:
         raise _MutatedInput()
     for node, name in zip(placeholders(gm), names):

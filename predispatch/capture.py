@@ -21,7 +21,7 @@ import torch
 
 from . import _torch
 from .errors import ExportError, exception_location
-from .functional_trace import InputLayoutChanged, functional_trace
+from .functional_trace import functional_trace
 from .op_policy import OpPolicy
 from .trace_events import TraceRecord, recording
 
@@ -58,6 +58,12 @@ def history_nodes(record: TraceRecord) -> set:
     return {*record.needed, *(n for r in record.replacements for n in (r.old, r.exit))}
 
 
+def _strip_key(key: str) -> str:
+    """``"param:_export_root.w"`` -> ``"param:w"`` (other keys as they are)."""
+    kind, sep, name = key.partition(":")
+    return f"{kind}{sep}{_strip_root(name)}" if sep else key
+
+
 def _aten_stage(policy: OpPolicy, record: TraceRecord):
     """torch.export's ``_to_aten_func`` hook, doing our functional pre-dispatch trace."""
     t = _torch.export_trace
@@ -66,7 +72,12 @@ def _aten_stage(policy: OpPolicy, record: TraceRecord):
                 produce_guards_callback=None, *, transform=lambda f: f, **_unused):
         def trace(stack, wrapped, args, *, kwargs=None, **_flags):
             with recording(wrapped, record, _strip_root):
-                return functional_trace(wrapped, args, kwargs, keep=lambda: history_nodes(record))
+                gm, signature, record.input_views = functional_trace(
+                    wrapped, args, kwargs, keep=lambda: history_nodes(record),
+                    on_layout_change=lambda key, change: record.layouts.__setitem__(
+                        _strip_key(key), {**change.to_json(), "source": change.source and _strip_key(change.source)}),
+                    on_retrace=record.clear)
+                return gm, signature
 
         with contextlib.ExitStack() as stack:
             stack.enter_context(_torch.restoring_module_attributes(getattr(mod, "_export_root", mod)))
@@ -116,7 +127,6 @@ def capture(module, args, kwargs, dynamic_shapes, policy: OpPolicy) -> Captured:
     original_state_dict = t._get_original_state_dict(module)
     record = TraceRecord()
     with (_data_dependence_as_export_error(),
-          _set_as_export_error(record),
           _foreign_mutation_as_export_error()):
         artifact = t._non_strict_export(
             mod=module, args=args, kwargs=kwargs, dynamic_shapes=dynamic_shapes,
@@ -153,23 +163,6 @@ def _foreign_mutation_as_export_error():
             "parameter, a buffer nor an input (a plain tensor attribute, a global, a closure's "
             "tensor) cannot be exported soundly; register it with register_buffer or pass it "
             "as an input") from e
-
-
-@contextlib.contextmanager
-def _set_as_export_error(record: TraceRecord):
-    """Tensor.set_ swaps a tensor's storage; functionalization handles it only
-    on a graph input with no other mutation. Elsewhere, name the call."""
-    try:
-        yield
-    except Exception as e:
-        if isinstance(e, InputLayoutChanged) and record.layout_changes and not record.set_calls:
-            raise ExportError(f"{e} (at {record.layout_changes[0]})") from e
-        if not record.set_calls or (isinstance(e, ExportError) and not isinstance(e, InputLayoutChanged)):
-            raise
-        raise ExportError(
-            f"Tensor.set_() at {record.set_calls[0]} cannot be exported soundly: it swaps the "
-            "storage of a tensor that is not a graph input, or of an input that is also "
-            f"mutated otherwise ({_first_line(e)})") from e
 
 
 def _first_line(e: BaseException) -> str:

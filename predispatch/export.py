@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch.export.graph_signature import InputKind, OutputSpec, TensorArgument
 
-from . import _torch
+from . import _torch, input_aliasing
 from .autocast_policy import AutocastPolicy
 from .capture import Captured, capture
 from .copy_pass import replace_copies
@@ -59,6 +59,8 @@ def export_predispatch(module, args, kwargs=None, *, dynamic_shapes=None, op_pol
         sync_output_names(captured)
         set_program_meta(captured.gm, {
             "write_back": write_back_modes(captured),
+            "layouts": layout_changes(captured),
+            "input_views": input_aliasing.to_json(captured.record.input_views),
             "autocast_policy": autocast.to_json(),
             "module_order": module_order(module),
         })
@@ -118,25 +120,47 @@ def sync_output_names(captured: Captured) -> None:
         for s, node in zip(sig.output_specs, outputs)]
 
 
-def write_back_modes(captured: Captured) -> dict[str, str]:
-    """Mutation target name (as in the output specs) -> how it was mutated."""
-    kinds = captured.record.mutation_kinds
+def _mutation_targets(captured: Captured) -> dict[str, str]:
+    """The recorder's key (``"param:<fqn>"``, ``"input:<flat index>"``) -> the
+    mutated state's name as in the output specs (a user input's placeholder)."""
     # one USER_INPUT spec per flat input leaf, constants (bool, int, None, str) included
     user_inputs = [getattr(s.arg, "name", None) for s in captured.signature.input_specs
                    if s.kind.name == "USER_INPUT"]
-    modes = {}
+    targets = {}
     for spec in captured.signature.output_specs:
         if spec.kind.name == "PARAMETER_MUTATION":
-            key = f"param:{spec.target}"
+            targets[f"param:{spec.target}"] = spec.target
         elif spec.kind.name == "BUFFER_MUTATION":
-            key = f"buffer:{spec.target}"
+            targets[f"buffer:{spec.target}"] = spec.target
         elif spec.kind.name == "USER_INPUT_MUTATION":
-            key = f"input:{_flat_input_index(captured, spec.target, user_inputs)}"
-        else:
-            continue
-        if key in kinds:
-            modes[spec.target] = kinds[key]
-    return modes
+            targets[f"input:{_flat_input_index(captured, spec.target, user_inputs)}"] = spec.target
+    return targets
+
+
+def write_back_modes(captured: Captured) -> dict[str, str]:
+    """Mutation target name (as in the output specs) -> how its data was mutated."""
+    kinds = captured.record.mutation_kinds
+    return {target: kinds[key] for key, target in _mutation_targets(captured).items() if key in kinds}
+
+
+def layout_changes(captured: Captured) -> dict[str, dict]:
+    """Mutation target name -> its layout change (:class:`LayoutChange` as JSON),
+    the storage it took named as a target too (a user input's placeholder,
+    a parameter's or buffer's name)."""
+    targets, names = _mutation_targets(captured), _state_and_input_names(captured)
+    return {targets[key]: {**change, "source": names.get(change["source"])}
+            for key, change in captured.record.layouts.items() if key in targets}
+
+
+def _state_and_input_names(captured: Captured) -> dict[str, str]:
+    """Every input's recorder key -> its name as a write-back target."""
+    sig = captured.signature
+    user_inputs = [getattr(s.arg, "name", None) for s in sig.input_specs if s.kind.name == "USER_INPUT"]
+    names = {f"input:{i}": name for i, name in enumerate(user_inputs)}
+    for spec in sig.input_specs:
+        if spec.kind.name in ("PARAMETER", "BUFFER"):
+            names[f"{spec.kind.name.lower().replace('parameter', 'param')}:{spec.target}"] = spec.target
+    return names
 
 
 def _flat_input_index(captured: Captured, name: str, user_inputs: list) -> int:

@@ -8,48 +8,54 @@ one trace instead of its two (a metadata pass, then the graph).
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import torch
 import torch.utils._pytree as pytree
 
-from . import _torch
+from . import _torch, input_aliasing, trace_events
 from .errors import ExportError
 
 
-class InputLayoutChanged(ExportError):
-    """An input's shape, strides or storage changed in place."""
+@dataclasses.dataclass(frozen=True)
+class LayoutChange:
+    """How a parameter, buffer or input ends up after ``t_()``, ``resize_()``,
+    ``set_()`` and the like: its storage (``"own"``; ``"other"``: that of the
+    input ``source`` names; ``"value"``: one the forward made) and its size,
+    strides and storage offset there (None where symbolic: the new value's
+    own are taken at run time)."""
+
+    storage: str
+    source: str | None
+    size: tuple | None
+    stride: tuple | None
+    offset: int | None
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
 
 
-def _refuse_aliased_mutated_inputs(flat_args, mutated: list[int]) -> None:
-    """Inputs sharing memory (the same tensor twice, x and x[0]), one of them
-    mutated: the program treats its inputs as distinct."""
-    from torch.multiprocessing.reductions import StorageWeakRef
-
-    seen = {}
-    for i, a in enumerate(flat_args):
-        if isinstance(a, torch.Tensor) and a.device.type != "meta":
-            seen.setdefault(StorageWeakRef(a.untyped_storage()), []).append(i)
-    for positions in seen.values():
-        if len(positions) > 1 and any(p in mutated for p in positions):
-            raise ExportError(
-                "inputs that share memory (the same tensor twice, or views of one tensor) are "
-                "passed and one is mutated in the forward: the program cannot know at run time "
-                "whether its inputs alias; pass distinct tensors (e.g. x and x.clone())")
-
-
-def functional_trace(mod: torch.nn.Module, args, kwargs, keep=frozenset):
-    """(graph module, aot-style GraphSignature) of ``mod(*args, **kwargs)``.
-    Dead code goes, except the nodes ``keep()`` names."""
+def functional_trace(mod: torch.nn.Module, args, kwargs, keep=frozenset, on_layout_change=None,
+                     on_retrace=None):
+    """(graph module, aot-style GraphSignature, the user inputs seen as views
+    of others: see :mod:`predispatch.input_aliasing`) of ``mod(*args, **kwargs)``.
+    Dead code goes, except the nodes ``keep()`` names. ``on_layout_change(key,
+    LayoutChange)`` hears of each input whose layout or storage changed (keys
+    as ``"param:<name>"``, ``"buffer:<name>"``, ``"input:<flat index>"``);
+    ``on_retrace()`` of a second trace (inputs overlapping in memory, one mutated)."""
     kwargs = kwargs or {}
     named_parameters = dict(mod.named_parameters(remove_duplicate=False))
     named_buffers = dict(mod.named_buffers(remove_duplicate=False))
     state_flat, state_spec = pytree.tree_flatten({**named_parameters, **named_buffers})
+    keys = [*(f"param:{n}" for n in named_parameters), *(f"buffer:{n}" for n in named_buffers)]
     call = _torch.create_functional_call(mod, state_spec, len(state_flat), store_orig_mod=True)
     flat_fn, out_spec = _torch.create_tree_flattened_fn(call, [*state_flat, *args], kwargs)
     flat_args, in_spec = pytree.tree_flatten(([*state_flat, *args], kwargs))
     n_state = len(state_flat)
     mutated: list[int] = []
+
+    views: dict[int, input_aliasing.View] = {}  # user input -> seen through another
 
     @functools.wraps(flat_fn)  # carries the module: make_fx records nn_module_stack and stack traces
     def functionalized(*flat):
@@ -57,37 +63,96 @@ def functional_trace(mod: torch.nn.Module, args, kwargs, keep=frozenset):
         wrapped = {}  # a tied parameter or buffer (one tensor, two names) is wrapped once
 
         def wrap(i, a):
-            if i >= n_state:  # user inputs: the same tensor twice is refused below if mutated
+            if i >= n_state:  # user inputs: distinct unless seen through another
                 return _torch.to_functional(a)
             if id(a) not in wrapped:
                 wrapped[id(a)] = _torch.to_functional(a)
             return wrapped[id(a)]
 
         with mode:
-            inputs = [wrap(i, a) for i, a in enumerate(flat)]
+            inputs = [None if i - n_state in views else wrap(i, a) for i, a in enumerate(flat)]
+            for j, v in views.items():
+                cover = inputs[n_state + v.of]
+                if flat[n_state + j] is flat[n_state + v.of]:  # the same tensor twice
+                    inputs[n_state + j] = cover
+                    continue
+                inputs[n_state + j] = cover.as_strided(v.size, v.stride, v.offset)
+                trace_events.mark_view(inputs[n_state + j], cover)
+            storages = [_torch.storage_of(f) for f in inputs]
             outputs = flat_fn(*inputs)
-        new_values, done = [], set()
+        # an input seen through another is written back through it
+        new_values, done = [], {id(inputs[n_state + j]) for j, v in views.items()
+                                if inputs[n_state + j] is not inputs[n_state + v.of]}
         for i, f in enumerate(inputs):
             if not isinstance(f, _torch.FunctionalTensor) or id(f) in done:
                 continue  # a tied tensor's mutation is written back once, under its first name
             done.add(id(f))
             torch._sync(f)
-            if _torch.has_metadata_mutation(f) or _torch.storage_changed(f):
-                raise InputLayoutChanged(
-                    "an input's shape, strides or storage is changed in place (e.g. x.t_(), "
-                    "x.resize_(), x.set_()): cannot be exported soundly")
-            if _torch.has_data_mutation(f):
+            relaid = _torch.has_metadata_mutation(f) or _torch.storage_changed(f)
+            if relaid and on_layout_change is not None:
+                on_layout_change(input_key(i), _layout_change(i, f, storages, input_key))
+            if relaid or _torch.has_data_mutation(f):
                 mutated.append(i)
                 new_values.append(_torch.from_functional(f))
         return (*new_values, *[_torch.from_functional(o) for o in outputs])
 
-    with _torch.enable_python_dispatcher():
-        gm = _torch.make_fx(functionalized, record_module_stack=True, pre_dispatch=True)(*flat_args)
-    _refuse_aliased_mutated_inputs(flat_args[n_state:], [i - n_state for i in mutated])
+    def input_key(i: int) -> str:
+        return keys[i] if i < n_state else f"input:{i - n_state}"
+
+    def trace():
+        with _torch.enable_python_dispatcher():
+            return _torch.make_fx(functionalized, record_module_stack=True, pre_dispatch=True)(*flat_args)
+
+    gm = trace()
+    overlapping = input_aliasing.views_of_covering_inputs(flat_args[n_state:]) if _some_share_storage(
+        flat_args[n_state:]) else {}
+    if any(i - n_state in overlapping or i - n_state in {v.of for v in overlapping.values()}
+           for i in mutated):
+        views.update(overlapping)
+        mutated.clear()
+        if on_retrace is not None:
+            on_retrace()
+        gm = trace()
+    _drop_storage_swaps_of_constants(gm)
     kept = keep()
     gm.graph.eliminate_dead_code(is_impure_node=lambda n: n in kept or n.is_impure())
     gm.recompile()
-    return gm, _signature(gm, named_parameters, named_buffers, mutated, in_spec, out_spec.spec)
+    return gm, _signature(gm, named_parameters, named_buffers, mutated, in_spec, out_spec.spec), views
+
+
+def _some_share_storage(inputs) -> bool:
+    storages = [input_aliasing.storage(t) for t in inputs
+                if isinstance(t, torch.Tensor) and t.device.type != "meta" and t.numel() > 0]
+    return len(storages) != len(set(storages))
+
+
+def _drop_storage_swaps_of_constants(gm: torch.fx.GraphModule) -> None:
+    """Functionalization turns ``a.set_(b)`` into data flow (``a`` reads ``b``'s
+    storage from then on) and also runs ``set_`` on its wrappers' inner
+    tensors, which the tracer records on constants it does not know: drop them."""
+    for node in list(gm.graph.nodes):
+        if (node.op == "call_function" and getattr(node.target, "overloadpacket", None) is torch.ops.aten.set_
+                and any(a.op == "get_attr" for a in node.all_input_nodes)):
+            constants = [a for a in node.all_input_nodes if a.op == "get_attr"]
+            node.replace_all_uses_with(node.args[0])
+            gm.graph.erase_node(node)
+            for c in constants:
+                if not c.users:
+                    gm.graph.erase_node(c)
+                    if hasattr(gm, c.target):
+                        delattr(gm, c.target)
+
+
+def _layout_change(i: int, f, storages: list, key_of) -> LayoutChange:
+    """Where input ``i`` (``f``, after the forward) keeps its elements, and how."""
+    storage = _torch.storage_of(f)
+    owner = i if storages[i] == storage else next(
+        (j for j, s in enumerate(storages) if s is not None and s == storage), None)
+    place = "value" if owner is None else "own" if owner == i else "other"
+    layout = (tuple(f.size()), tuple(f.stride()), f.storage_offset())
+    if not all(isinstance(v, int) for v in (*layout[0], *layout[1], layout[2])):
+        layout = (None, None, None)
+    return LayoutChange(place, key_of(owner) if place == "other" else None, *layout)
 
 
 def _signature(gm, named_parameters, named_buffers, mutated, in_spec, out_spec):

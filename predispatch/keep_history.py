@@ -99,10 +99,13 @@ def _alive(node: torch.fx.Node, graph: torch.fx.Graph) -> bool:
     return node.graph is graph and not getattr(node, "_erased", False)
 
 
-def _same_layout(a: torch.fx.Node, b: torch.fx.Node) -> bool:
+def _same_dtype(a: torch.fx.Node, b: torch.fx.Node) -> bool:
+    """A tensor keeps its dtype through in-place ops; its shape may change (a
+    ``t_()`` / ``unsqueeze_()`` under no_grad), and eager's kept history then
+    gets the new shape's gradient, which autograd reduces to the old shape as
+    it does for eager's (or refuses, as for eager's)."""
     va, vb = a.meta.get("val"), b.meta.get("val")
-    return (isinstance(va, torch.Tensor) and isinstance(vb, torch.Tensor)
-            and va.dtype == vb.dtype and va.shape == vb.shape)
+    return isinstance(va, torch.Tensor) and isinstance(vb, torch.Tensor) and va.dtype == vb.dtype
 
 
 def keep_history_pass(gm: torch.fx.GraphModule, replacements, analyze,
@@ -142,14 +145,14 @@ def keep_history_pass(gm: torch.fx.GraphModule, replacements, analyze,
                 continue  # a replay after the segment: it reads the kept base
             if modes.get(r.exit) is not None:
                 continue  # inside a grad block: the update's history, as the graph has it
-            if not (old in may_grad_off or old in kept) or not _same_layout(old, r.new):
+            if not (old in may_grad_off or old in kept) or not _same_dtype(old, r.new):
                 continue
             if not _read_later_where_history_shows(r.new, r.exit, position, modes, graph, output_kinds):
                 history_of[r.new] = old  # a later update in the caller's mode chains to it
                 continue
             node = _insert_keep_history(graph, old, r.new, r.exit, position, KEEP_HISTORY_IF_NO_GRAD)
         else:
-            if not (old in may_grad or old in kept) or not _same_layout(old, r.new):
+            if not (old in may_grad or old in kept) or not _same_dtype(old, r.new):
                 continue
             node = _insert_keep_history(graph, old, r.new, r.exit, position)
         history_of[r.new] = old if node is None else node  # None: no later use needs it

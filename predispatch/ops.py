@@ -5,7 +5,9 @@
 * ``keep_history_if_no_grad(old, new)``: ``new``'s history in grad mode,
   ``old``'s under no_grad (an update in code that runs in the caller's mode);
 * ``requires_grad(t)``: ``t.requires_grad_()`` made functional (``t``'s value,
-  its history if it has one, else a new leaf).
+  its history if it has one, else a new leaf);
+* ``autocast_cached(source, first, current)``: ``first`` where eager's autocast
+  would read its cached cast of ``source``, else ``current``.
 
 Each records its history whatever the grad mode, as eager keeps a tensor's
 history across modes: their autograd kernels are their own.
@@ -80,6 +82,24 @@ def _requires_grad_kernel(keyset, t):
 _LIB.impl("requires_grad", lambda t: t.clone(), "CompositeExplicitAutograd")
 _LIB.impl("requires_grad", _requires_grad_kernel, "Autograd", with_keyset=True)
 REQUIRES_GRAD = torch.ops.predispatch.requires_grad.default
+
+_LIB.define("autocast_cached(Tensor source, Tensor first, Tensor current) -> Tensor")
+
+
+def _cached_cast_of(keyset, source, first, current):
+    """``first`` where eager's autocast cast cache holds ``source`` (the cache
+    on, ``source`` a float32 leaf that requires grad, not a view), else
+    ``current``: the value a cast of an updated parameter reads inside an
+    autocast block (see :mod:`predispatch.autocast_cache`). Autograd decides,
+    as only autograd knows what requires grad."""
+    cached = (torch.is_autocast_cache_enabled() and source.is_leaf and source.requires_grad
+              and source.dtype == torch.float32 and not source._is_view())
+    return torch.clone(first if cached else current)
+
+
+_LIB.impl("autocast_cached", lambda source, first, current: current.clone(), "CompositeExplicitAutograd")
+_LIB.impl("autocast_cached", _cached_cast_of, "Autograd", with_keyset=True)
+AUTOCAST_CACHED = torch.ops.predispatch.autocast_cached.default
 
 KEEP_HISTORY = torch.ops.predispatch.keep_history.default
 # in code that runs in the caller's grad mode: an update there keeps the old history

@@ -17,7 +17,7 @@ import operator
 import torch
 from torch.export import ExportedProgram
 
-from . import _torch
+from . import _torch, input_aliasing
 from .autograd_function_op import AUTOGRAD_FUNCTION, run_autograd_function
 
 META_KEY = "predispatch"
@@ -86,7 +86,45 @@ def write_back_hidden_from_autograd(target: torch.Tensor, value: torch.Tensor) -
 
 _WRITE_BACK = {"grad": write_back_with_grad, "no_grad": write_back_under_no_grad,
                "hidden": write_back_hidden_from_autograd}
-for _write_back in _WRITE_BACK.values():  # a graph pass's dead-code elimination keeps them
+
+
+def write_back_layout(target: torch.Tensor, value: torch.Tensor, source, layout: dict,
+                      mode: str | None) -> torch.Tensor:
+    """Leave ``target`` stored and laid out as eager left it (``t_()``,
+    ``resize_()``, ``set_()``: ``layout`` is a
+    :class:`predispatch.functional_trace.LayoutChange`), holding ``value``:
+    on its own storage restrided (grown if needed), its data written back as
+    ``mode`` says; on the storage of ``source`` (another input, written back
+    before); or on the storage the forward made, ``value``'s."""
+    if _torch.is_traced(target):  # the program is being exported again: the same change
+        from .trace_events import unobserved
+
+        with unobserved(), torch.no_grad():
+            return target.set_(value)
+    size, stride, offset = layout["size"], layout["stride"], layout["offset"]
+    if size is None:  # symbolic at export
+        size, stride, offset = value.size(), value.stride(), value.storage_offset()
+    with torch.no_grad():
+        if layout["storage"] == "other":
+            return target.set_(source.untyped_storage(), offset, size, stride)
+        if layout["storage"] == "value":
+            return target.set_(value.untyped_storage(), value.storage_offset(), value.size(), value.stride())
+        _grow_storage(target, size, stride, offset)
+        target.as_strided_(size, stride, offset)
+    return _WRITE_BACK[mode](target, value) if mode is not None else target
+
+
+def _grow_storage(t: torch.Tensor, size, stride, offset) -> None:
+    """``resize_()`` may have needed more elements than ``t``'s storage has."""
+    if 0 in tuple(size):
+        return
+    needed = (offset + sum((n - 1) * s for n, s in zip(size, stride)) + 1) * t.element_size()
+    if needed > t.untyped_storage().nbytes():
+        t.untyped_storage().resize_(needed)
+
+
+for _write_back in (*_WRITE_BACK.values(), write_back_layout,  # dead-code elimination keeps them
+                    input_aliasing.check_inputs_alias_as_exported):
     _torch.mark_side_effectful(_write_back)
 
 
@@ -135,18 +173,43 @@ def _snapshot_reads(graph: torch.fx.Graph, target: torch.fx.Node, value: torch.f
 
 
 def fix_write_backs(gm: torch.fx.GraphModule | torch.fx.Graph, modes: dict[str, str],
-                    target_name=_copy_target_name) -> None:
+                    target_name=_copy_target_name, layouts: dict | None = None) -> None:
     """Swap the ``copy_`` write-backs torch writes (``ep.module()``'s unlift,
     ``torch.export.unflatten``) for the mode's function; ``target_name``: the
-    mutated state's name (as in the output specs) from the copy's target node."""
+    mutated state's name (as in the output specs) from the copy's target node.
+    A target whose layout or storage changed is written back last (it may
+    take the storage of another, written back before)."""
     graph = gm if isinstance(gm, torch.fx.Graph) else gm.graph
+    layouts = layouts or {}
+    relaid = []
     for node in list(graph.nodes):
         if node.op == "call_function" and node.target is torch.ops.aten.copy_.default:
-            mode = modes.get(target_name(node.args[0]))
+            name = target_name(node.args[0])
+            mode = modes.get(name)
+            if name in layouts:
+                relaid.append((node, layouts[name], mode))
+                continue
             if mode in _WRITE_BACK:
                 node.target = _WRITE_BACK[mode]
             if mode == "grad":
                 _snapshot_reads(graph, *node.args)
+    for node, layout, mode in relaid:
+        source = _state_node(graph, layout["source"], target_name) if layout["storage"] == "other" else None
+        with graph.inserting_before(graph.output_node()):
+            last = graph.call_function(write_back_layout, (*node.args, source, layout, mode))
+        last.meta.update(node.meta)
+        node.replace_all_uses_with(last)
+        graph.erase_node(node)
+
+
+def _state_node(graph: torch.fx.Graph, name: str, target_name) -> torch.fx.Node:
+    """The node reading input, parameter or buffer ``name`` (named as
+    ``target_name`` names them), made if the graph has none."""
+    for node in graph.nodes:
+        if node.op in ("placeholder", "get_attr") and target_name(node) == name:
+            return node
+    with graph.inserting_before(graph.output_node()):
+        return graph.get_attr(name)
 
 
 def fix_unflattened_write_backs(graph: torch.fx.Graph, signature) -> None:
@@ -158,7 +221,8 @@ def fix_unflattened_write_backs(graph: torch.fx.Graph, signature) -> None:
     if not record:
         return
     state = {**signature.inputs_to_parameters, **signature.inputs_to_buffers}
-    fix_write_backs(graph, record.get("write_back", {}), lambda node: state.get(node.name, node.name))
+    fix_write_backs(graph, record.get("write_back", {}), lambda node: state.get(node.name, node.name),
+                    record.get("layouts", {}))
 
 
 # The run-time module's code calls ops by their cheapest exact spelling:
@@ -195,6 +259,16 @@ def use_run_time_calls(gm: torch.fx.GraphModule) -> None:
         use_run_time_calls(getattr(gm, name))
 
 
+def check_input_aliasing(unlifted: torch.fx.GraphModule, views: dict) -> None:
+    """A program that mutates an input first checks that the call's inputs
+    share memory as the example inputs did (see :mod:`predispatch.input_aliasing`)."""
+    graph = unlifted.graph
+    inputs = [n for n in graph.nodes if n.op == "placeholder"]
+    with graph.inserting_after(inputs[-1]):
+        graph.call_function(input_aliasing.check_inputs_alias_as_exported, (views, *inputs))
+    unlifted.recompile()
+
+
 def module_order(module: torch.nn.Module) -> list[str]:
     """The paths of the submodules holding state, in the module's order."""
     return [path for path, m in module.named_modules(remove_duplicate=False)
@@ -218,7 +292,10 @@ class PredispatchProgram(ExportedProgram):
 
     def module(self, check_guards: bool = True) -> torch.fx.GraphModule:
         unlifted = super().module(check_guards=check_guards)
-        fix_write_backs(unlifted, program_meta(self).get("write_back", {}))
+        record = program_meta(self)
+        fix_write_backs(unlifted, record.get("write_back", {}), layouts=record.get("layouts", {}))
+        if any(s.kind.name == "USER_INPUT_MUTATION" for s in self.graph_signature.output_specs):
+            check_input_aliasing(unlifted, record.get("input_views", {}))
         restore_module_order(unlifted, program_meta(self).get("module_order", []))
         use_run_time_calls(unlifted)
         return unlifted

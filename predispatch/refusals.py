@@ -57,12 +57,14 @@ _REFUSED_CALLS = {
 
 @contextlib.contextmanager
 def refusing_state_calls():
-    """The calls of ``_REFUSED_CALLS`` from the user's code raise ``ExportError``."""
+    """The calls of ``_REFUSED_CALLS`` from the user's code raise ``ExportError``;
+    a re-seed from any code (torch's own test helpers re-seed inside the ops
+    they wrap, and the program would not)."""
     def refusing(why):
         def make(fn):
             def call(*args, **kwargs):
                 # called through patched()'s dispatch: the caller is 2 frames up
-                if is_library_file(sys._getframe(2).f_code.co_filename):
+                if why is not _RNG_CALL and is_library_file(sys._getframe(2).f_code.co_filename):
                     return fn(*args, **kwargs)
                 raise ExportError(f"{getattr(fn, '__qualname__', fn)}() at {user_location()} "
                                   f"cannot be exported soundly: {why}")

@@ -15,9 +15,9 @@ cannot show:
   replays of views made in grad mode, with where they were made;
 * how each graph input was mutated ("hidden" from autograd, under
   "no_grad", or under "grad"), so the program writes it back the same way;
-* constructs to refuse: a parameter or input updated in place inside an
-  autocast block (eager's cast cache goes stale), ``Tensor.set_`` calls
-  (others are in :mod:`predispatch.refusals`).
+* the casts eager's autocast cache would hold (:mod:`predispatch.autocast_cache`);
+  ``t.set_(source)`` is traced onto an alias of ``source``; how in-place ops
+  functionalization gets wrong are traced is :mod:`predispatch.inplace_rules`.
 """
 from __future__ import annotations
 
@@ -33,8 +33,9 @@ import torch.fx
 import torch.nn.functional as F
 import torch.utils._pytree as pytree
 
-from . import _torch, ops
+from . import _torch, inplace_rules, ops
 from .errors import ExportError, is_library_file, user_location
+from .autocast_cache import CastCache
 from .grad_mode_reads import noting_grad_mode_reads, passed_mode
 from .host_random import HostDraws, refusing_host_randomness
 from .patching import patched
@@ -65,6 +66,12 @@ _LEAF = "_predispatch_leaf"  # made to require grad in the forward: read through
 _ALIASING_LEAF = "_predispatch_aliasing_leaf"  # such a tensor that is a view: where it was made
 
 
+def mark_view(view: torch.Tensor, base: torch.Tensor) -> None:
+    """``view`` was made from ``base`` out of the recorder's sight (an input
+    traced as a view of another): updates of one concern the other."""
+    setattr(view, _SOURCE, base)
+
+
 @dataclasses.dataclass
 class Replacement:
     """``old`` was replaced by ``new`` without autograd seeing it (under no_grad,
@@ -86,20 +93,25 @@ class TraceRecord:
     replacements: list[Replacement] = dataclasses.field(default_factory=list)
     # "param:<fqn>" / "buffer:<fqn>" / "input:<flat index>" -> mutation kind
     mutation_kinds: dict[str, str] = dataclasses.field(default_factory=dict)
-    # source locations of Tensor.set_ calls, to name them if the trace fails
-    set_calls: list[str] = dataclasses.field(default_factory=list)
-    # source locations of in-place layout changes (t_, unsqueeze_, ...) of an input first
-    layout_changes: list[str] = dataclasses.field(default_factory=list)
     # nodes the history stage reads although nothing else may use them
     needed: list = dataclasses.field(default_factory=list)
+    # keys as in mutation_kinds -> LayoutChange.to_json() of inputs relaid or given another storage
+    layouts: dict[str, dict] = dataclasses.field(default_factory=dict)
+    # user inputs (flat position) traced as views of another (input_aliasing.View)
+    input_views: dict = dataclasses.field(default_factory=dict)
+
+    def clear(self) -> None:
+        """Forget a trace made again (see :func:`predispatch.functional_trace.functional_trace`)."""
+        for field in dataclasses.fields(self):
+            setattr(self, field.name, field.default_factory())
 
 
 class _Recorder(_torch.TorchFunctionMode):
-    def __init__(self, record: TraceRecord, parameter_ids: frozenset = frozenset(), draws=None):
+    def __init__(self, record: TraceRecord, casts: CastCache, draws=None):
         super().__init__()
         self.record = record
         self.draws = draws  # host random draws: one passed to torch is read
-        self.parameter_ids = parameter_ids
+        self.casts = casts  # eager autocast's cast cache, followed
         self._block_ids: dict[int, int] = {}
         self._owners: list[object] = []  # keeps ids unique while tracing
         self._watch: dict[int, tuple[torch.Tensor, torch.fx.Node]] | None = None
@@ -140,12 +152,6 @@ class _Recorder(_torch.TorchFunctionMode):
             return self._set_grad_enabled(func, args, kwargs)
         if func in _RENORMING_LOOKUPS:
             return self._lookup_renorming_visibly(func, args, kwargs)
-        if args and _is_in_place(func) and id(self._base(args[0])) in self.parameter_ids:
-            _refuse_stale_autocast_cache(func)
-        if getattr(func, "__name__", None) in _LAYOUT_IN_PLACE:
-            on_input = args and id(self._base(args[0])) in self.parameter_ids
-            self.record.layout_changes.insert(0 if on_input else len(self.record.layout_changes),
-                                              user_location())
         if self._watch is not None:
             self._note_tensors(args, kwargs)
         elif args and _is_in_place(func) and getattr(args[0], _DETACHED, False):
@@ -153,6 +159,8 @@ class _Recorder(_torch.TorchFunctionMode):
         if self._after_a_grad_marker:
             for t in pytree.tree_leaves((args, kwargs)):
                 self._current_node(t)
+        cast_reads = self.casts.reads(args, kwargs, self._current_node)
+        mark = _torch.last_node(_torch.current_tracer().graph) if cast_reads else None
         try:
             call = functools.partial(func, *args, **kwargs)
             if self._watch is None and self._any_no_grad_view and _reads_no_grad_view(args, kwargs):
@@ -170,6 +178,7 @@ class _Recorder(_torch.TorchFunctionMode):
             raise
         if _is_custom_op(func):
             _refuse_hidden_alias(func, args, kwargs, out)
+        self.casts.after(cast_reads, out, mark)
         self._note_views(func, args, out)
         if kwargs.get("requires_grad") and isinstance(out, _torch.FunctionalTensor):
             self._note_leaf(out)  # torch.ones(..., requires_grad=True)
@@ -496,9 +505,6 @@ class _Recorder(_torch.TorchFunctionMode):
         return [(old, new) for new, old in pairs.items()]
 
 
-# in-place ops that change a tensor's shape or strides, not its values
-_LAYOUT_IN_PLACE = frozenset({"t_", "transpose_", "swapdims_", "swapaxes_", "unsqueeze_",
-                              "squeeze_", "resize_", "resize_as_", "as_strided_"})
 _RENORMING_LOOKUPS = {f: inspect.signature(f) for f in (F.embedding, F.embedding_bag)}
 _DATA = torch._C.TensorBase.__dict__["data"]  # torch-function modes see its __get__ / __set__
 
@@ -573,21 +579,6 @@ def _is_in_place(func) -> bool:
     return (name.endswith("_") and not name.endswith("__")) or name in ("__setitem__", "__iadd__", "__imul__", "__isub__", "__itruediv__")
 
 
-def _refuse_stale_autocast_cache(func) -> None:
-    """Eager autocast caches the low-precision cast of a parameter for the
-    whole autocast block and does not see in-place updates to it: after
-    ``w.mul_(-1)`` inside the block eager keeps using the old cast. A
-    functional program cannot reproduce that, so refuse. The cache lives until
-    the outermost block exits, even across a nested autocast(enabled=False).
-    (While tracing torch turns the cache off, so the block's flag cannot tell.)"""
-    if _torch.autocast_nesting() > 0:
-        raise ExportError(
-            f"an in-place update ({getattr(func, '__name__', func)}) of a parameter or input "
-            "inside an autocast block cannot be exported soundly: eager autocast keeps using its "
-            f"cached low-precision copy of the old value; at {user_location()}. Update it "
-            "outside the autocast block")
-
-
 def _note_mutation_kinds(record: TraceRecord, module, flat_inputs, strip) -> None:
     for name, t in module.named_parameters(remove_duplicate=False):
         if (kind := _torch.mutation_kind(t)) is not None:
@@ -600,22 +591,27 @@ def _note_mutation_kinds(record: TraceRecord, module, flat_inputs, strip) -> Non
             record.mutation_kinds[f"input:{i}"] = kind
 
 
-def _noting_set_calls(record: TraceRecord):
-    """Tensor.set_ bypasses torch-function modes, so wrap the method itself."""
-    def noting(set_):
-        def call(self, *args, **kwargs):
-            if not is_library_file(sys._getframe(2).f_code.co_filename):  # torch calls set_ too
-                record.set_calls.append(user_location())
-            return set_(self, *args, **kwargs)
+def _set_calls_to_aliases():
+    """``t.set_(source)``: ``t`` takes ``source``'s storage and layout. Traced
+    as ``t.set_(source.alias())``, the same storage, so that ``t``'s new value
+    is a node of its own: the history stage may give it ``t``'s old history
+    (``set_`` under no_grad keeps it) without giving it to ``source``. (set_
+    bypasses torch-function modes, so the method itself is wrapped; a storage
+    or no argument is left to functionalization, which refuses them.)"""
+    def aliasing(set_):
+        def call(self, source=None, *args, **kwargs):
+            if _torch.is_traced(self) and _torch.is_traced(source) and not (args or kwargs or _UNOBSERVED):
+                source = torch.ops.aten.alias.default(source)
+            return set_(self, *(() if source is None else (source,)), *args, **kwargs)
         return call
-    return patched(torch.Tensor, "set_", noting)
+    return patched(torch.Tensor, "set_", aliasing)
 
 
 @contextlib.contextmanager
 def _wrapping_what_modes_miss(record: TraceRecord, draws: HostDraws):
     """What bypasses torch-function modes, wrapped where it lives while the
     forward runs (see :mod:`predispatch.patching`)."""
-    with _noting_set_calls(record), noting_grad_mode_reads(), capturing_autograd_functions(), \
+    with _set_calls_to_aliases(), noting_grad_mode_reads(), capturing_autograd_functions(), \
             refusing_host_randomness(draws), inference_mode_as_no_grad(), \
             buffer_reassignment_as_update(), refusing_state_calls():
         yield
@@ -628,15 +624,15 @@ def recording(module: torch.nn.Module, record: TraceRecord, strip):
     eager_autocast_cache = torch.is_autocast_cache_enabled()  # make_fx turns it off
 
     def recorded_forward(*args, **kwargs):
-        # leaves autocast caches casts of: parameters, and user inputs that may require grad
-        parameter_ids = frozenset([*(id(p) for p in module.parameters()),
-                                   *(id(t) for t in pytree.tree_leaves((args, kwargs))
-                                     if isinstance(t, torch.Tensor) and t.is_floating_point())])
+        # what autocast may cache casts of: parameters, buffers, inputs (what at run time)
+        casts = CastCache({id(t): _torch.current_node(t) for t in (
+            *module.parameters(), *module.buffers(), *pytree.tree_leaves((args, kwargs)))
+            if _torch.is_traced(t) and t.is_floating_point()})
         # the stamper on top: nodes the recorder's own calls make get the user's stack too
         # (and it stamps autocast's enter/exit as wrapped for the cache flag below it)
         draws = HostDraws()
         with autocast_blocks_as_in_eager(eager_autocast_cache), \
-                _Recorder(record, parameter_ids, draws) as recorder, stamping_stack_traces(), \
+                _Recorder(record, casts, draws) as recorder, stamping_stack_traces(), \
                 _wrapping_what_modes_miss(record, draws), _observing_ops(recorder.before_functional_op):
             out = forward(*args, **kwargs)
             recorder.refuse_unrestored_hidden_blocks()
@@ -660,6 +656,20 @@ def recording(module: torch.nn.Module, record: TraceRecord, strip):
             del module.forward
 
 
+_UNOBSERVED: list[bool] = []  # inside unobserved(): ops go straight to functionalization
+
+
+@contextlib.contextmanager
+def unobserved():
+    """Ops traced meanwhile are not the forward's own (a write-back of
+    ``ep.module()`` exported again): no rule, no recorder sees them."""
+    _UNOBSERVED.append(True)
+    try:
+        yield
+    finally:
+        _UNOBSERVED.pop()
+
+
 def _observing_ops(observer):
     """``observer(tensors it writes)`` before each op on FunctionalTensors,
     seen where functionalization sees it (so in-place updates inside library
@@ -667,11 +677,19 @@ def _observing_ops(observer):
     would not do: higher-order ops look their functionalization rule up by
     the mode's exact type."""
     def observed(dispatch):
-        def call(mode, func, types, args=(), kwargs=None):
+        def call(mode, func, types, args=(), kwargs=None, rules=True):
+            kwargs = kwargs or {}
+            if _UNOBSERVED:
+                return dispatch(mode, func, types, args, kwargs)
+            if (rules and args and isinstance(args[0], _torch.FunctionalTensor)  # not a kernel's inner call
+                    and (rewrite := inplace_rules.traced_as(func, torch.is_grad_enabled())) is not None):
+                # the rewrite's own ops are observed; the op it rewrites is not rewritten again
+                return rewrite(lambda f, a, k: call(mode, f, types, a, k, rules=f is not func),
+                               func, args, kwargs)
             tensors = []
             if written := _torch.written_arguments(func):
                 tensors = [t for i, name in written
-                           for t in ((args[i] if i < len(args) else (kwargs or {}).get(name)),)
+                           for t in ((args[i] if i < len(args) else kwargs.get(name)),)
                            if isinstance(t, _torch.FunctionalTensor)]
             observer(tensors)
             return dispatch(mode, func, types, args, kwargs)

@@ -149,22 +149,6 @@ def test_same_tensor_passed_twice():
     assert_matches_eager(_Twice(), (x, x.clone()))
 
 
-class _MutatesFirstReadsSecond(torch.nn.Module):
-    def forward(self, x, y):
-        x.mul_(2)  # y = x[0] sees it, in eager
-        return y + 0
-
-
-def test_inputs_sharing_memory_one_mutated_are_refused():
-    x = torch.randn(3)
-    with pytest.raises(predispatch.ExportError, match="inputs that share memory"):
-        predispatch.export_predispatch(cases.SameTensorTwice(), (x, x))
-    assert_matches_eager(cases.SameTensorTwice(), (x, x.clone()))
-    b = torch.randn(2, 4)
-    with pytest.raises(predispatch.ExportError, match="inputs that share memory"):
-        predispatch.export_predispatch(_MutatesFirstReadsSecond(), (b, b[0]))
-
-
 def test_pytree_and_keyword_inputs_and_outputs():
     args = ({"x": torch.randn(2, 3), "pair": (torch.randn(3), torch.randn(2, 3))}, 3)
     kwargs = {"extra": torch.randn(2), "bias": torch.randn(3)}

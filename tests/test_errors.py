@@ -13,22 +13,6 @@ def line_of(fn, text):
     return start + next(i for i, line in enumerate(src) if text in line)
 
 
-class SetDetachesView(torch.nn.Module):
-    def forward(self, x):
-        v = x[0]
-        v.set_(torch.zeros(4))
-        v.add_(1)
-        return x * 2 + v.sum()
-
-
-class SetOnMutatedInput(torch.nn.Module):
-    def forward(self, x, y):
-        with torch.no_grad():
-            x.set_(y)
-            x.add_(1)
-        return x * 2
-
-
 class DataDependentBranch(torch.nn.Module):
     def forward(self, x):
         if x.sum() > 0:
@@ -189,14 +173,6 @@ class SetsAutocastByCall(torch.nn.Module):
         return y
 
 
-class ChangesInputLayout(torch.nn.Module):
-    def forward(self, x):
-        y = x * 2
-        y.t_()  # an intermediate's layout: fine
-        x.unsqueeze_(0)
-        return x.sum() + y.sum()
-
-
 class GradientPenalty(torch.nn.Module):
     def __init__(self):
         super().__init__()
@@ -256,8 +232,6 @@ class CustomBackwardThatCannotRun(torch.nn.Module):
 @pytest.mark.parametrize("module, args, construct, code", [
     (AssignsData(), (torch.randn(2, 4),), "assigning Tensor.data", "self.lin.weight.data ="),
     (ReseedsTorch(), (torch.randn(2, 4),), "random generator re-seeded", "torch.manual_seed(0)"),
-    (ChangesInputLayout(), (torch.randn(2, 3),), "shape, strides or storage is changed",
-     "x.unsqueeze_(0)"),
     (GradientPenalty(), (torch.randn(2, 4),), "autograd run inside the traced code",
      "torch.autograd.grad(y"),
     (VmapInForward(), (torch.randn(2, 4),), "torch.func transform", "torch.vmap(torch.outer)"),
@@ -273,8 +247,6 @@ class CustomBackwardThatCannotRun(torch.nn.Module):
      "np.random.random()"),
     (PythonRandomScale(), (torch.randn(3),), "random numbers drawn with Python's random",
      "random.uniform("),
-    (SetDetachesView(), (torch.randn(3, 4),), "Tensor.set_()", "v.set_("),
-    (SetOnMutatedInput(), (torch.randn(4), torch.randn(4)), "Tensor.set_()", "x.set_(y)"),
     (DataDependentBranch(), (torch.randn(3),), "data-dependent Python control flow", "if x.sum() > 0"),
     (GradModeNeverRestored(), (torch.randn(3),), "never restores", "torch.set_grad_enabled(False)"),
     (GradModeSetOnByAConstant(), (torch.randn(3),), "never restores", "torch.set_grad_enabled(True)"),

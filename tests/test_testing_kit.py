@@ -14,9 +14,10 @@ def test_non_tensor_outputs_are_compared_with_eq():
     assert_matches_eager(ReturnsALabel(), (torch.randn(2),))
 
 
-def _run(*outputs, require_grad=None):
+def _run(*outputs, require_grad=None, layouts=None, sharing=()):
     return Run(outputs=list(outputs), input_grads=[], param_grads={}, params={}, buffers={},
-               inputs_after=[], outputs_with_history=require_grad or [False] * len(outputs))
+               inputs_after=[], outputs_with_history=require_grad or [False] * len(outputs),
+               layouts_after=layouts or {}, storage_sharing=list(sharing))
 
 
 @pytest.mark.parametrize("eager, exported", [
@@ -34,3 +35,16 @@ def test_an_output_that_lost_its_history_fails():
     eager = _run(torch.ones(2), require_grad=[True])
     with pytest.raises(AssertionError, match="require grad"):
         assert_runs_match(eager, _run(torch.ones(2), require_grad=[False]))
+
+
+def test_an_input_left_with_other_strides_fails():
+    eager = _run(layouts={"input 0": ((4, 3), (1, 4), 0)})
+    with pytest.raises(AssertionError, match="stride"):
+        assert_runs_match(eager, _run(layouts={"input 0": ((4, 3), (3, 1), 0)}))
+
+
+def test_inputs_left_sharing_another_storage_fail():
+    layouts = {"input 0": ((2,), (1,), 0), "input 1": ((2,), (1,), 0)}
+    eager = _run(layouts=layouts, sharing=[["input 0", "input 1"]])
+    with pytest.raises(AssertionError, match="share a storage"):
+        assert_runs_match(eager, _run(layouts=layouts, sharing=[]))

@@ -63,7 +63,7 @@ def bare_trace(model, args):
         stack.enter_context(_torch.compiling_state_context())
         stack.enter_context(torch.enable_grad())
         stack.enter_context(unittest.mock.patch.object(torch.fx.config, "do_not_emit_stack_traces", True))
-        return functional_trace(model, fake_args, {})
+        return functional_trace(model, fake_args, {})[:2]
 
 
 MEASURED = {"floor": bench.fake_forward, "bare trace": bare_trace,

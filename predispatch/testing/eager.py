@@ -29,16 +29,36 @@ class Run:
     params: dict
     buffers: dict
     inputs_after: list
+    # name -> (size, stride, storage offset) of inputs ("input 0"), parameters and
+    # buffers after the call, and which of them share a storage (t_(), resize_(), set_())
+    layouts_after: dict
+    storage_sharing: list
 
 
 def fresh_inputs(args, kwargs, requires_grad: bool):
+    """Copies of the inputs (floating ones leaves requiring grad, if asked),
+    aliasing as the originals do: the same tensor twice is one copy, and a
+    view of another input (``f(x, x[0])``) a view of that one's copy."""
+    from ..input_aliasing import views_of_covering_inputs
+
+    leaves, spec = pytree.tree_flatten((args, kwargs or {}))
+    try:
+        views = views_of_covering_inputs(leaves)
+    except Exception:  # partially overlapping: copied apart
+        views = {}
+
     def fresh(x):
         if not isinstance(x, torch.Tensor):
             return x
-        y = x.detach().clone()
+        y = torch.empty(0, dtype=x.dtype, device=x.device).set_(
+            x.untyped_storage().clone(), x.storage_offset(), x.size(), x.stride()) if x.device.type != "meta" \
+            else x.detach().clone()
         return y.requires_grad_(requires_grad and (y.is_floating_point() or y.is_complex()))
 
-    return pytree.tree_map(fresh, (args, kwargs or {}))
+    copies = [None if i in views else fresh(x) for i, x in enumerate(leaves)]
+    for i, v in views.items():
+        copies[i] = copies[v.of] if leaves[i] is leaves[v.of] else copies[v.of].as_strided(v.size, v.stride, v.offset)
+    return pytree.tree_unflatten(copies, spec)
 
 
 def _loss(outputs):
@@ -81,6 +101,9 @@ def run_module(module, args, kwargs, *, grad_mode=True, inputs_require_grad=True
     if loss is not None:
         loss.backward()
     detach = lambda t: t.detach().clone() if isinstance(t, torch.Tensor) else t  # noqa: E731
+    state = {**{f"input {i}": x for i, x in enumerate(leaves)},
+             **{f"parameter {n}": p for n, p in module.named_parameters()},
+             **{f"buffer {n}": b for n, b in module.named_buffers()}}
     return Run(
         outputs=[detach(o) for o in outputs],
         outputs_with_history=[_has_history(o) for o in outputs],
@@ -89,7 +112,18 @@ def run_module(module, args, kwargs, *, grad_mode=True, inputs_require_grad=True
         params={n: detach(p) for n, p in module.named_parameters()},
         buffers={n: detach(b) for n, b in module.named_buffers()},
         inputs_after=[detach(x) for x in leaves],
+        layouts_after={n: (tuple(t.shape), t.stride(), t.storage_offset()) for n, t in state.items()},
+        storage_sharing=_storage_sharing(state),
     )
+
+
+def _storage_sharing(tensors: dict) -> list[list[str]]:
+    """Groups of names of ``tensors`` sharing a storage (more than one)."""
+    groups: dict = {}
+    for name, t in tensors.items():
+        if t.device.type != "meta":
+            groups.setdefault(t.untyped_storage().data_ptr(), []).append(name)
+    return sorted(g for g in groups.values() if len(g) > 1)
 
 
 def assert_runs_match(eager: Run, exported: Run, *, rtol=None, atol=None, what="") -> None:
@@ -116,6 +150,20 @@ def assert_runs_match(eager: Run, exported: Run, *, rtol=None, atol=None, what="
             close(mine[name], theirs[name], f"{field}[{name}]")
     for i, (a, b) in enumerate(zip(eager.inputs_after, exported.inputs_after)):
         close(a, b, f"input {i} after the call")
+    for name, layout in eager.layouts_after.items():  # the program may hold more (lifted constants)
+        if name not in exported.layouts_after:
+            continue  # a state the comparison above finds missing, or names otherwise
+        assert layout == exported.layouts_after[name], (
+            f"{what}{name} after the call: (size, stride, storage offset) {layout} in eager, "
+            f"{exported.layouts_after[name]} in the program")
+    known = set(eager.layouts_after) & set(exported.layouts_after)
+    shared = sorted(g for g in ([n for n in group if n in known] for group in exported.storage_sharing)
+                    if len(g) > 1)
+    expected = sorted(g for g in ([n for n in group if n in known] for group in eager.storage_sharing)
+                      if len(g) > 1)
+    assert expected == shared, (
+        f"{what}which inputs, parameters and buffers share a storage after the call: "
+        f"eager {expected}, program {shared}")
 
 
 def _fresh_module(ep):
