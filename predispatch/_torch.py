@@ -821,3 +821,14 @@ def traced_constant(t: torch.Tensor) -> torch.Tensor:
     """A tensor constant, in the trace in progress, as ``torch.tensor(data)`` is
     traced (a lifted copy of a constant the program holds)."""
     return torch.ops.aten.lift_fresh_copy.default(t)
+
+
+def call_subgraph(gm: torch.fx.GraphModule, *args):
+    """A subgraph called as a region's body is (without nn.Module.__call__'s
+    bookkeeping unless hooks need it)."""
+    return _call_region_body(gm, args, {})
+
+
+def being_traced() -> bool:
+    """Is a torch-function mode on (an export tracing the code that asks)?"""
+    return torch._C._is_torch_function_mode_enabled()

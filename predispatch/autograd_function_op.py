@@ -21,7 +21,8 @@ mode (the node, its subgraphs registered; below autograd, in
 fake tensors and the dense kernel (the forward's outputs), autograd (the
 Function; AOTAutograd traces it like any, so ``compile_training``'s backward
 graph holds the custom backward). ``ep.module()``'s code calls
-:func:`run_autograd_function`, which dynamo traces as an autograd.Function.
+:func:`run_autograd_function`: the autograd.Function directly (dynamo traces
+it as one), the op while an export traces the code.
 """
 from __future__ import annotations
 
@@ -69,7 +70,7 @@ class FunctionSpec:
 
 
 def _forward_outputs(fwd, inputs, num_outputs):
-    return tuple(fwd(*inputs)[:num_outputs])
+    return tuple(_torch.call_subgraph(fwd, *inputs)[:num_outputs])
 
 
 @AUTOGRAD_FUNCTION.py_impl(_torch.DispatchKey.CompositeExplicitAutograd)
@@ -150,13 +151,14 @@ def _free_name(root, base: str) -> str:
 
 
 def run_autograd_function(fwd, bwd, *inputs, **spec):
-    """The op as ``ep.module()``'s code calls it: under dynamo
-    (``torch.compile``), as the autograd.Function it is at run time, which
-    dynamo traces (into its own ``autograd_function_apply``) where it does not
-    know the op; elsewhere the op itself (a re-export keeps it)."""
-    if torch.compiler.is_dynamo_compiling():
-        return _RunFunction.apply(fwd, bwd, FunctionSpec(**spec), *inputs)
-    return AUTOGRAD_FUNCTION(fwd, bwd, *inputs, **spec)
+    """The op as ``ep.module()``'s code calls it: the autograd.Function it is
+    at run time, called directly (the op's dispatch costs some 50 us a call),
+    which dynamo (``torch.compile``) traces into its own
+    ``autograd_function_apply``; the op itself while an export traces the
+    code (a re-export keeps it)."""
+    if _torch.being_traced() and not torch.compiler.is_dynamo_compiling():
+        return AUTOGRAD_FUNCTION(fwd, bwd, *inputs, **spec)
+    return _RunFunction.apply(fwd, bwd, FunctionSpec(**spec), *inputs)
 
 
 class _RunFunction(torch.autograd.Function):
@@ -164,7 +166,7 @@ class _RunFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, fwd, bwd, spec: FunctionSpec, *inputs):
-        results = fwd(*inputs)
+        results = _torch.call_subgraph(fwd, *inputs)
         outputs, saved = results[:spec.num_outputs], results[spec.num_outputs:]
         ctx.bwd, ctx.spec = bwd, spec
         ctx.save_for_backward(*saved)
@@ -184,7 +186,7 @@ class _RunFunction(torch.autograd.Function):
                 shape, dtype, device = ctx.output_meta[i]
                 g = torch.zeros(shape, dtype=dtype, device=device)
             fed.append(g.contiguous())  # as traced
-        results = ctx.bwd(*fed, *ctx.saved_tensors)
+        results = _torch.call_subgraph(ctx.bwd, *fed, *ctx.saved_tensors)
         grad_inputs = [None] * len(ctx.needs_input_grad)  # fwd, bwd, spec, *inputs
         for i, g in zip(spec.grad_inputs, results):
             grad_inputs[3 + i] = g
