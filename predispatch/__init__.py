@@ -7,6 +7,7 @@ from .export import export_predispatch
 from .op_policy import OpPolicy
 from .program import PredispatchProgram, load
 from .printing import format_program
+from .quantization import convert_pt2e, prepare_pt2e, prepare_qat_pt2e
 from .region_utils import Region, inline_regions, regions
 from .training import CallNotSupportedError, CompiledTraining, autocast_policy, compile_training
 
@@ -25,9 +26,12 @@ __all__ = [
     "Region",
     "autocast_policy",
     "compile_training",
+    "convert_pt2e",
     "format_program",
     "export_predispatch",
     "inline_regions",
     "load",
+    "prepare_pt2e",
+    "prepare_qat_pt2e",
     "regions",
 ]

@@ -21,7 +21,7 @@ from .errors import ExportError, node_location
 from .keep_history import drop_unseen_leaves, keep_history_pass, may_require_grad
 from .op_policy import OpPolicy
 from .program import PredispatchProgram, module_order, set_program_meta
-from .region_pass import replace_blocks_with_regions
+from .region_pass import grad_modes, replace_blocks_with_regions
 from .region_utils import mutable_op_nodes
 
 
@@ -90,7 +90,9 @@ def keep_histories(captured: Captured, module: torch.nn.Module) -> None:
     drop_unseen_leaves(captured.gm, may_require_grad(captured.gm, captured.signature, requiring),
                        may_require_grad(captured.gm, captured.signature, requiring,
                                         leaves=False, inputs=False),
-                       captured.record.replacements)
+                       captured.record.replacements,
+                       lambda: may_require_grad(captured.gm, captured.signature, requiring,
+                                                grad_modes(captured.gm.graph)))
     keep_history_pass(captured.gm, captured.record.replacements,
                       lambda modes: may_require_grad(captured.gm, captured.signature, requiring, modes),
                       [s.kind.name for s in captured.signature.output_specs])

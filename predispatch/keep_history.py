@@ -20,11 +20,12 @@ import torch.fx
 from torch.export.graph_signature import InputKind
 
 from . import _torch
-from .ops import KEEP_HISTORY, KEEP_HISTORY_IF_NO_GRAD, REQUIRES_GRAD
+from .ops import KEEP_HISTORY, KEEP_HISTORY_IF_NO_GRAD, LEAF_VIEW, REQUIRES_GRAD
 from .region_pass import grad_modes
 from .trace_events import (
     GRAD_BLOCK,
     GRAD_VIEW_REPLAY,
+    LEAF_VIEW_MADE_AT,
     NO_GRAD_VIEW_REPLAY,
     refuse_detached_alias_update,
 )
@@ -66,6 +67,9 @@ def may_require_grad(gm: torch.fx.GraphModule, signature, params_requiring_grad:
             continue
         elif node.target is REQUIRES_GRAD:
             requires = leaves or node.args[0] in result
+        elif node.target is LEAF_VIEW:  # a leaf's history in grad mode only
+            requires = (grad_on if modes is None else modes.get(node) is True) and (
+                leaves or node.args[0] in result)
         elif node.target in _KEEPS and modes is not None:
             requires = node.args[0] in result
         elif node.op == "call_function":
@@ -118,6 +122,7 @@ def keep_history_pass(gm: torch.fx.GraphModule, replacements, analyze,
     keep_history_if_no_grad (``output_kinds``: the output specs' kinds, in
     order: a write-back needs none). Returns the inserted nodes."""
     graph = gm.graph
+    settle_leaf_views(graph)
     replays = [n for n in graph.nodes if GRAD_VIEW_REPLAY in n.meta]
     modes = grad_modes(graph) if replays or any(r.in_grad_mode for r in replacements) else None
     if replays:
@@ -165,6 +170,21 @@ def keep_history_pass(gm: torch.fx.GraphModule, replacements, analyze,
             may_grad = analyze(None)
     detach_no_grad_view_replays(graph, may_grad)
     return kept
+
+
+def settle_leaf_views(graph: torch.fx.Graph) -> None:
+    """A view of a tensor made to require grad has a history as the grad mode
+    it was made in says: one made inside a block that set grad on always has
+    one (its read is ``requires_grad``); one made in the caller's mode has one
+    in grad mode (``leaf_view``, read where it is read: in the caller's mode
+    too, unless inside another block)."""
+    reads = [n for n in graph.nodes if n.target is LEAF_VIEW and LEAF_VIEW_MADE_AT in n.meta]
+    if not reads:
+        return
+    modes = grad_modes(graph)
+    for node in reads:
+        if modes.get(node.meta[LEAF_VIEW_MADE_AT]) is True:
+            node.target = REQUIRES_GRAD
 
 
 def _before_view_replays(node: torch.fx.Node) -> torch.fx.Node:
@@ -253,7 +273,7 @@ def _is_user_output_only(new, outputs, kinds) -> bool:
 
 
 def drop_unseen_leaves(gm: torch.fx.GraphModule, requiring: set, requiring_without_leaves: set,
-                       replacements=()) -> None:
+                       replacements=(), requiring_off=lambda: set()) -> None:
     """Reads of one value as a leaf become one read. A tensor made to require
     grad whose history no output can show (every
     value it reaches requires grad anyway, like T5's position bias under
@@ -261,14 +281,19 @@ def drop_unseen_leaves(gm: torch.fx.GraphModule, requiring: set, requiring_witho
     seen, and a leaf changes a kernel's choice (sdpa given a mask that
     requires grad), so the layout the trace assumed."""
     kept_from = {}
+    # an update in the caller's mode keeps the old history only where the old
+    # value may require grad under a no_grad caller (``requiring_off()``)
+    off = requiring_off() if any(r.in_grad_mode for r in replacements) else set()
     for r in replacements:
-        kept_from.setdefault(r.old, []).append(r.new)
+        if not r.in_grad_mode or r.old in off:
+            kept_from.setdefault(r.old, []).append(r.new)
     first = {}  # a value read as a leaf twice is one leaf, as in eager
-    for leaf in [n for n in gm.graph.nodes if n.target is REQUIRES_GRAD]:
-        if leaf.args[0] in first:  # (left for dead-code elimination: the trace's record names it)
-            leaf.replace_all_uses_with(first[leaf.args[0]])
+    for leaf in [n for n in gm.graph.nodes if n.target in (REQUIRES_GRAD, LEAF_VIEW)]:
+        key = (leaf.target, leaf.args[0])
+        if key in first:  # (left for dead-code elimination: the trace's record names it)
+            leaf.replace_all_uses_with(first[key])
         else:
-            first[leaf.args[0]] = leaf
+            first[key] = leaf
     outputs = set(gm.graph.output_node().all_input_nodes)
     for leaf in first.values():
         reached, todo = {leaf}, [leaf]

@@ -6,6 +6,8 @@
   ``old``'s under no_grad (an update in code that runs in the caller's mode);
 * ``requires_grad(t)``: ``t.requires_grad_()`` made functional (``t``'s value,
   its history if it has one, else a new leaf);
+* ``leaf_view(t)``: a grad-mode view of such a tensor, recomputed from memory:
+  ``requires_grad(t)`` in grad mode, ``t`` under no_grad;
 * ``autocast_cached(source, first, current)``: ``first`` where eager's autocast
   would read its cached cast of ``source``, else ``current``.
 
@@ -82,6 +84,20 @@ def _requires_grad_kernel(keyset, t):
 _LIB.impl("requires_grad", lambda t: t.clone(), "CompositeExplicitAutograd")
 _LIB.impl("requires_grad", _requires_grad_kernel, "Autograd", with_keyset=True)
 REQUIRES_GRAD = torch.ops.predispatch.requires_grad.default
+
+_LIB.define("leaf_view(Tensor t) -> Tensor")
+
+
+def _leaf_view_kernel(keyset, t):
+    """A view of a tensor made to require grad, recomputed from memory: in grad
+    mode the view's history (a leaf standing for the one it views), none under
+    no_grad, as a view made there has none."""
+    return _requires_grad_kernel(keyset, t) if torch.is_grad_enabled() else t.clone()
+
+
+_LIB.impl("leaf_view", lambda t: t.clone(), "CompositeExplicitAutograd")
+_LIB.impl("leaf_view", _leaf_view_kernel, "Autograd", with_keyset=True)
+LEAF_VIEW = torch.ops.predispatch.leaf_view.default
 
 _LIB.define("autocast_cached(Tensor source, Tensor first, Tensor current) -> Tensor")
 

@@ -168,6 +168,8 @@ def _snapshot_reads(graph: torch.fx.Graph, target: torch.fx.Node, value: torch.f
     for key in ("nn_module_stack", "stack_trace"):  # placed with its reader's module (unflatten)
         if key in first.meta:
             snapshot.meta[key] = first.meta[key]
+    if "val" in target.meta:  # passes read it (a quantizer's pattern matcher)
+        snapshot.meta["val"] = target.meta["val"]
     for r in readers:
         r.replace_input_with(target, snapshot)
 

@@ -293,14 +293,27 @@ def delete_unused_submodules(gm: torch.fx.GraphModule) -> None:
 
 
 def _outline(gm: torch.fx.GraphModule, block: Block) -> None:
-    graph = gm.graph
     body = []
     node = block.enter.next
     while node is not block.exit:  # inner blocks are done: no markers left here
         body.append(node)
         node = node.next
-    if not body:
-        return
+    if body:
+        outline_region(gm, body, block.kind.hop, block.args, block.name, block.enter.meta)
+
+
+def outline_region(gm: torch.fx.GraphModule, body: list[torch.fx.Node], hop, args: tuple, name: str,
+                   meta: dict, make_submodule=_torch.lazy_graph_module) -> torch.fx.Node:
+    """Move ``body`` (nodes of ``gm``'s graph, in graph order) into a submodule
+    ``name`` called as ``hop(*args, submodule, *inputs)`` right after the
+    body's last node; later uses read the call's outputs. ``meta``: where the
+    block was opened (its stack trace and module stack), which the call and
+    its submodule carry, and its results the module stack:
+    ``torch.export.unflatten`` places nodes by module stack, and a pattern
+    matcher must not take a result for the op inside that computed it (a
+    ``getitem`` with a Linear's module stack is no linear, whatever
+    torchao's ``get_source_partitions`` thought). Returns the call."""
+    graph = gm.graph
     inside = set(body)
     inputs = list(dict.fromkeys(i for n in body for i in n.all_input_nodes if i not in inside))
     outputs = [n for n in body if any(u not in inside for u in n.users)]
@@ -313,21 +326,24 @@ def _outline(gm: torch.fx.GraphModule, block: Block) -> None:
     for n in body:
         env[n] = sub.node_copy(n, lambda x: env[x])
     sub.output(tuple(env[o] for o in outputs))
-    gm.add_submodule(block.name, _torch.lazy_graph_module(gm, sub, block.name))
+    gm.add_submodule(name, make_submodule(gm, sub, name))
 
-    with graph.inserting_before(block.exit):
-        submod = graph.get_attr(block.name)
-        call = graph.call_function(block.kind.hop, (*block.args, submod, *inputs))
+    opened_at = {k: meta[k] for k in ("stack_trace", "nn_module_stack") if k in meta}
+    with graph.inserting_before(body[-1].next):
+        submod = graph.get_attr(name)
+        call = graph.call_function(hop, (*args, submod, *inputs))
+        submod.meta.update(opened_at)
+        call.meta.update(opened_at)
         call.meta["val"] = tuple(o.meta.get("val") for o in outputs)
-        for key in ("stack_trace", "nn_module_stack"):  # unflatten places nodes by module stack
-            if key in block.enter.meta:
-                submod.meta[key] = call.meta[key] = block.enter.meta[key]
         results = []
         for i, o in enumerate(outputs):
             item = graph.call_function(operator.getitem, (call, i))
-            item.meta.update({k: v for k, v in o.meta.items() if k in ("val", "stack_trace", "nn_module_stack")})
+            item.meta.update({k: v for k, v in o.meta.items() if k in ("val", "stack_trace")})
+            if "nn_module_stack" in opened_at:
+                item.meta["nn_module_stack"] = opened_at["nn_module_stack"]
             results.append(item)
     for o, item in zip(outputs, results):
         o.replace_all_uses_with(item, delete_user_cb=lambda user: user not in inside)
     for n in reversed(body):
         graph.erase_node(n)
+    return call

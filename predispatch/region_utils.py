@@ -137,24 +137,31 @@ def inline_region(owner: torch.fx.GraphModule, region: Region) -> None:
             if node.op == "output":
                 results = node.args[0]
                 break
-            if node.op == "get_attr":  # a nested region's submodule moves up
-                name = _fresh_name(owner, node.target)
-                owner.add_submodule(name, getattr(region.submodule, node.target))
-                env[node] = graph.get_attr(name)
-                continue
             env[node] = graph.node_copy(node, lambda n: env[n])
+            if node.op in ("get_attr", "call_module"):  # a nested region's submodule, an observer
+                env[node].target = _moved_up(owner, region.submodule, node.target)
     for user in list(call.users):
         if user.target is operator.getitem:
             user.replace_all_uses_with(env[results[user.args[1]]])
             graph.erase_node(user)
+    submodule = call.args[_ARITY[region.kind]]
     graph.erase_node(call)
+    if not submodule.users:  # the region's body is gone from the owner too
+        graph.erase_node(submodule)
+        if not any(n.op == "get_attr" and n.target == submodule.target for n in graph.nodes):
+            owner.delete_submodule(submodule.target)
 
 
-def _fresh_name(owner: torch.fx.GraphModule, name: str) -> str:
-    candidate, i = name, 0
-    while hasattr(owner, candidate):
+def _moved_up(owner: torch.fx.GraphModule, submodule: torch.fx.GraphModule, target: str) -> str:
+    """What ``target`` names in ``submodule``, set on ``owner`` under the
+    same name where that is free or names it already; returns its name there."""
+    value = operator.attrgetter(target)(submodule)
+    base = candidate = target.replace(".", "_")
+    i = 0
+    while hasattr(owner, candidate) and getattr(owner, candidate) is not value:
         i += 1
-        candidate = f"{name}_{i}"
+        candidate = f"{base}_{i}"
+    setattr(owner, candidate, value)
     return candidate
 
 

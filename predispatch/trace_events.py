@@ -63,7 +63,9 @@ GRAD_VIEW_REPLAY = "predispatch_grad_view_replay"
 _MADE_AFTER = "_predispatch_made_after"  # on a grad-mode view: the graph's last node then
 _FROM_STACK = object()  # a grad-mode marker's caller: found on the Python stack
 _LEAF = "_predispatch_leaf"  # made to require grad in the forward: read through the op
-_ALIASING_LEAF = "_predispatch_aliasing_leaf"  # such a tensor that is a view: where it was made
+_LEAF_VIEW = "_predispatch_leaf_view"  # a grad-mode view of such a tensor: its node when made
+# node.meta key: on a leaf_view read, the node the view was made at (its grad mode decides)
+LEAF_VIEW_MADE_AT = "predispatch_leaf_view_made_at"
 
 
 def mark_view(view: torch.Tensor, base: torch.Tensor) -> None:
@@ -129,8 +131,6 @@ class _Recorder(_torch.TorchFunctionMode):
         # grad-mode blocks no torch-function mode saw: (owner, mode before, where)
         self._hidden_blocks: list[tuple[object, bool, str]] = []
         self._any_leaf = False  # a tensor was made to require grad in the forward
-        # storages such a tensor that is itself a view aliases: id -> where it was made
-        self._aliased_by_leaves: dict[int, str] = {}
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         previous, self._call = self._call, (args, kwargs)
@@ -206,17 +206,39 @@ class _Recorder(_torch.TorchFunctionMode):
                 f"requires_grad set on a parameter, buffer or input at {user_location()}: eager "
                 "changes the caller's tensor, which a program cannot; set it before the call")
         setattr(t, _LEAF, True)
+        for mark in (_DETACHED, _NO_GRAD_VIEW):  # a leaf now: its grad-mode views have a history
+            if hasattr(t, mark):
+                delattr(t, mark)
         self._any_leaf = True
-        if _torch.is_view(t):  # an alias (x.detach().requires_grad_()): see _note_views
-            setattr(t, _ALIASING_LEAF, user_location())
-            self._aliased_by_leaves[id(self._base(t))] = user_location()
 
     def read_leaf_outputs(self, out):
-        """Outputs made to require grad are read through the op too."""
+        """Outputs made to require grad, or grad-mode views of them, are read
+        through the op too (functionalization replays an output view from
+        memory once the forward returns)."""
         if not self._any_leaf:
             return out
-        return pytree.tree_map_only(_torch.FunctionalTensor, lambda t: (
-            ops.REQUIRES_GRAD(t) if getattr(t, _LEAF, False) else t), out)
+        def read(t):
+            op = self._leaf_read(t, replayed_later=True)
+            if op is None:
+                return t
+            out = op(t)
+            if op is ops.LEAF_VIEW:
+                _torch.current_node(out).meta[LEAF_VIEW_MADE_AT] = getattr(t, _LEAF_VIEW)
+            return out
+        return pytree.tree_map_only(_torch.FunctionalTensor, read, out)
+
+    def _leaf_read(self, t, replayed_later=False):
+        """The op a read of ``t`` goes through: ``requires_grad`` for a tensor
+        made to require grad; ``leaf_view`` for a grad-mode view of one that
+        functionalization replayed from its base since it was made, or will
+        (the replay starts from memory, not from the leaf); None otherwise (a
+        view not replayed is computed from the leaf's read already)."""
+        if getattr(t, _LEAF, False):
+            return ops.REQUIRES_GRAD
+        made = getattr(t, _LEAF_VIEW, None)
+        if made is not None and (replayed_later or self._current_node(t) is not made):
+            return ops.LEAF_VIEW
+        return None
 
     def _call_reading_leaves(self, func, args, kwargs, call):
         """A call reading tensors made to require grad: the nodes it makes
@@ -226,9 +248,9 @@ class _Recorder(_torch.TorchFunctionMode):
         (a view of one reads it through the op; its later replays from the
         base do not); the tensor an in-place op writes is written as itself."""
         written = args[0] if args and _is_in_place(func) else None
-        leaves = {node for t in pytree.tree_leaves((args, kwargs))
+        leaves = {node: (op, getattr(t, _LEAF_VIEW, None)) for t in pytree.tree_leaves((args, kwargs))
                   if isinstance(t, _torch.FunctionalTensor) and t is not written
-                  and getattr(t, _LEAF, False) and (node := self._current_node(t)) is not None}
+                  and (op := self._leaf_read(t)) is not None and (node := self._current_node(t)) is not None}
         if not leaves:
             return call()
         graph = _torch.current_tracer().graph
@@ -238,8 +260,11 @@ class _Recorder(_torch.TorchFunctionMode):
         for node in list(_torch.nodes_after(mark)):
             for value in [i for i in node.all_input_nodes if i in leaves]:
                 if value not in reads:
+                    op, made = leaves[value]
                     with graph.inserting_after(mark):
-                        reads[value] = graph.call_function(ops.REQUIRES_GRAD, (value,))
+                        reads[value] = graph.call_function(op, (value,))
+                    if op is ops.LEAF_VIEW:
+                        reads[value].meta[LEAF_VIEW_MADE_AT] = made
                     reads[value].meta.update({k: v for k, v in node.meta.items()
                                               if k in ("stack_trace", "nn_module_stack")})
                     reads[value].meta["val"] = value.meta.get("val")
@@ -304,10 +329,6 @@ class _Recorder(_torch.TorchFunctionMode):
 
     def _note_views(self, func, args, out):
         source = args[0] if args and isinstance(args[0], torch.Tensor) else None
-        if (made := getattr(source, _ALIASING_LEAF, None)) and func is not torch.Tensor.detach and any(
-                isinstance(t, _torch.FunctionalTensor) and _torch.is_view(t) and t is not source
-                for t in (out if isinstance(out, (tuple, list)) else (out,))):
-            _refuse_view_of_aliasing_leaf(made, user_location())
         for t in out if isinstance(out, (tuple, list)) else (out,):
             if isinstance(t, _torch.FunctionalTensor) and _torch.is_view(t):
                 self._span_views.append(t)
@@ -322,6 +343,9 @@ class _Recorder(_torch.TorchFunctionMode):
                         self._any_no_grad_view = True
                     if not (detached or no_grad):  # a view with eager autograd history
                         self._grad_views.add(t)
+                        if getattr(source, _LEAF, False) or hasattr(source, _LEAF_VIEW):
+                            # its history leads to the leaf; its node now, read from the leaf's read
+                            setattr(t, _LEAF_VIEW, _torch.current_node(t))
                         if self._after_a_grad_marker:
                             setattr(t, _MADE_AFTER, _torch.last_node(_torch.current_tracer().graph))
 
@@ -349,14 +373,6 @@ class _Recorder(_torch.TorchFunctionMode):
     def before_functional_op(self, written) -> None:
         """Before each op functionalization sees (``written``: the tensors it writes)."""
         self.sync_grad_mode()
-        for t in written if self._aliased_by_leaves else ():
-            root = id(self._base(t))
-            if made := self._aliased_by_leaves.get(root):
-                raise ExportError(
-                    f"a tensor made to require grad at {made} is a view of another (x.detach()"
-                    f".requires_grad_()) and their storage is updated in place at "
-                    f"{user_location()}: cannot be exported soundly; make it from a copy "
-                    "(x.detach().clone().requires_grad_())")
         if written:
             self.note_written(written)
 
@@ -539,14 +555,6 @@ def refuse_detached_alias_update(where: str):
         "an in-place update of a detached alias (x.detach().add_(y)) with an operand "
         "that requires grad cannot be exported soundly: eager gives the alias a "
         f"gradient history that the functional graph cannot carry; at {where}")
-
-
-def _refuse_view_of_aliasing_leaf(made: str, where: str):
-    raise ExportError(
-        f"a tensor made to require grad at {made} is a view of another (x.detach()"
-        f".requires_grad_()) and is viewed in turn at {where}: cannot be exported soundly, the "
-        "program may recompute the view from the other without the history; make it from a "
-        "copy (x.detach().clone().requires_grad_())")
 
 
 def _sets_requires_grad(func, args, kwargs) -> bool:

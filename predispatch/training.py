@@ -31,6 +31,7 @@ import collections
 import contextlib
 import copy
 import dataclasses
+import itertools
 import warnings
 from collections.abc import Callable
 
@@ -210,13 +211,14 @@ class CallKey:
     grad_enabled: bool
     autocast: tuple  # the ambient autocast state, as sorted (device, dtype) pairs
     trainable: tuple  # which parameters require grad (frozen ones get no gradient output)
+    state: tuple  # lifted_state: the traced function holds the tensors it lifted
 
     @classmethod
     def of(cls, leaves: list, mutated: frozenset, grad_enabled: bool, module) -> CallKey:
         inputs = tuple(TensorInput.of(x, i in mutated) if isinstance(x, torch.Tensor)
                        else ConstantInput(type(x), x) for i, x in enumerate(leaves))
         return cls(inputs, grad_enabled, tuple(sorted(ambient_autocast().items())),
-                   tuple(p.requires_grad for p in module.parameters()))
+                   tuple(p.requires_grad for p in module.parameters()), lifted_state(module))
 
     def constants(self) -> dict:
         return {i: x.value for i, x in enumerate(self.inputs) if isinstance(x, ConstantInput)}
@@ -351,27 +353,52 @@ class Variant:
 
 
 class CompiledTraining(torch.nn.Module):
-    """The module :func:`compile_training` returns."""
+    """The module :func:`compile_training` returns: a drop-in for the
+    exported module. Its parameters and buffers are the program's, under the
+    exported module's names and in its order, so ``state_dict()`` and
+    ``load_state_dict()`` are interchangeable with the original's and an
+    optimizer over ``parameters()`` trains it::
 
-    forward_graph: torch.fx.GraphModule
-    backward_graph: torch.fx.GraphModule
+        train = predispatch.compile_training(ep)
+        train.load_state_dict(model.state_dict())
+        opt = torch.optim.AdamW(train.parameters())
+        for x, y in data:
+            opt.zero_grad(); loss_fn(train(x), y).backward(); opt.step()
+
+    The traced functions read the tensors themselves: updates in place (an
+    optimizer step, ``load_state_dict``) are seen by the next call, and a
+    tensor replaced (``load_state_dict(..., assign=True)``) gets the program
+    traced again.
+    """
+
     max_variants = 8  # traced kinds of call kept; the least recently used goes first
 
     def __init__(self, first: Variant, policy: AutocastPolicy, mutated: frozenset):
         super().__init__()
-        self.flat = first.flat
+        adopt_state(self, first.flat.module)
+        # Not submodules: the traced module and graphs are how it runs, not
+        # state of its own (named_parameters, state_dict are the module's).
+        vars(self).update(flat=first.flat, first=first)
         self.policy = policy
         self.mutated = mutated
-        self.forward_graph = first.forward_graph
-        self.backward_graph = first.backward_graph
         self.backward_check = first.check
         self.variants = collections.OrderedDict({first.key: first})
+
+    @property
+    def forward_graph(self) -> torch.fx.GraphModule:
+        return self.first.forward_graph
+
+    @property
+    def backward_graph(self) -> torch.fx.GraphModule:
+        return self.first.backward_graph
 
     def __deepcopy__(self, memo):
         """The compiled functions hold the parameters they were traced with:
         a copy is traced again, over copies of them."""
         module = copy.deepcopy(self.flat.module, memo)
-        first = Variant(module, self.flat.in_spec, next(reversed(self.variants)), self.policy)
+        key = next(reversed(self.variants))
+        key = dataclasses.replace(key, state=lifted_state(module))
+        first = Variant(module, self.flat.in_spec, key, self.policy)
         return CompiledTraining(first, self.policy, self.mutated)
 
     def forward(self, *args, **kwargs):
@@ -391,6 +418,8 @@ class CompiledTraining(torch.nn.Module):
         if key in self.variants:
             self.variants.move_to_end(key)
             return self.variants[key]
+        for stale in [k for k in self.variants if k.state != key.state]:  # they hold replaced tensors
+            del self.variants[stale]
         try:
             _torch.check_call_inputs(self.flat.module, args, kwargs)
         except RuntimeError as e:
@@ -399,6 +428,27 @@ class CompiledTraining(torch.nn.Module):
         if len(self.variants) > self.max_variants:
             self.variants.popitem(last=False)
         return variant
+
+
+def adopt_state(owner: torch.nn.Module, module: torch.nn.Module) -> None:
+    """``module``'s parameters, buffers and the submodules holding them,
+    on ``owner`` under the same names and in the same order (the unlifted
+    program's submodules are those of the exported module that hold state;
+    its region submodules hold none)."""
+    # its own parameters and buffers: the same dicts, so that a tensor
+    # replaced on one (load_state_dict(assign=True)) is replaced on both
+    vars(owner).update(_parameters=module._parameters, _buffers=module._buffers,
+                       _non_persistent_buffers_set=module._non_persistent_buffers_set)
+    for name, child in module._modules.items():
+        if any(True for _ in child.parameters()) or any(True for _ in child.buffers()):
+            owner.add_module(name, child)
+
+
+def lifted_state(module: torch.nn.Module) -> tuple:
+    """What a trace assumes of the tensors it lifts (the parameters and
+    buffers): which tensors they are (it holds them), and their metadata."""
+    return tuple((id(t), t.dtype, t.device, t.shape)
+                 for t in itertools.chain(module.parameters(), module.buffers()))
 
 
 def compiled_backward_nodes(tensors: list, history: list) -> list:

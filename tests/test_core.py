@@ -855,6 +855,17 @@ class _AliasingLeafUpdated(torch.nn.Module):
         return x * h
 
 
-def test_a_leaf_sharing_memory_that_is_updated_is_refused():
-    with pytest.raises(predispatch.ExportError, match=r"made to require grad at .*test_core.py:\d+ .* updated in place"):
-        predispatch.export_predispatch(_AliasingLeafUpdated(), (torch.randn(3),))
+class _ViewOfAnAliasingLeaf(torch.nn.Module):
+    def forward(self, x):
+        y = x * 2
+        h = y.detach().requires_grad_()  # a leaf sharing y's memory
+        row = h[0]  # its view, replayed from y's storage once y is updated
+        y.add_(1)
+        return row * 3, h.unsqueeze(0)
+
+
+def test_a_leaf_sharing_memory_reads_the_memory_as_it_is():
+    """Reads of the leaf (and of its grad-mode views) are reads of the current
+    memory through predispatch.requires_grad, whatever replays them."""
+    assert_matches_eager(_AliasingLeafUpdated(), (torch.randn(3),))
+    assert_matches_eager(_ViewOfAnAliasingLeaf(), (torch.randn(2, 3),))

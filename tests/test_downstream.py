@@ -1,7 +1,13 @@
 """Tools that take an ExportedProgram keep working on ours (the contract:
-``run_decompositions``, ``torch.export.unflatten``, save and load), compared
-with eager: outputs, gradients, parameters and buffers after the call."""
+``run_decompositions``, ``torch.export.unflatten``, save and load,
+``torch.compile``, AOTInductor, ONNX; PT2E quantization is
+tests/test_quantization.py), compared with eager: outputs, gradients,
+parameters and buffers after the call. The README's "Downstream" table
+names the test for each tool."""
 import copy
+import json
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -118,3 +124,104 @@ def test_run_decompositions_of_a_dynamic_program_keeps_the_record():
     x, state = torch.randn(5, 4, requires_grad=True), torch.zeros(5, 4, requires_grad=True)
     decomposed.module()(x, state).sum().backward()
     assert x.grad is not None
+
+
+class _Regions(torch.nn.Module):
+    """A buffer updated and a linear under no_grad, a linear under autocast
+    (``dtype``), no value mutated under no_grad that is read later (no
+    ``keep_history``: nothing of predispatch's own in the graph)."""
+
+    def __init__(self, dtype=torch.bfloat16):
+        super().__init__()
+        self.dtype = dtype
+        self.a, self.b = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+        self.register_buffer("seen", torch.zeros(()))
+
+    def forward(self, x):
+        with torch.no_grad():
+            self.seen.add_(x.shape[0])
+            y = self.a(x)
+        with torch.autocast("cpu", dtype=self.dtype):
+            z = self.b(y + x)
+        return z.float() + y
+
+
+_LOAD_WITHOUT_PREDISPATCH = """
+import json, sys, torch
+regions, history, x = sys.argv[1:4]
+ep = torch.export.load(regions)
+module = ep.module()
+out = module(torch.load(x))
+try:
+    torch.export.load(history)
+    history_loads = True
+except RuntimeError:
+    history_loads = False
+print(json.dumps({"predispatch_imported": "predispatch" in sys.modules,
+                  "regions": [n.target.__name__ for m in ep.graph_module.modules()
+                              if isinstance(m, torch.fx.GraphModule) for n in m.graph.nodes
+                              if n.op == "call_function" and "wrap_with" in str(n.target)],
+                  "out": out.tolist(), "seen": module.seen.item(), "history_loads": history_loads}))
+"""
+
+
+def test_a_saved_program_loads_and_runs_where_predispatch_is_not_imported(tmp_path):
+    """A plain torch.export.load in a process that never imports predispatch:
+    the regions come back and run as eager; a program whose graph has
+    ``predispatch::keep_history`` (a tensor mutated under no_grad, then read)
+    needs ``import predispatch`` (or ``predispatch.load``), which registers
+    the op (tests/test_autocast_policy.py loads one with predispatch)."""
+    torch.manual_seed(0)
+    module, x = _Regions(), torch.randn(4, 8)
+    torch.export.save(predispatch.export_predispatch(copy.deepcopy(module), (x,)), tmp_path / "regions.pt2")
+    history = predispatch.export_predispatch(cases.Seed(), (torch.randn(3),))
+    assert "keep_history" in history.graph_module.code
+    torch.export.save(history, tmp_path / "history.pt2")
+    torch.save(x, tmp_path / "x.pt")
+    ran = subprocess.run([sys.executable, "-c", _LOAD_WITHOUT_PREDISPATCH, str(tmp_path / "regions.pt2"),
+                          str(tmp_path / "history.pt2"), str(tmp_path / "x.pt")],
+                         capture_output=True, text=True, timeout=300)
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    got = json.loads(ran.stdout.splitlines()[-1])
+    assert not got["predispatch_imported"]
+    assert got["regions"] == ["wrap_with_set_grad_enabled", "wrap_with_autocast"]
+    expected = module(x)
+    torch.testing.assert_close(torch.tensor(got["out"]), expected.detach())
+    assert got["seen"] == module.seen.item() == 4
+    assert not got["history_loads"]
+
+
+def test_aot_inductor_compiles_a_program_with_regions(tmp_path):
+    """AOTInductor (aoti_compile_and_package, then aoti_load_package) on a
+    program with a no_grad and a bf16 autocast region: the same outputs as
+    eager (the compiled kernels compute the autocast region in bf16)."""
+    torch.manual_seed(0)
+    module, x = _Regions(), torch.randn(4, 8)
+    ep = predispatch.export_predispatch(copy.deepcopy(module), (x,))
+    path = torch._inductor.aoti_compile_and_package(  # O0: the test checks what runs, not its speed
+        ep, package_path=str(tmp_path / "m.pt2"), inductor_configs={"aot_inductor.compile_wrapper_opt_level": "O0"})
+    compiled = torch._inductor.aoti_load_package(path)
+    for batch in (x, torch.randn(4, 8)):
+        torch.testing.assert_close(compiled(batch), module(batch).detach(), rtol=1.6e-2, atol=1e-5)
+
+
+def test_onnx_export_of_a_program_with_regions_runs_in_onnxruntime(tmp_path):
+    """torch.onnx.export takes the program (it decomposes it, which inlines
+    the regions: the autocast region's casts are kept as ONNX Casts to its
+    dtype). onnxruntime runs it as eager ran: float16 autocast, since
+    onnxruntime has no bfloat16 Gemm on CPU."""
+    onnx = pytest.importorskip("onnx")
+    onnxruntime = pytest.importorskip("onnxruntime")
+    torch.manual_seed(0)
+    module, x = _Regions(torch.float16), torch.randn(4, 8)
+    ep = predispatch.export_predispatch(copy.deepcopy(module), (x,))
+    path = tmp_path / "m.onnx"
+    torch.onnx.export(ep, (x,), dynamo=True, verbose=False).save(str(path))
+    model = onnx.load(str(path))
+    casts = {a.i for n in model.graph.node if n.op_type == "Cast" for a in n.attribute if a.name == "to"}
+    assert onnx.TensorProto.FLOAT16 in casts
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    (name,) = [i.name for i in session.get_inputs()]
+    for batch in (x, torch.randn(4, 8)):
+        (got,) = session.run(None, {name: batch.numpy()})
+        torch.testing.assert_close(torch.from_numpy(got), module(batch).detach(), rtol=1e-3, atol=1e-3)

@@ -100,3 +100,58 @@ def test_inlined_autocast_regions_run_and_their_values_say_so():
     torch.testing.assert_close(flat.module()(x), torch.nn.functional.linear(x, module.lin.weight, module.lin.bias))
     with torch.autocast("cpu", dtype=torch.bfloat16):
         torch.testing.assert_close(flat.module()(x), module(x))
+
+
+class _LinearInEachRegion(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        with torch.no_grad():
+            y = self.a(x)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            z = self.b(y)
+        return z.float() + y
+
+
+def test_a_source_matcher_does_not_take_a_region_result_for_the_op_inside():
+    """torch's get_source_partitions (what PT2E quantizers match with) puts a
+    node in a module's partition by its module stack: a region's results
+    carry the stack of the code that opened the region, not that of the op
+    that computed them, so a Linear's partition holds linears only (torchao's
+    X86InductorQuantizer raised "getitem is not an aten linear operator")."""
+    from torch.fx.passes.utils.source_matcher_utils import get_source_partitions
+
+    ep = predispatch.export_predispatch(_LinearInEachRegion(), (torch.randn(2, 4),))
+    for gm in (ep.graph_module, ep.module()):
+        found = [n for m in all_graph_modules(gm)
+                 for partitions in get_source_partitions(m.graph, [torch.nn.Linear]).values()
+                 for p in partitions for n in p.nodes]
+        assert {n.target for n in found} == {torch.ops.aten.linear.default}
+        assert len(found) == 2  # one in each region
+        results = [n for n in gm.graph.nodes if n.op == "call_function" and n.args
+                   and isinstance(n.args[0], torch.fx.Node) and n.args[0].target in HOPS]
+        assert len(results) == 2
+        assert all(r.meta["nn_module_stack"] == r.args[0].meta["nn_module_stack"] for r in results)
+
+
+class _EMAWithoutNoGrad(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("mean", torch.zeros(4))
+
+    def forward(self, x):
+        self.mean.mul_(0.9).add_(0.1 * x.mean(0))
+        return x - self.mean
+
+
+def test_every_node_of_the_program_module_has_a_value():
+    """Passes read ``meta["val"]`` (a quantizer asks whether an argument is a
+    tensor): the snapshot ``ep.module()`` reads before a mutation in grad
+    mode has one too."""
+    ep = predispatch.export_predispatch(_EMAWithoutNoGrad(), (torch.randn(2, 4),))
+    module = ep.module()
+    computed = [n for n in module.graph.nodes if n.op == "call_function" and n.users]
+    assert any(n.target.__name__ == "read_before_mutation" for n in computed)
+    assert all(isinstance(n.meta.get("val"), torch.Tensor) for n in computed)
