@@ -168,13 +168,10 @@ def _lift_constants(gm: torch.fx.GraphModule) -> list[torch.Tensor]:
 def _inline_no_grad_regions(gm: torch.fx.GraphModule) -> None:
     """The forward's top-level no_grad block (ours: the op runs the forward
     under no_grad, as eager does) inlined."""
-    from .region_pass import delete_unused_submodules
     from .region_utils import inline_region, regions
 
     for region in [r for r in regions(gm) if r.depth == 0 and r.owner is gm and r.args == (False,)]:
         inline_region(gm, region)
-    gm.graph.eliminate_dead_code()  # the inlined region's get_attr
-    delete_unused_submodules(gm)
     gm.recompile()
 
 

@@ -144,12 +144,13 @@ def inline_region(owner: torch.fx.GraphModule, region: Region) -> None:
         if user.target is operator.getitem:
             user.replace_all_uses_with(env[results[user.args[1]]])
             graph.erase_node(user)
-    submodule = call.args[_ARITY[region.kind]]
+    submodules = [a for a in call.args if isinstance(a, torch.fx.Node) and a.op == "get_attr"]
     graph.erase_node(call)
-    if not submodule.users:  # the region's body is gone from the owner too
-        graph.erase_node(submodule)
-        if not any(n.op == "get_attr" and n.target == submodule.target for n in graph.nodes):
-            owner.delete_submodule(submodule.target)
+    for submodule in submodules:  # the region's body (a Function's backward too) is gone from the owner
+        if not submodule.users:
+            graph.erase_node(submodule)
+            if not any(n.op == "get_attr" and n.target == submodule.target for n in graph.nodes):
+                owner.delete_submodule(submodule.target)
 
 
 def _moved_up(owner: torch.fx.GraphModule, submodule: torch.fx.GraphModule, target: str) -> str:
