@@ -158,13 +158,19 @@ def hides_an_alias(out: FunctionalTensor, inputs: list[FunctionalTensor]) -> boo
     """Is ``out`` a new tensor to functionalization (not an input, not a view)
     whose traced value shares an input's storage? An op kept whole whose
     schema says functional but which returns an alias (a liar) does that."""
-    from torch.multiprocessing.reductions import StorageWeakRef
-
     if any(out is i for i in inputs) or is_view(out):
         return False
-    storage = StorageWeakRef(torch._from_functional_tensor(out.elem).untyped_storage())
-    return any(StorageWeakRef(torch._from_functional_tensor(i.elem).untyped_storage()) == storage
-               for i in inputs)
+    return any(shares_storage(out, i) for i in inputs)
+
+
+def shares_storage(a: FunctionalTensor, b: FunctionalTensor) -> bool:
+    """Do two traced tensors' values share memory (one is a view of the other)?"""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    def storage(t):
+        return StorageWeakRef(torch._from_functional_tensor(t.elem).untyped_storage())
+
+    return storage(a) == storage(b)
 
 
 def mutation_kind(t: torch.Tensor) -> str | None:
@@ -706,3 +712,131 @@ def no_donated_buffers():
         yield
     finally:
         graph_compile.collect_bw_donated_buffer_idxs = original
+
+
+# --------------------------------------------------------------------------
+# autograd.Function as a higher-order op (predispatch.autograd_functions): the
+# op's rules for each layer a trace stacks (functionalization, make_fx's proxy
+# mode, fake tensors, autograd, the dense kernel), and the nested trace of a
+# Function's forward and backward in the middle of the module's trace.
+
+from torch._C import DispatchKey  # noqa: E402
+from torch._ops import HigherOrderOperator  # noqa: E402
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode  # noqa: E402
+from torch.autograd.function import _is_setup_context_defined  # noqa: E402
+from torch.fx.experimental.proxy_tensor import ProxyTorchDispatchMode, track_tensor_tree  # noqa: E402
+
+
+def defines_setup_context(cls) -> bool:
+    """Does this autograd.Function split its forward from ``setup_context``?"""
+    return _is_setup_context_defined(cls.setup_context)
+
+
+def fake_mode_of(t: torch.Tensor):
+    """The fake mode of a traced tensor (or of the trace now running)."""
+    from torch._guards import detect_fake_mode
+
+    inner = torch._from_functional_tensor(t.elem) if isinstance(t, FunctionalTensor) else t
+    return inner.fake_mode if isinstance(inner, FakeTensor) else detect_fake_mode()
+
+
+@contextlib.contextmanager
+def torch_function_modes_suspended():
+    """No torch-function mode (the trace's recorders) sees the calls made meanwhile."""
+    modes = []
+    while torch._C._len_torch_function_stack() > 0:
+        modes.append(torch._C._pop_torch_function_stack())
+    try:
+        yield
+    finally:
+        for mode in reversed(modes):
+            torch._C._push_on_torch_function_stack(mode)
+
+
+@contextlib.contextmanager
+def outer_trace_suspended(fake_mode):
+    """A trace of its own in the middle of a trace: every mode of the running
+    one (torch-function modes, dispatch modes on the PreDispatch and Python
+    keys) off, its fake mode back on; all restored on exit."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    with torch_function_modes_suspended(), _disable_current_modes():
+        with fake_mode if fake_mode is not None else contextlib.nullcontext():
+            yield
+
+
+def record_higher_order_call(mode, op, args: tuple, kwargs: dict, out, submodules: dict):
+    """In make_fx's proxy ``mode``: register ``submodules`` (name -> graph
+    module; a name taken gets a suffix) on the traced root, add the node
+    ``op(*args, **kwargs)`` (graph-module arguments become its get_attr
+    nodes) and tie ``out`` to it. Returns ``out``."""
+    tracer = mode.tracer
+    for name, gm in submodules.items():
+        tracer.root.register_module(name, gm)
+    proxy_args = torch.utils._pytree.tree_map(tracer.unwrap_proxy, args)
+    proxy_kwargs = torch.utils._pytree.tree_map(tracer.unwrap_proxy, kwargs)
+    proxy = tracer.create_proxy("call_function", op, proxy_args, proxy_kwargs)
+    return track_tensor_tree(out, proxy, constant=None, tracer=tracer)
+
+
+def free_module_name(root: torch.nn.Module, base: str) -> str:
+    """``base_0``, ``base_1``, ...: the first name ``root`` does not hold."""
+    i = 0
+    while hasattr(root, f"{base}_{i}"):
+        i += 1
+    return f"{base}_{i}"
+
+
+def autocast_cache_default() -> bool:
+    """The cast-cache flag a block that does not say gets (while the forward
+    is traced: eager's, see ``translations.autocast_blocks_as_in_eager``)."""
+    return torch.autocast("cpu", enabled=False)._cache_enabled
+
+
+@contextlib.contextmanager
+def autocast_cache_enabled(value: bool):
+    previous = torch.is_autocast_cache_enabled()
+    torch.set_autocast_cache_enabled(value)
+    try:
+        yield
+    finally:
+        torch.set_autocast_cache_enabled(previous)
+
+
+def rename_placeholder(node: torch.fx.Node, name: str) -> None:
+    """A placeholder's name and argument name (the graph's namespace kept unique)."""
+    node.target = name
+    node._rename(name)
+
+
+def traces_above_autograd(mode) -> bool:
+    """Is make_fx's proxy ``mode`` tracing above autograd (pre-dispatch)?"""
+    return mode.pre_dispatch
+
+
+def retrace_subgraph(gm: torch.fx.GraphModule, example_inputs: list) -> torch.fx.GraphModule:
+    """``gm`` traced again by the make_fx trace in progress (its decompositions,
+    the autocast state now), as a subgraph of its own."""
+    from torch._higher_order_ops.utils import reenter_make_fx
+
+    return reenter_make_fx(gm)(*example_inputs)
+
+
+OP_TYPES = (torch._ops.OpOverload, torch._ops.OpOverloadPacket, HigherOrderOperator)
+
+
+def traced_constant(t: torch.Tensor) -> torch.Tensor:
+    """A tensor constant, in the trace in progress, as ``torch.tensor(data)`` is
+    traced (a lifted copy of a constant the program holds)."""
+    return torch.ops.aten.lift_fresh_copy.default(t)
+
+
+def call_subgraph(gm: torch.fx.GraphModule, *args):
+    """A subgraph called as a region's body is (without nn.Module.__call__'s
+    bookkeeping unless hooks need it)."""
+    return _call_region_body(gm, args, {})
+
+
+def being_traced() -> bool:
+    """Is a torch-function mode on (an export tracing the code that asks)?"""
+    return torch._C._is_torch_function_mode_enabled()

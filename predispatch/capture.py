@@ -51,6 +51,13 @@ def _strip_root(name: str) -> str:
     return name[len(_ROOT):] if name.startswith(_ROOT) else name
 
 
+def history_nodes(record: TraceRecord) -> set:
+    """What the history stage may need although nothing else uses it: a
+    replaced value, the node a grad-mode segment ended at (where its
+    keep_history goes), and where a replayed view was made."""
+    return {*record.needed, *(n for r in record.replacements for n in (r.old, r.exit))}
+
+
 def _strip_key(key: str) -> str:
     """``"param:_export_root.w"`` -> ``"param:w"`` (other keys as they are)."""
     kind, sep, name = key.partition(":")
@@ -65,12 +72,8 @@ def _aten_stage(policy: OpPolicy, record: TraceRecord):
                 produce_guards_callback=None, *, transform=lambda f: f, **_unused):
         def trace(stack, wrapped, args, *, kwargs=None, **_flags):
             with recording(wrapped, record, _strip_root):
-                # the history stage may need a replaced value nothing else uses, the
-                # node a grad-mode segment ended at (where its keep_history goes), and
-                # where a replayed view was made
                 gm, signature, record.input_views = functional_trace(
-                    wrapped, args, kwargs,
-                    keep=lambda: {*record.needed, *(n for r in record.replacements for n in (r.old, r.exit))},
+                    wrapped, args, kwargs, keep=lambda: history_nodes(record),
                     on_layout_change=lambda key, change: record.layouts.__setitem__(
                         _strip_key(key), {**change.to_json(), "source": change.source and _strip_key(change.source)}),
                     on_retrace=record.clear)

@@ -5,12 +5,19 @@ inference-mode enter/exit, ``autograd.Function.apply``, numpy's and Python's
 random generators), so the trace wraps them where they live. The replacement
 serves the tracing thread only: other threads (a data loader, a second
 export) keep the original while an export runs, and it is restored on exit.
+A trace of its own in the middle of a trace (an autograd.Function's
+subgraphs) sets its own replacements up, with the outer ones suspended.
 """
 from __future__ import annotations
 
 import contextlib
+import functools
+import itertools
 import threading
 from typing import Callable
+
+_levels = itertools.count()  # patches in the order they are made
+_local = threading.local()  # floor: this thread's patches made before it are suspended
 
 
 @contextlib.contextmanager
@@ -23,10 +30,11 @@ def patched(owner, name: str, make_replacement: Callable[[Callable], Callable]):
     is_classmethod = isinstance(own, classmethod)
     original = own.__func__ if is_classmethod else getattr(owner, name)
     replacement = make_replacement(original)
-    thread = threading.get_ident()
+    thread, level = threading.get_ident(), next(_levels)
 
+    @functools.wraps(original)  # a patch made over another names what it replaces
     def dispatch(*args, **kwargs):
-        if threading.get_ident() == thread:
+        if threading.get_ident() == thread and level >= getattr(_local, "floor", 0):
             return replacement(*args, **kwargs)
         return original(*args, **kwargs)
 
@@ -38,3 +46,15 @@ def patched(owner, name: str, make_replacement: Callable[[Callable], Callable]):
             delattr(owner, name)
         else:
             setattr(owner, name, own)
+
+
+@contextlib.contextmanager
+def patches_suspended():
+    """Until exit, the patches made so far serve this thread as the originals
+    do; patches made meanwhile work as usual."""
+    previous = getattr(_local, "floor", 0)
+    _local.floor = next(_levels)
+    try:
+        yield
+    finally:
+        _local.floor = previous

@@ -26,6 +26,8 @@ import torch
 import torch.fx
 from torch.export import ExportedProgram
 
+from .autograd_function_op import AUTOGRAD_FUNCTION
+
 
 def _op_name(target) -> str:
     if isinstance(target, torch._ops.OpOverload):
@@ -42,8 +44,8 @@ def _base_name(node: torch.fx.Node) -> str:
         if isinstance(node.target, torch._ops.OpOverload):
             return node.target._opname
         if isinstance(node.target, torch._ops.HigherOrderOperator):
-            sub = _region_submodule(node)  # a region is named for its submodule
-            return sub.target if sub is not None else node.target.name()
+            subs = _subgraphs(node)  # named for its (first) submodule
+            return subs[0][0].target.removesuffix("_fwd") if subs else node.target.name()
         return _op_name(node.target)
     return node.op
 
@@ -118,18 +120,25 @@ def _format_graphs(name: str, gm: torch.fx.GraphModule, placeholder_names=None) 
         args = [namer.arg(a) for a in node.args]
         args += [f"{k}={namer.arg(v)}" for k, v in node.kwargs.items()]
         lines.append(f"    {namer.names[node]} = {_op_name(node.target)}({', '.join(args)})")
-        sub = _region_submodule(node)
-        if sub is not None:
-            passed = [namer.arg(a) for a in node.args[node.args.index(sub) + 1:]]
+        for sub, passed in _subgraphs(node):
+            names = None if passed is None else [namer.arg(a) for a in passed]
             inner += _format_graphs(f"{name}.{sub.target}" if name != "forward" else sub.target,
-                                    getattr(gm, sub.target), passed)
+                                    getattr(gm, sub.target), names)
     return ["\n".join(lines), *inner]
 
 
-def _region_submodule(node: torch.fx.Node):
+def _subgraphs(node: torch.fx.Node) -> list[tuple[torch.fx.Node, tuple | None]]:
+    """The submodules a higher-order op node runs, each with the arguments
+    its placeholders take (None: they keep their own names). A region's take
+    the arguments after it; an autograd Function's forward takes its inputs,
+    its backward gradients and saved tensors."""
     if node.op != "call_function" or not isinstance(node.target, torch._ops.HigherOrderOperator):
-        return None
-    return next((a for a in node.args if isinstance(a, torch.fx.Node) and a.op == "get_attr"), None)
+        return []
+    subs = [a for a in node.args if isinstance(a, torch.fx.Node) and a.op == "get_attr"]
+    if node.target is AUTOGRAD_FUNCTION:
+        fwd, bwd = subs
+        return [(fwd, node.args[2:]), (bwd, None)]
+    return [(sub, node.args[node.args.index(sub) + 1:]) for sub in subs[:1]]
 
 
 def format_program(ep_or_gm) -> str:

@@ -18,6 +18,7 @@ import torch
 from torch.export import ExportedProgram
 
 from . import _torch, input_aliasing
+from .autograd_function_op import AUTOGRAD_FUNCTION, run_autograd_function
 
 META_KEY = "predispatch"
 
@@ -237,6 +238,8 @@ _BINDINGS = {
 
 
 def _run_time_call(target):
+    if target is AUTOGRAD_FUNCTION:
+        return run_autograd_function
     if not isinstance(target, torch._ops.OpOverload):
         return None
     return _BINDINGS.get(target) or _torch.op_entry_point(target)

@@ -269,9 +269,27 @@ def replace_blocks_with_regions(gm: torch.fx.GraphModule) -> torch.fx.GraphModul
             _outline(gm, block)
         graph.erase_node(block.exit)  # the exit refers to the enter: erase it first
         graph.erase_node(block.enter)
-    gm.delete_all_unused_submodules()
+    delete_unused_submodules(gm)
     gm.recompile()
     return gm
+
+
+def delete_unused_submodules(gm: torch.fx.GraphModule) -> None:
+    """``gm.delete_all_unused_submodules()``, keeping what a used submodule
+    holds: torch's keeps only the module a get_attr node names, and would
+    delete the regions inside an autograd Function's subgraphs."""
+    used = set()
+    for node in gm.graph.nodes:
+        if node.op in ("get_attr", "call_module"):
+            parts = node.target.split(".")
+            used.update(".".join(parts[:i + 1]) for i in range(len(parts)))
+            try:
+                held = gm.get_submodule(node.target)
+            except AttributeError:  # a parameter, buffer or constant
+                continue
+            used.update(f"{node.target}.{name}" for name, _ in held.named_modules() if name)
+    for name in [name for name, _ in gm.named_modules() if name and name not in used]:
+        gm.delete_submodule(name)
 
 
 def _outline(gm: torch.fx.GraphModule, block: Block) -> None:

@@ -20,17 +20,25 @@ import torch.fx
 from torch.export import ExportedProgram
 
 from . import _torch
+from .autograd_function_op import AUTOGRAD_FUNCTION
 from .program import PredispatchProgram, program_meta, set_program_meta
+from .region_pass import delete_unused_submodules
 
-_KIND = {_torch.wrap_with_set_grad_enabled: "grad", _torch.wrap_with_autocast: "autocast"}
-_ARITY = {"grad": 1, "autocast": 4}  # leading non-tensor arguments of each hop
+_KIND = {_torch.wrap_with_set_grad_enabled: "grad", _torch.wrap_with_autocast: "autocast",
+         AUTOGRAD_FUNCTION: "autograd_function"}
+# where each op's submodule and its inputs are among its arguments (after the
+# mode arguments of a region; an autograd Function's backward comes between)
+_SUBMODULE = {"grad": 1, "autocast": 4, "autograd_function": 0}
+_INPUTS = {"grad": 2, "autocast": 5, "autograd_function": 2}
 
 
 @dataclasses.dataclass(frozen=True)
 class Region:
     """One region: its kind ("grad" or "autocast"), its mode arguments, the
     submodule it runs, the higher-order-op node calling it, the graph module
-    that node lives in, and how deep it is nested (0 = top level)."""
+    that node lives in, and how deep it is nested (0 = top level). (Inlining
+    also takes an autograd Function's op as one, of kind "autograd_function",
+    whose submodule is its forward.)"""
 
     kind: str
     args: tuple
@@ -41,11 +49,11 @@ class Region:
 
     @property
     def name(self) -> str:
-        return self.node.args[_ARITY[self.kind]].target
+        return self.node.args[_SUBMODULE[self.kind]].target
 
     @property
     def inputs(self) -> tuple:
-        return tuple(self.node.args[_ARITY[self.kind] + 1:])
+        return tuple(self.node.args[_INPUTS[self.kind]:])
 
 
 def graph_modules(gm: torch.fx.GraphModule) -> list[torch.fx.GraphModule]:
@@ -65,19 +73,30 @@ def _graph_module(ep_or_gm) -> torch.fx.GraphModule:
 
 
 def regions(ep_or_gm) -> Iterator[Region]:
-    """Every region of a program or graph module, outer before inner, in graph order."""
+    """Every region of a program or graph module, outer before inner, in graph
+    order; also those inside an autograd Function's forward and backward (at
+    the depth of the Function's op)."""
     yield from _walk(_graph_module(ep_or_gm), 0)
 
 
 def _walk(gm: torch.fx.GraphModule, depth: int) -> Iterator[Region]:
     for node in gm.graph.nodes:
         kind = _KIND.get(node.target) if node.op == "call_function" else None
-        if kind is None:
-            continue
-        arity = _ARITY[kind]
-        sub = getattr(gm, node.args[arity].target)
-        yield Region(kind, tuple(node.args[:arity]), sub, node, gm, depth)
-        yield from _walk(sub, depth + 1)
+        if kind == "autograd_function":  # no region: the regions in its forward and backward are
+            for sub in node.args[:2]:
+                yield from _walk(getattr(gm, sub.target), depth)
+        elif kind is not None:
+            position = _SUBMODULE[kind]
+            sub = getattr(gm, node.args[position].target)
+            yield Region(kind, tuple(node.args[:position]), sub, node, gm, depth)
+            yield from _walk(sub, depth + 1)
+
+
+def _function_calls(gm: torch.fx.GraphModule) -> list[Region]:
+    """``gm``'s own autograd Function ops, as regions whose body is the forward."""
+    return [Region("autograd_function", (), getattr(gm, node.args[0].target), node, gm, 0)
+            for node in gm.graph.nodes
+            if node.op == "call_function" and node.target is AUTOGRAD_FUNCTION]
 
 
 _DTYPE_GUARD = torch.ops.aten._assert_tensor_metadata.default
@@ -125,12 +144,13 @@ def inline_region(owner: torch.fx.GraphModule, region: Region) -> None:
         if user.target is operator.getitem:
             user.replace_all_uses_with(env[results[user.args[1]]])
             graph.erase_node(user)
-    submodule = call.args[_ARITY[region.kind]]
+    submodules = [a for a in call.args if isinstance(a, torch.fx.Node) and a.op == "get_attr"]
     graph.erase_node(call)
-    if not submodule.users:  # the region's body is gone from the owner too
-        graph.erase_node(submodule)
-        if not any(n.op == "get_attr" and n.target == submodule.target for n in graph.nodes):
-            owner.delete_submodule(submodule.target)
+    for submodule in submodules:  # the region's body (a Function's backward too) is gone from the owner
+        if not submodule.users:
+            graph.erase_node(submodule)
+            if not any(n.op == "get_attr" and n.target == submodule.target for n in graph.nodes):
+                owner.delete_submodule(submodule.target)
 
 
 def _moved_up(owner: torch.fx.GraphModule, submodule: torch.fx.GraphModule, target: str) -> str:
@@ -154,19 +174,21 @@ def inline_regions(ep: ExportedProgram) -> ExportedProgram:
     whatever mode the caller has (a no_grad block's ops now record autograd
     history, an autocast block's ops are no longer autocast: their values
     show the dtypes they compute in without autocast, and the ``.to()``
-    guards on dtypes autocast made are dropped).
+    guards on dtypes autocast made are dropped). An autograd Function's op is
+    replaced by its forward: its custom backward is LOST too (the program
+    differentiates the forward's ops).
     """
     gm = copy.deepcopy(ep.graph_module)
     record = program_meta(gm)  # it may live on a region's node, which inlining removes
     autocast_inlined = False
     while True:
-        top = [r for r in regions(gm) if r.depth == 0]
+        top = [r for r in regions(gm) if r.depth == 0 and r.owner is gm] + _function_calls(gm)
         if not top:
             break
         for region in top:
             autocast_inlined |= region.kind == "autocast"
             inline_region(gm, region)
-    gm.delete_all_unused_submodules()
+    delete_unused_submodules(gm)
     gm.graph.eliminate_dead_code(is_impure_node=lambda n: n.op in ("placeholder", "output") or n.is_impure())
     if autocast_inlined:  # the nodes' values say what autocast made
         _drop_guards_of_autocast_dtypes(gm)

@@ -39,7 +39,8 @@ from .autocast_cache import CastCache
 from .grad_mode_reads import noting_grad_mode_reads, passed_mode
 from .host_random import HostDraws, refusing_host_randomness
 from .patching import patched
-from .refusals import refusing_custom_backwards, refusing_state_calls
+from .autograd_functions import capturing_autograd_functions
+from .refusals import refusing_state_calls
 from .stack_traces import stamping_stack_traces
 from .translations import (
     autocast_blocks_as_in_eager,
@@ -709,7 +710,7 @@ def _set_calls_to_aliases():
 def _wrapping_what_modes_miss(record: TraceRecord, draws: HostDraws):
     """What bypasses torch-function modes, wrapped where it lives while the
     forward runs (see :mod:`predispatch.patching`)."""
-    with _set_calls_to_aliases(), noting_grad_mode_reads(), refusing_custom_backwards(), \
+    with _set_calls_to_aliases(), noting_grad_mode_reads(), capturing_autograd_functions(), \
             refusing_host_randomness(draws), inference_mode_as_no_grad(), \
             buffer_reassignment_as_update(), refusing_state_calls():
         yield

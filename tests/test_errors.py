@@ -230,11 +230,9 @@ class CustomBackwardThatCannotRun(torch.nn.Module):
 
 
 @pytest.mark.parametrize("module, args, construct, code", [
-    (CustomBackward(), (torch.randn(2, 4),), "torch.autograd.Function StraightThrough",
-     "StraightThrough.apply("),
     (AssignsData(), (torch.randn(2, 4),), "assigning Tensor.data", "self.lin.weight.data ="),
     (ReseedsTorch(), (torch.randn(2, 4),), "random generator re-seeded", "torch.manual_seed(0)"),
-    (GradientPenalty(), (torch.randn(2, 4),), "autograd run inside the forward",
+    (GradientPenalty(), (torch.randn(2, 4),), "autograd run inside the traced code",
      "torch.autograd.grad(y"),
     (VmapInForward(), (torch.randn(2, 4),), "torch.func transform", "torch.vmap(torch.outer)"),
     (SetsAutocastByCall(), (torch.randn(2, 4),), "autocast mode set by a function call",
@@ -287,8 +285,12 @@ def test_bad_options_are_value_errors(kwargs, match):
         predispatch.export_predispatch(torch.nn.Linear(2, 2), (torch.randn(1, 2),), **kwargs)
 
 
-@pytest.mark.parametrize("module", [CustomBackwardThatCannotRun(), ReentrantCheckpoint()])
-def test_custom_backwards_that_a_graph_can_hold_are_traced_through(module):
+@pytest.mark.parametrize("module", [CustomBackward(), CustomBackwardThatCannotRun(), ReentrantCheckpoint()],
+                         ids=["captured", "no_grad", "reentrant_checkpoint"])
+def test_custom_backwards_are_kept_or_traced_through(module):
+    """A Function's backward is kept (predispatch_autograd_function, see
+    test_autograd_functions.py); under no_grad it never runs, and reentrant
+    checkpointing's recomputes the forward: both traced through."""
     from predispatch.testing.eager import assert_matches_eager
 
     assert_matches_eager(module, (torch.randn(2, 4),))
@@ -312,7 +314,7 @@ class CustomOpBackward(torch.nn.Module):
         return ste_round(self.lin(x))
 
 
-def test_the_custom_op_the_error_suggests_keeps_its_backward():
+def test_a_custom_op_with_register_autograd_keeps_its_backward():
     from predispatch.testing.eager import assert_matches_eager
 
     ep = assert_matches_eager(CustomOpBackward(), (torch.randn(2, 4),))

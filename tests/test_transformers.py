@@ -36,6 +36,7 @@ import types
 import pytest
 import torch
 
+from predispatch.autograd_function_op import AUTOGRAD_FUNCTION
 from predispatch.testing.eager import assert_matches_eager
 from predispatch.testing.invariants import all_graph_modules
 
@@ -382,6 +383,35 @@ def test_bart_conditional_generation_keeps_shared_embeddings_tied():
     program = ep.module()
     assert program.lm_head.weight is program.model.shared.weight
     assert "final_logits_bias" in ep.graph_signature.buffers
+
+
+# --- a custom autograd.Function in the model ----------------------------------
+
+def function_calls(ep):
+    """(path of the graph holding it, Function name, its backward subgraph) of
+    every autograd Function op, nested ones included."""
+    return [(path, node.kwargs["name"], getattr(m, node.args[1].target))
+            for path, m in ep.graph_module.named_modules() if isinstance(m, torch.fx.GraphModule)
+            for node in m.graph.nodes if node.target is AUTOGRAD_FUNCTION]
+
+
+@pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16"])
+def test_bloom_keeps_its_gelu_function_backward(autocast):
+    """BLOOM's MLP calls ``GeLUFunction`` (a tanh GELU with a hand-written
+    backward): each call is one op carrying the Function's forward and
+    backward, the backward recomputing tanh as the source does (the
+    derivative of the forward would read ``tanh_backward``)."""
+    config = transformers.BloomConfig(vocab_size=VOCAB, hidden_size=32, n_layer=2, n_head=4,
+                                      hidden_dropout=0.0, attention_dropout=0.0, use_cache=False)
+    model, inputs = build(transformers.BloomForCausalLM, config), text_inputs()
+    model = Autocast(model) if autocast else model
+    ep = assert_matches_eager(model, (), inputs)
+    check_program(ep, model, inputs, kept=(aten.linear.default, aten.layer_norm.default))
+    calls = function_calls(ep)
+    assert [(path, name) for path, name, _ in calls] == [
+        ("autocast_bfloat16_0" if autocast else "", "GeLUFunction")] * config.n_layer
+    for _, _, backward in calls:
+        assert aten.tanh.default in ops(backward) and aten.tanh_backward.default not in ops(backward)
 
 
 # --- dropout that really drops --------------------------------------------------

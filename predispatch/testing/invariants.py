@@ -1,10 +1,12 @@
-"""Structural checks of an exported program: G1 (functional), G3 (regions)."""
+"""Structural checks of an exported program: G1 (functional), G3 (regions),
+in every graph: regions' and autograd Functions' subgraphs too."""
 from __future__ import annotations
 
 import torch
 import torch.fx
 
 from .. import _torch
+from ..autograd_function_op import AUTOGRAD_FUNCTION
 from ..region_utils import graph_modules, mutable_op_nodes
 
 _REGION_HOPS = (_torch.wrap_with_set_grad_enabled, _torch.wrap_with_autocast)
@@ -34,6 +36,11 @@ def region_violations(ep_or_gm) -> list[str]:
                     bad.append(f"{node.name}: region submodule named {sub.target}")
                 if not isinstance(getattr(m, sub.target), torch.fx.GraphModule):
                     bad.append(f"{node.name}: region body is not a graph module")
+            if node.op == "call_function" and node.target is AUTOGRAD_FUNCTION:
+                for sub in node.args[:2]:  # its forward and backward (G1 holds inside them too)
+                    if not (isinstance(sub, torch.fx.Node) and sub.op == "get_attr"
+                            and isinstance(getattr(m, sub.target, None), torch.fx.GraphModule)):
+                        bad.append(f"{node.name}: an autograd Function's subgraph is not a graph module")
     return bad
 
 
