@@ -25,6 +25,7 @@ import contextlib
 import dataclasses
 import functools
 import inspect
+import os
 import sys
 import weakref
 
@@ -492,6 +493,9 @@ class _Recorder(_torch.TorchFunctionMode):
         if caller is _FROM_STACK:
             self.sync_grad_mode()  # a hidden block may have ended with no op after it
             caller = _torch.grad_mode_caller()
+            if caller is None and bool(args[0]) == torch.is_grad_enabled() and _called_from_torch():
+                with torch._C.DisableTorchFunction():  # torch setting the mode it has: no block
+                    return func(*args, **kwargs)
         self._after_a_grad_marker = True
         was_enabled = torch.is_grad_enabled()
         # at every marker, not only where the trace's mode changes: a block may fix
@@ -666,6 +670,22 @@ def _update_of(alias, base, old: torch.fx.Node, new: torch.fx.Node) -> torch.fx.
         if isinstance(val, torch.Tensor) and val.shape == alias.shape:
             return new.args[1]
     return None
+
+
+_OVERRIDES = torch.overrides.__file__
+
+
+def _called_from_torch() -> bool:
+    """Is the torch call being handled made by torch's own code (past this
+    package's frames and the torch-function dispatch)?"""
+    frame = sys._getframe(1)
+    while frame is not None and (frame.f_code.co_filename == _OVERRIDES
+                                 or frame.f_code.co_filename.startswith(_OWN_DIR)):
+        frame = frame.f_back
+    return frame is not None and is_library_file(frame.f_code.co_filename)
+
+
+_OWN_DIR = os.path.dirname(__file__) + os.sep
 
 
 def _reads_no_grad_view(args, kwargs) -> bool:
