@@ -619,6 +619,16 @@ def storage_elements(t: FunctionalTensor) -> int:
     return torch._functionalize_get_storage_size(t.elem, True) // t.element_size()
 
 
+def layout(t: FunctionalTensor) -> tuple[tuple, tuple, int]:
+    """``t``'s size, strides and storage offset as functionalization keeps them
+    (the Python wrapper's are not updated by ``set_()``)."""
+    return tuple(t.elem.size()), tuple(t.elem.stride()), t.elem.storage_offset()
+
+
+def storage_offset(t) -> int | None:
+    return t.elem.storage_offset() if isinstance(t, FunctionalTensor) else None
+
+
 def storage_of(t):
     """A handle comparing equal for FunctionalTensors sharing their (functional)
     storage, as aliases and tensors swapped by ``set_()`` do; None for others."""

@@ -127,7 +127,7 @@ def capture(module, args, kwargs, dynamic_shapes, policy: OpPolicy) -> Captured:
     original_state_dict = t._get_original_state_dict(module)
     record = TraceRecord()
     with (_data_dependence_as_export_error(),
-          _foreign_mutation_as_export_error()):
+          _functionalization_errors_as_export_errors()):
         artifact = t._non_strict_export(
             mod=module, args=args, kwargs=kwargs, dynamic_shapes=dynamic_shapes,
             preserve_module_call_signature=(), orig_in_spec=orig_in_spec,
@@ -149,20 +149,29 @@ def _data_dependence_as_export_error():
         ) from e
 
 
+# functionalization's internal errors, said in user terms: (text in its message, what it means)
+_FUNCTIONALIZATION_ERRORS = (
+    ("mutating a non-functional tensor",
+     "an in-place update at {where} of a tensor that is neither a parameter, a buffer nor an "
+     "input (a plain tensor attribute, a global, a closure's tensor) cannot be exported soundly; "
+     "register it with register_buffer or pass it as an input"),
+    ("cannot mutate tensors with frozen storage",
+     "an in-place update at {where} of a view of a tensor whose storage a set_() swapped before "
+     "(the view still shares the old storage) cannot be exported soundly: functionalization "
+     "cannot follow the old storage past the swap (AOTAutograd refuses it too); take the view "
+     "after the set_(), or copy instead of swapping"),
+)
+
+
 @contextlib.contextmanager
-def _foreign_mutation_as_export_error():
-    """A tensor the trace does not own (a global, a closure's) mutated with a
-    traced value: functionalization's internal assert, said in user terms."""
+def _functionalization_errors_as_export_errors():
     try:
         yield
     except RuntimeError as e:
-        if "mutating a non-functional tensor" not in str(e):
-            raise
-        raise ExportError(
-            f"an in-place update at {exception_location(e)} of a tensor that is neither a "
-            "parameter, a buffer nor an input (a plain tensor attribute, a global, a closure's "
-            "tensor) cannot be exported soundly; register it with register_buffer or pass it "
-            "as an input") from e
+        for text, meaning in _FUNCTIONALIZATION_ERRORS:
+            if text in str(e):
+                raise ExportError(meaning.format(where=exception_location(e))) from e
+        raise
 
 
 def _first_line(e: BaseException) -> str:

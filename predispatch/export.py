@@ -21,7 +21,7 @@ from .errors import ExportError, node_location
 from .keep_history import drop_unseen_leaves, keep_history_pass, may_require_grad
 from .op_policy import OpPolicy
 from .program import PredispatchProgram, module_order, set_program_meta
-from .region_pass import grad_modes, replace_blocks_with_regions
+from .region_pass import replace_blocks_with_regions
 from .region_utils import mutable_op_nodes
 
 
@@ -85,17 +85,16 @@ def refuse_remaining_mutations(gm: torch.fx.GraphModule) -> None:
 
 
 def keep_histories(captured: Captured, module: torch.nn.Module) -> None:
+    """Kept histories first; then leaves whose history no output shows go, as
+    a re-export of the program (which holds the kept histories) sees them."""
     requiring = {name for name, p in module.named_parameters(remove_duplicate=False)
                  if p.requires_grad}
-    drop_unseen_leaves(captured.gm, may_require_grad(captured.gm, captured.signature, requiring),
-                       may_require_grad(captured.gm, captured.signature, requiring,
-                                        leaves=False, inputs=False),
-                       captured.record.replacements,
-                       lambda: may_require_grad(captured.gm, captured.signature, requiring,
-                                                grad_modes(captured.gm.graph)))
-    keep_history_pass(captured.gm, captured.record.replacements,
-                      lambda modes: may_require_grad(captured.gm, captured.signature, requiring, modes),
-                      [s.kind.name for s in captured.signature.output_specs])
+    gm, sig = captured.gm, captured.signature
+    keep_history_pass(gm, captured.record.replacements,
+                      lambda modes: may_require_grad(gm, sig, requiring, modes),
+                      [s.kind.name for s in sig.output_specs])
+    drop_unseen_leaves(gm, may_require_grad(gm, sig, requiring),
+                       may_require_grad(gm, sig, requiring, leaves=False, inputs=False))
 
 
 def eliminate_dead_code(captured: Captured) -> None:

@@ -23,8 +23,8 @@ class LayoutChange:
     """How a parameter, buffer or input ends up after ``t_()``, ``resize_()``,
     ``set_()`` and the like: its storage (``"own"``; ``"other"``: that of the
     input ``source`` names; ``"value"``: one the forward made) and its size,
-    strides and storage offset there (None where symbolic: the new value's
-    own are taken at run time)."""
+    strides and storage offset there, counted from where that storage's owner
+    starts (None where symbolic: the new value's own are taken at run time)."""
 
     storage: str
     source: str | None
@@ -79,6 +79,7 @@ def functional_trace(mod: torch.nn.Module, args, kwargs, keep=frozenset, on_layo
                 inputs[n_state + j] = cover.as_strided(v.size, v.stride, v.offset)
                 trace_events.mark_view(inputs[n_state + j], cover)
             storages = [_torch.storage_of(f) for f in inputs]
+            offsets = [_torch.storage_offset(f) for f in inputs]
             outputs = flat_fn(*inputs)
         # an input seen through another is written back through it
         new_values, done = [], {id(inputs[n_state + j]) for j, v in views.items()
@@ -90,7 +91,7 @@ def functional_trace(mod: torch.nn.Module, args, kwargs, keep=frozenset, on_layo
             torch._sync(f)
             relaid = _torch.has_metadata_mutation(f) or _torch.storage_changed(f)
             if relaid and on_layout_change is not None:
-                on_layout_change(input_key(i), _layout_change(i, f, storages, input_key))
+                on_layout_change(input_key(i), _layout_change(i, f, storages, offsets, input_key))
             if relaid or _torch.has_data_mutation(f):
                 mutated.append(i)
                 new_values.append(_torch.from_functional(f))
@@ -104,10 +105,10 @@ def functional_trace(mod: torch.nn.Module, args, kwargs, keep=frozenset, on_layo
             return _torch.make_fx(functionalized, record_module_stack=True, pre_dispatch=True)(*flat_args)
 
     gm = trace()
-    overlapping = input_aliasing.views_of_covering_inputs(flat_args[n_state:]) if _some_share_storage(
+    overlapping = input_aliasing.views_of_covering_inputs(
+        flat_args[n_state:], [i - n_state for i in mutated if i >= n_state]) if _some_share_storage(
         flat_args[n_state:]) else {}
-    if any(i - n_state in overlapping or i - n_state in {v.of for v in overlapping.values()}
-           for i in mutated):
+    if overlapping:
         views.update(overlapping)
         mutated.clear()
         if on_retrace is not None:
@@ -143,16 +144,19 @@ def _drop_storage_swaps_of_constants(gm: torch.fx.GraphModule) -> None:
                         delattr(gm, c.target)
 
 
-def _layout_change(i: int, f, storages: list, key_of) -> LayoutChange:
-    """Where input ``i`` (``f``, after the forward) keeps its elements, and how."""
+def _layout_change(i: int, f, storages: list, offsets: list, key_of) -> LayoutChange:
+    """Where input ``i`` (``f``, after the forward) keeps its elements, and how
+    (its offset counted from where the owner of that storage started)."""
     storage = _torch.storage_of(f)
     owner = i if storages[i] == storage else next(
         (j for j, s in enumerate(storages) if s is not None and s == storage), None)
     place = "value" if owner is None else "own" if owner == i else "other"
-    layout = (tuple(f.size()), tuple(f.stride()), f.storage_offset())
-    if not all(isinstance(v, int) for v in (*layout[0], *layout[1], layout[2])):
-        layout = (None, None, None)
-    return LayoutChange(place, key_of(owner) if place == "other" else None, *layout)
+    size, stride, offset = _torch.layout(f)
+    if owner is not None:
+        offset -= offsets[owner]
+    if not all(isinstance(v, int) for v in (*size, *stride, offset)):
+        size = stride = offset = None
+    return LayoutChange(place, key_of(owner) if place == "other" else None, size, stride, offset)
 
 
 def _signature(gm, named_parameters, named_buffers, mutated, in_spec, out_spec):

@@ -50,10 +50,12 @@ def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a0 <= b1 and b0 <= a1
 
 
-def views_of_covering_inputs(inputs: list) -> dict[int, View]:
+def views_of_covering_inputs(inputs: list, mutated=None) -> dict[int, View]:
     """Inputs (by position) that overlap another in memory -> how each is seen
     from the input whose span covers all of its group; ExportError where
-    none covers (``x[:2]`` and ``x[1:]``). The same tensor twice: a view."""
+    none covers (``x[:2]`` and ``x[1:]``). The same tensor twice: a view.
+    Given ``mutated`` (positions), only groups holding one of them count:
+    inputs that alias but are only read compute the same either way."""
     tensors = {i: t for i, t in enumerate(inputs)
                if isinstance(t, torch.Tensor) and t.device.type != "meta" and t.numel() > 0}
     views: dict[int, View] = {}
@@ -63,7 +65,7 @@ def views_of_covering_inputs(inputs: list) -> dict[int, View]:
             continue
         group = _group(i, tensors)
         seen |= set(group)
-        if len(group) == 1:
+        if len(group) == 1 or (mutated is not None and not set(group) & set(mutated)):
             continue
         spans = {j: _span(tensors[j]) for j in group}
         low, high = min(s[0] for s in spans.values()), max(s[1] for s in spans.values())
@@ -96,14 +98,15 @@ def to_json(views: dict[int, View]) -> dict:
     return {str(i): dataclasses.asdict(v) for i, v in views.items()}
 
 
-def check_inputs_alias_as_exported(views: dict, *inputs) -> None:
+def check_inputs_alias_as_exported(views: dict, mutated: list, *inputs) -> None:
     """Raise unless ``inputs`` (a call's flat user inputs) overlap exactly as
-    the example inputs did (``views``: :func:`to_json` of the export's)."""
+    the example inputs did (``views``: :func:`to_json` of the export's), in
+    the groups holding an input the program mutates (``mutated``: positions)."""
     if any(_is_traced(t) for t in inputs):
         return  # the program is being exported again: its example inputs decide
     expected = {int(i): View(**v) for i, v in views.items()}
     try:
-        found = views_of_covering_inputs(list(inputs))
+        found = views_of_covering_inputs(list(inputs), mutated)
     except ExportError:
         found = None
     if found != expected:

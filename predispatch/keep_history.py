@@ -15,11 +15,14 @@ history in grad mode, ``old``'s under no_grad.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.fx
 from torch.export.graph_signature import InputKind
 
 from . import _torch
+from .errors import ExportError, node_location
 from .ops import KEEP_HISTORY, KEEP_HISTORY_IF_NO_GRAD, REQUIRES_GRAD
 from .region_pass import grad_modes
 from .trace_events import (
@@ -79,12 +82,38 @@ def may_require_grad(gm: torch.fx.GraphModule, signature, params_requiring_grad:
     return result
 
 
-def _insert_keep_history(graph, old, new, after, position, target=None) -> torch.fx.Node | None:
+def _refuse_reshaped_leaf(old: torch.fx.Node, new: torch.fx.Node) -> None:
+    """A parameter or input given another shape (``set_``, ``resize_``,
+    ``t_()`` under no_grad) and then used in grad mode: eager's leaf takes a
+    gradient of its new shape, which the program's input receives only where
+    autograd's reduction to the old shape and the copy back into the new one
+    lose nothing (size-1 dimensions added or dropped in front: ``unsqueeze_(0)``)."""
+    va, vb = old.meta.get("val"), new.meta.get("val")
+    if old.op == "placeholder" and not _same_elements_broadcast(tuple(va.shape), tuple(vb.shape)):
+        raise ExportError(
+            f"a parameter or input ({old.name}) is given another shape under no_grad (set_, resize_, "
+            f"t_(), ...) and then used in grad mode, at {node_location(new.meta.get('stack_trace'))}: "
+            "eager's gradient for it takes the new shape, which a program's input cannot; "
+            "change its shape on a copy (or outside the forward)")
+
+
+def _same_elements_broadcast(old: tuple, new: tuple) -> bool:
+    """``old`` broadcasts to ``new`` and holds as many elements."""
+    if len(old) > len(new) or math.prod(old) != math.prod(new):
+        return False
+    return all(o == n or o == 1 for o, n in zip(reversed(old), reversed(new)))
+
+
+def _insert_keep_history(graph, old, new, after, position, target=None,
+                         needed=False) -> torch.fx.Node | None:
     """``keep_history(old, new)`` right after ``after``; later uses of ``new``
-    read it. None if nothing reads ``new`` later (no node, no region output)."""
+    read it. None if nothing reads ``new`` later (no node, no region output),
+    unless ``needed`` (a later keep's history starts from it)."""
     after_at = position.get(after, len(position))
-    if not any(position.get(u, after_at + 1) > after_at for u in new.users):
+    if not needed and not any(position.get(u, after_at + 1) > after_at for u in new.users):
         return None
+    if any(u.op != "output" and position.get(u, after_at + 1) > after_at for u in new.users):
+        _refuse_reshaped_leaf(old, new)  # (returned as it is, the output is the caller's tensor)
     with graph.inserting_after(after):
         kept = graph.create_node("call_function", target or KEEP_HISTORY, (old, new), name="keep_history")
     kept.meta.update({k: v for k, v in new.meta.items() if k in ("val", "stack_trace", "nn_module_stack")})
@@ -137,13 +166,13 @@ def keep_history_pass(gm: torch.fx.GraphModule, replacements, analyze,
             # a hidden or no_grad update keeps the history the caller's mode gave the value:
             # the update's under grad mode, the first old one's under no_grad
             first, exit = deferred.pop(r.old)
-            node = _insert_keep_history(graph, first, r.old, exit, position, KEEP_HISTORY_IF_NO_GRAD)
-            if node is not None:
-                history_of[r.old] = node
-                kept.append(node)
-                position = {n: i for i, n in enumerate(graph.nodes)}
-                modes[node] = modes.get(exit)
-                may_grad_off, may_grad = analyze(modes), analyze(None)
+            node = _insert_keep_history(graph, first, r.old, exit, position, KEEP_HISTORY_IF_NO_GRAD,
+                                        needed=True)
+            history_of[r.old] = node
+            kept.append(node)
+            position = {n: i for i, n in enumerate(graph.nodes)}
+            modes[node] = modes.get(exit)
+            may_grad_off, may_grad = analyze(modes), analyze(None)
         old = history_of.get(r.old, r.old)  # mutated again later: chain to the first old
         if r.in_grad_mode:
             replays = [u for u in r.new.users  # inside the segment, replays in an enable_grad block
@@ -272,21 +301,15 @@ def _is_user_output_only(new, outputs, kinds) -> bool:
     return as_kinds == {"USER_OUTPUT"}
 
 
-def drop_unseen_leaves(gm: torch.fx.GraphModule, requiring: set, requiring_without_leaves: set,
-                       replacements=(), requiring_off=lambda: set()) -> None:
+def drop_unseen_leaves(gm: torch.fx.GraphModule, requiring: set, requiring_without_leaves: set) -> None:
     """Reads of one value as a leaf become one read. A tensor made to require
-    grad whose history no output can show (every
-    value it reaches requires grad anyway, like T5's position bias under
-    gradient checkpointing) is read as itself: its own gradient is never
-    seen, and a leaf changes a kernel's choice (sdpa given a mask that
-    requires grad), so the layout the trace assumed."""
-    kept_from = {}
-    # an update in the caller's mode keeps the old history only where the old
-    # value may require grad under a no_grad caller (``requiring_off()``)
-    off = requiring_off() if any(r.in_grad_mode for r in replacements) else set()
-    for r in replacements:
-        if not r.in_grad_mode or r.old in off:
-            kept_from.setdefault(r.old, []).append(r.new)
+    grad whose history no output can show (every value it reaches requires
+    grad anyway, like T5's position bias under gradient checkpointing) is
+    read as itself: its own gradient is never seen, and a leaf changes a
+    kernel's choice (sdpa given a mask that requires grad), so the layout the
+    trace assumed. Runs after the kept histories are in the graph: a value
+    updated without autograd seeing it is read through its keep, which
+    carries the old value's history, not the leaf's."""
     first = {}  # a value read as a leaf twice is one leaf, as in eager
     for leaf in [n for n in gm.graph.nodes if n.target is REQUIRES_GRAD]:
         key = (leaf.target, leaf.args[0])
@@ -294,27 +317,15 @@ def drop_unseen_leaves(gm: torch.fx.GraphModule, requiring: set, requiring_witho
             leaf.replace_all_uses_with(first[key])
         else:
             first[key] = leaf
-    # a value updated without autograd seeing it is read later with the old value's
-    # history (a kept history): what the leaf gave the new value ends there
-    rekept = set()  # (an earlier kept history counts: the old value was replaced before)
-    for r in replacements:
-        if not r.in_grad_mode and (r.old in requiring or r.old in rekept):
-            rekept.add(r.new)
-    outputs = set(gm.graph.output_node().all_input_nodes) - rekept
+    outputs = set(gm.graph.output_node().all_input_nodes)
     for leaf in first.values():
         reached, todo = {leaf}, [leaf]
         while todo:  # the values whose history comes from the leaf alone
             node = todo.pop()
             for user in node.users:
-                if node in rekept and not user.meta.get(OWN_HISTORY_READ):
-                    continue  # a later read of it keeps the old value's history
                 if user not in reached and user in requiring and user not in requiring_without_leaves:
                     reached.add(user)
                     todo.append(user)
-            for new in kept_from.get(node, ()):  # a value updated keeps the old one's history
-                if new not in reached:
-                    reached.add(new)
-                    todo.append(new)
         if not reached & outputs:
             leaf.replace_all_uses_with(leaf.args[0])
     gm.recompile()

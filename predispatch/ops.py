@@ -31,6 +31,7 @@ class _History(torch.autograd.Function):
     @staticmethod
     def forward(ctx, old, new, op, keyset, of_old):
         ctx.of_old = of_old
+        ctx.set_materialize_grads(False)  # no gradient is none: not zeros of new's shape for old
         with torch._C._AutoDispatchBelowAutograd():
             return op.redispatch(keyset & torch._C._after_autograd_keyset, old, new)
 
@@ -74,8 +75,8 @@ _LIB.define("requires_grad(Tensor t) -> Tensor")
 def _requires_grad_kernel(keyset, t):
     """``t.requires_grad_()``, functional: ``t``'s value and, as in eager,
     ``t``'s history if it has one (in any mode), else a new leaf."""
-    if not t.requires_grad:
-        return t.detach().clone().requires_grad_()
+    if not t.requires_grad or (t.grad_fn is None and t._is_view()):  # (a view made under no_grad:
+        return t.detach().clone().requires_grad_()  # it says it requires grad, has no history)
     return _recording(torch.clone, t)
 
 

@@ -103,12 +103,13 @@ def write_back_layout(target: torch.Tensor, value: torch.Tensor, source, layout:
             return target.set_(value)
     size, stride, offset = layout["size"], layout["stride"], layout["offset"]
     if size is None:  # symbolic at export
-        size, stride, offset = value.size(), value.stride(), value.storage_offset()
+        size, stride, offset = value.size(), value.stride(), 0
     with torch.no_grad():
         if layout["storage"] == "other":
-            return target.set_(source.untyped_storage(), offset, size, stride)
+            return target.set_(source.untyped_storage(), source.storage_offset() + offset, size, stride)
         if layout["storage"] == "value":
             return target.set_(value.untyped_storage(), value.storage_offset(), value.size(), value.stride())
+        offset += target.storage_offset()
         _grow_storage(target, size, stride, offset)
         target.as_strided_(size, stride, offset)
     return _WRITE_BACK[mode](target, value) if mode is not None else target
@@ -261,13 +262,20 @@ def use_run_time_calls(gm: torch.fx.GraphModule) -> None:
         use_run_time_calls(getattr(gm, name))
 
 
-def check_input_aliasing(unlifted: torch.fx.GraphModule, views: dict) -> None:
+def mutated_user_inputs(signature) -> list[int]:
+    """Positions, among the user inputs, of those the program mutates."""
+    users = [getattr(s.arg, "name", None) for s in signature.input_specs if s.kind.name == "USER_INPUT"]
+    return [users.index(s.target) for s in signature.output_specs if s.kind.name == "USER_INPUT_MUTATION"]
+
+
+def check_input_aliasing(unlifted: torch.fx.GraphModule, views: dict, mutated: list[int]) -> None:
     """A program that mutates an input first checks that the call's inputs
-    share memory as the example inputs did (see :mod:`predispatch.input_aliasing`)."""
+    share memory as the example inputs did, where it matters (see
+    :mod:`predispatch.input_aliasing`)."""
     graph = unlifted.graph
     inputs = [n for n in graph.nodes if n.op == "placeholder"]
     with graph.inserting_after(inputs[-1]):
-        graph.call_function(input_aliasing.check_inputs_alias_as_exported, (views, *inputs))
+        graph.call_function(input_aliasing.check_inputs_alias_as_exported, (views, mutated, *inputs))
     unlifted.recompile()
 
 
@@ -296,8 +304,9 @@ class PredispatchProgram(ExportedProgram):
         unlifted = super().module(check_guards=check_guards)
         record = program_meta(self)
         fix_write_backs(unlifted, record.get("write_back", {}), layouts=record.get("layouts", {}))
-        if any(s.kind.name == "USER_INPUT_MUTATION" for s in self.graph_signature.output_specs):
-            check_input_aliasing(unlifted, record.get("input_views", {}))
+        mutated = mutated_user_inputs(self.graph_signature)
+        if mutated:
+            check_input_aliasing(unlifted, record.get("input_views", {}), mutated)
         restore_module_order(unlifted, program_meta(self).get("module_order", []))
         use_run_time_calls(unlifted)
         return unlifted

@@ -636,14 +636,14 @@ class _ViewOfUpdate:
 
     def __init__(self, update, alias, view, where):
         val = update.meta.get("val")
-        if val is None or tuple(val.stride()) != tuple(alias.stride()):
+        (_, alias_stride, alias_offset), (size, stride, offset) = _torch.layout(alias), _torch.layout(view)
+        if val is None or tuple(val.stride()) != alias_stride:
             raise ExportError(
                 f"a view of a detached alias that is then updated in place with an operand that "
                 f"requires grad, at {where}, when the update's value is laid out otherwise than "
                 "the alias: cannot be exported soundly; take the view after the update")
         self.update, self.where = update, where
-        self.size, self.stride = tuple(view.size()), tuple(view.stride())
-        self.offset = view.storage_offset() - alias.storage_offset()
+        self.size, self.stride, self.offset = size, stride, offset - alias_offset
 
     def node(self) -> torch.fx.Node:
         graph = self.update.graph
@@ -661,13 +661,12 @@ def _update_of(alias, base, old: torch.fx.Node, new: torch.fx.Node) -> torch.fx.
     the base's new value (computed from the detached alias, so with the
     update's history only); for an alias of part of it, the value the base's
     update scatters in. None where the graph does not show it."""
-    if (alias.size(), alias.stride(), alias.storage_offset()) == (
-            base.size(), base.stride(), base.storage_offset()):
+    if _torch.layout(alias) == _torch.layout(base):  # (functionalization's: set_ updates only those)
         return new
     if (new is not None and new.op == "call_function" and str(new.target).split(".")[-2].endswith("_scatter")
             and new.args[0] is old and isinstance(new.args[1], torch.fx.Node)):
         val = new.args[1].meta.get("val")
-        if isinstance(val, torch.Tensor) and val.shape == alias.shape:
+        if isinstance(val, torch.Tensor) and tuple(val.shape) == _torch.layout(alias)[0]:
             return new.args[1]
     return None
 
@@ -714,14 +713,23 @@ def _set_calls_to_aliases():
     """``t.set_(source)``: ``t`` takes ``source``'s storage and layout. Traced
     as ``t.set_(source.alias())``, the same storage, so that ``t``'s new value
     is a node of its own: the history stage may give it ``t``'s old history
-    (``set_`` under no_grad keeps it) without giving it to ``source``. (set_
-    bypasses torch-function modes, so the method itself is wrapped; a storage
-    or no argument is left to functionalization, which refuses them.)"""
+    (``set_`` under no_grad keeps it) without giving it to ``source``. From
+    then on ``t`` is to the recorder what a ``source.detach()`` is: an update
+    of either changes the other's values, not its history. (set_ bypasses
+    torch-function modes, so the method itself is wrapped; a storage or no
+    argument is left to functionalization, which refuses them.)"""
     def aliasing(set_):
         def call(self, source=None, *args, **kwargs):
-            if _torch.is_traced(self) and _torch.is_traced(source) and not (args or kwargs or _UNOBSERVED):
-                source = torch.ops.aten.alias.default(source)
-            return set_(self, *(() if source is None else (source,)), *args, **kwargs)
+            if not (_torch.is_traced(self) and _torch.is_traced(source)) or args or kwargs or _UNOBSERVED:
+                return set_(self, *(() if source is None else (source,)), *args, **kwargs)
+            out = set_(self, torch.ops.aten.alias.default(source))
+            # the same memory as source, its own autograd identity: like a detach of it
+            # (of the root of source's views: source may be a view of self)
+            root = _Recorder._base(source)
+            for mark, value in ((_SOURCE, None if root is self else root), (_DETACHED, True),
+                                (_DETACH_RESULT, True)):
+                setattr(self, mark, value)
+            return out
         return call
     return patched(torch.Tensor, "set_", aliasing)
 

@@ -1,6 +1,6 @@
 """Bugs found by the differential fuzzer (tools/fuzz), each as the minimal
 module it shrank to, with the diagnosis. Open ones are xfail(strict=True):
-remove the marker with the fix. Fixed: 1-27, 29, 30 (4b's nested
+remove the marker with the fix. Fixed: 1-27, 29-32 (4b's nested
 autocast(enabled=False) case by the refusal reading autocast nesting, 10 by
 marking no_grad view replays, 15 and 16 by noting grad-mode views at no_grad
 entries; 7 and 22, once refusals, are exported since the eighth session).
@@ -1119,3 +1119,52 @@ class HiddenUpdateAfterACallersModeUpdate(nn.Module):
 
 def test_a_hidden_update_after_a_callers_mode_update_keeps_its_history():
     assert_sound(HiddenUpdateAfterACallersModeUpdate(), inputs((3, 4)))
+
+
+# --------------------------------------------------------------------------
+# 31. (CI profile, ninth session, the generator's aliased inputs) f(x, x, z)
+# with only z mutated: inputs that alias but are only read compute the same
+# either way, yet ep.module() checked every input group against the pattern
+# seen at export and refused the call. Fixed: only groups holding a mutated
+# input are traced as views and checked at run time.
+
+class AliasedReadsAnotherMutated(nn.Module):
+    def forward(self, x, y, z):
+        with torch.no_grad():
+            z.add_(2.0)
+        return x.sin() + y.cos()
+
+
+def test_aliased_inputs_only_read_beside_a_mutated_one():
+    x, z = inputs((3, 4), (4,))
+    assert_sound(AliasedReadsAnotherMutated(), (x, x, z))
+    m = predispatch.export_predispatch(AliasedReadsAnotherMutated(), (x, x, z.clone())).module()
+    with pytest.raises(RuntimeError, match="share memory otherwise"):
+        m(x, x, x[0])  # now the mutated input aliases the others: refused, not miscomputed
+
+
+# --------------------------------------------------------------------------
+# 32. (CI profile, ninth session) An input given another shape by set_ under
+# no_grad, then used in grad mode: eager's leaf takes a gradient of its new
+# shape, the program's input could not ("_HistoryBackward returned an invalid
+# gradient"). Refused now; ``unsqueeze_(0)`` (the gradient reduces to the old
+# shape and copies back losslessly) and the input returned as it is still export.
+
+class InputSetToAnotherShape(nn.Module):
+    def forward(self, x, z):
+        with torch.no_grad():
+            x.set_(z)
+        return x * 2
+
+
+class InputUnsqueezedInPlace(nn.Module):
+    def forward(self, x):
+        with torch.no_grad():
+            x.unsqueeze_(0)
+        return x * 2
+
+
+def test_an_input_set_to_another_shape_then_differentiated_is_refused():
+    with pytest.raises(predispatch.ExportError, match="given another shape under no_grad.*x.set_"):
+        predispatch.export_predispatch(InputSetToAnotherShape(), inputs((3, 4), (4,)))
+    assert_sound(InputUnsqueezedInPlace(), inputs((3, 4)), inputs_require_grad=True)

@@ -21,6 +21,7 @@ it, so a failing example prints as a test a developer can paste::
                 v0.mul_(2.0)
             return x.sin(), v0
 
+Inputs may share memory (``y`` passed as ``x``, ``z`` as a row of ``x``).
 Blocks are ``no_grad`` / ``enable_grad`` / ``set_grad_enabled(b)`` /
 ``autocast("cpu", dtype=torch.bfloat16)`` / ``autocast("cpu", enabled=False)`` /
 ``inference_mode(False)``,
@@ -31,7 +32,9 @@ select, ``.t()``, ``.view``, ``.unsqueeze``, ``.detach()``) of inputs,
 parameters, buffers and intermediates, and in-place ops on any of them
 (add_, sub_, mul_, copy_, zero_, ``mul_(0)``, index assignment, EMA
 ``mul_(0.9).add_(v, alpha=0.1)``, ``nn.init.constant_``, whose no_grad block
-no torch-function mode sees), values made leaves (``.detach().requires_grad_()``).
+no torch-function mode sees), values made leaves (``.detach().requires_grad_()``),
+metadata mutations (``t_``, ``transpose_``, ``unsqueeze_``, ``squeeze_``) and
+storage swaps (``set_``, under no_grad) of inputs and intermediates.
 Outputs may alias inputs, parameters or buffers.
 
 The generator keeps a small abstract state (shape, dtype, storage root,
@@ -139,6 +142,8 @@ class Program:
     returns: list[str]
     inputs: list[tuple[str, tuple]]
     inputs_require_grad: bool = True
+    # inputs passed as another input or a view of one: name -> expression ("x", "x[0]")
+    aliasing: dict = dataclasses.field(default_factory=dict)
 
     # -- derived ----------------------------------------------------------
     @property
@@ -180,9 +185,18 @@ class Program:
 
     @property
     def args_source(self) -> str:
-        shapes = [s for _, s in self.inputs_used()]
-        items = ", ".join(f"torch.randn({', '.join(map(str, s))}, generator=g)" for s in shapes)
-        return f"g = torch.Generator().manual_seed(1)\nargs = ({items},)\n"
+        used = self.inputs_used()
+        if not any(n in self.aliasing for n, _ in used):
+            items = ", ".join(f"torch.randn({', '.join(map(str, s))}, generator=g)" for _, s in used)
+            return f"g = torch.Generator().manual_seed(1)\nargs = ({items},)\n"
+        # inputs sharing memory: the tensors first, then the arguments naming them
+        shapes = dict(INPUTS)
+        bases = sorted({re.match(r"\w+", self.aliasing.get(n, n)).group(0) for n, _ in used},
+                       key=[n for n, _ in INPUTS].index)
+        lines = ["g = torch.Generator().manual_seed(1)"]
+        lines += [f"{b} = torch.randn({', '.join(map(str, shapes[b]))}, generator=g)" for b in bases]
+        lines.append(f"args = ({', '.join(self.aliasing.get(n, n) for n, _ in used)},)")
+        return "\n".join(lines) + "\n"
 
     def check_call(self) -> str:
         kw = [f"inputs_require_grad={self.inputs_require_grad}"]
@@ -265,8 +279,15 @@ class Program:
             if stmt.body is not None:
                 stack.append((indent + 4, stmt.body))
         require = re.search(r"inputs_require_grad=(True|False)", source)
+        aliasing = {}
+        named_args = re.search(r"^\s*args = \(((?:[a-z]\w*(?:\[\d+\])?, )*[a-z]\w*(?:\[\d+\])?),?\)$",
+                               source, re.M)
+        if named_args:  # the arguments name tensors: some are others (or views of them)
+            for (name, _), expr in zip(inputs, named_args.group(1).split(", ")):
+                if expr != name:
+                    aliasing[name] = expr
         return cls(root, returns or [inputs[0][0]], inputs,
-                   inputs_require_grad=require is None or require.group(1) == "True")
+                   inputs_require_grad=require is None or require.group(1) == "True", aliasing=aliasing)
 
 
 # --------------------------------------------------------------------------
@@ -330,8 +351,9 @@ SCALARS = ("2.0", "0.5", "-1.0", "1.0")
 class _Builder:
     """Draws statements one by one against the abstract state."""
 
-    def __init__(self, draw, inputs, inputs_require_grad, max_statements):
+    def __init__(self, draw, inputs, inputs_require_grad, max_statements, aliasing=None):
         self.draw = draw
+        self.aliasing = aliasing or {}
         self.inputs_require_grad = inputs_require_grad
         self.budget = max_statements
         self.modes: list[tuple[str, object]] = []  # ("grad", ON|OFF) | ("autocast", bool)
@@ -341,7 +363,12 @@ class _Builder:
         self.functions = itertools.count()
         self.contiguous: dict[str, bool] = {}
         for name, shape in inputs:
-            self._add_root(name, "input", shape, leaf=inputs_require_grad)
+            if name in self.aliasing:  # the same tensor as another input, or a view of it
+                of = re.match(r"\w+", self.aliasing[name]).group(0)
+                same = self.aliasing[name] == of
+                self._add(Var(name, shape, "f32", of, is_view=not same), contiguous=True)
+            else:
+                self._add_root(name, "input", shape, leaf=inputs_require_grad)
         for expr, (kind, shape) in STATE_TENSORS.items():
             self._add_root(expr, kind, shape, leaf=(kind == "param"))
 
@@ -400,7 +427,8 @@ class _Builder:
         return out
 
     def statement(self, depth: int) -> Stmt:
-        kinds = ["op", "view", "inplace", "op", "setitem", "view", "inplace", "op", "ema", "leaf"]
+        kinds = ["op", "view", "inplace", "op", "setitem", "view", "inplace", "op", "ema", "leaf",
+                 "relayout", "swap"]
         if depth < 3:
             kinds += ["block", "block", "block"]
         kind = self.pick(kinds)
@@ -596,6 +624,47 @@ class _Builder:
                   contiguous=self.contiguous[a.expr])
         return Stmt(f"{name} = {a.expr}.detach().requires_grad_()")
 
+    def _replace_var(self, old: Var, new: Var, contiguous: bool) -> None:
+        self.vars[self.vars.index(old)] = new
+        self.contiguous[new.expr] = contiguous
+
+    def _relaid_targets(self) -> list[Var]:
+        """What a metadata mutation or set_ may change: an intermediate or an
+        input, not a view (parameters and buffers keep their shapes: the
+        statements using them assume them)."""
+        return [v for v in self._targets() if not v.is_view and v.expr == v.root  # not an alias
+                and self.roots[v.root].kind in ("tmp", "input")]
+
+    def _relayout(self, depth) -> Stmt | None:
+        """A metadata mutation: ``t_()``, ``transpose_``, ``unsqueeze_``, ``squeeze_``."""
+        targets = self._relaid_targets()
+        if not targets:
+            return None
+        t = self.pick_var(targets)
+        forms = [(".unsqueeze_(0)", (1,) + t.shape, self.contiguous[t.expr])]
+        if len(t.shape) == 2:
+            forms += [(".t_()", t.shape[::-1], False), (".transpose_(0, 1)", t.shape[::-1], False)]
+        if t.shape and t.shape[0] == 1:
+            forms.append((".squeeze_(0)", t.shape[1:], self.contiguous[t.expr]))
+        suffix, shape, contiguous = self.pick(forms)
+        self._replace_var(t, dataclasses.replace(t, shape=shape), contiguous)
+        return Stmt(f"{t.expr}{suffix}")
+
+    def _swap(self, depth) -> Stmt | None:
+        """A storage swap, ``t.set_(source)``, under no_grad (in grad mode eager
+        has no derivative for it): ``t`` takes ``source``'s memory and layout."""
+        targets = self._relaid_targets()
+        if not targets:
+            return None
+        t = self.pick_var(targets)
+        sources = [v for v in self.vars if v.dtype == t.dtype and v.expr != t.expr]
+        if not sources:
+            return None
+        source = self.pick_var(sources)
+        self._replace_var(t, dataclasses.replace(t, shape=source.shape, is_view=source.is_view,
+                                                 storage=source.memory), self.contiguous[source.expr])
+        return Stmt("with torch.no_grad():", [Stmt(f"{t.expr}.set_({source.expr})")])
+
     def _ema(self, depth) -> Stmt | None:
         targets = self._targets()
         if not targets:
@@ -632,8 +701,12 @@ def programs(draw, max_statements: int = 12) -> Program:
     n_inputs = draw(st.integers(1, len(INPUTS)))
     inputs = list(INPUTS[:n_inputs])
     inputs_require_grad = draw(st.sampled_from([True, True, False]))
-    b = _Builder(draw, inputs, inputs_require_grad, max_statements)
+    # now and then inputs sharing memory: y is x, z is a row of x (or of y)
+    aliasing = draw(st.sampled_from([{}, {}, {}, {}, {"y": "x"}, {"z": "x[0]"}, {"z": "y[1]"},
+                                     {"y": "x", "z": "x[2]"}]))
+    aliasing = {k: v for k, v in aliasing.items() if k in dict(inputs) and v[0] in dict(inputs)}
+    b = _Builder(draw, inputs, inputs_require_grad, max_statements, aliasing)
     stmts = b.statements(0, 8)
     n_out = draw(st.integers(0, 2))
     returns = [b.vars[-1].expr] + [b.pick_var().expr for _ in range(n_out)]
-    return Program(stmts, returns, inputs, inputs_require_grad)
+    return Program(stmts, returns, inputs, inputs_require_grad, aliasing)
