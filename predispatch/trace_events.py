@@ -69,6 +69,7 @@ _LEAF = "_predispatch_leaf"  # made to require grad in the forward: read through
 # from memory without it: a detached alias updated in grad mode, a grad-mode
 # view of a tensor made to require grad or of such a tensor
 _OWN_HISTORY = "_predispatch_own_history"
+_SWAPPED = "_predispatch_swapped"  # given another's storage by set_()
 # node.meta key: a keep_history read of a detached alias's own history (the value it
 # keeps is the update's, which a later keep of the base's history must not replace)
 OWN_HISTORY_READ = "predispatch_own_history_read"
@@ -394,6 +395,21 @@ class _Recorder(_torch.TorchFunctionMode):
             t = source
         return t
 
+    def note_swapped(self, t, before) -> None:
+        """``t.set_(source)`` (``before``: ``t``'s node until then): eager's set_
+        under no_grad keeps ``t``'s autograd history, so an update of ``t`` in
+        grad mode computes from it (the part it does not write keeps it):
+        reads of ``t`` go through ``keep_history(before, value)``, ``before``
+        of its first swap. (Given another shape, the history stage keeps its
+        history, or refuses.)"""
+        if getattr(t, _SWAPPED, False):
+            return
+        setattr(t, _SWAPPED, True)
+        if before is None or hasattr(t, _OWN_HISTORY) or tuple(before.meta["val"].shape) != tuple(t.shape):
+            return
+        setattr(t, _OWN_HISTORY, before)
+        self._any_leaf = True
+
     def _mutate_detached_alias(self, func, args, kwargs):
         """In grad mode, an in-place op on a detached alias changes its base's
         values without autograd seeing it: like a mutation under no_grad. The
@@ -402,6 +418,11 @@ class _Recorder(_torch.TorchFunctionMode):
         the alias, which functionalization replays from memory through the
         detach, read ``keep_history(that, value)`` (see :meth:`_read_through`)."""
         alias, base = args[0], self._base(args[0])
+        detached = self._detach_result(alias)
+        if hasattr(detached, _OWN_HISTORY):
+            if not torch.is_grad_enabled():
+                return func(*args, **kwargs)  # new values; the history eager keeps is read as before
+            return self._update_own_history(func, args, kwargs, alias, detached)
         old = self._current_node(base)
         call = functools.partial(func, *args, **kwargs)
         out = self._call_reading_through(func, args, kwargs, call, read_written=True) if self._any_leaf \
@@ -409,7 +430,6 @@ class _Recorder(_torch.TorchFunctionMode):
         new = self._current_node(base)
         # eager's autograd base of the alias is the detach result it is a view of:
         # the update gives it a history, from which every view of it regenerates its own
-        detached = self._detach_result(alias)
         if (updated := _update_of(detached, base, old, new)) is not None:
             setattr(detached, _OWN_HISTORY, updated)
             self._any_leaf = True  # reads go through _read_through from now on
@@ -419,6 +439,52 @@ class _Recorder(_torch.TorchFunctionMode):
         if old is not None and new is not None and new is not old:
             self.record.replacements.append(Replacement(old, new, new, user_location()))
         return out
+
+    def _update_own_history(self, func, args, kwargs, alias, detached):
+        """In grad mode, an in-place op on (a view of) a detached alias that has
+        a history of its own (an earlier update's, or the one ``set_`` kept):
+        eager's update computes from that history, so the part it does not
+        write keeps it. The op is traced on a copy of the alias's value that
+        carries the history (``keep_history``), through the same view; the
+        copy's new value becomes the alias's history, and its values are
+        written to the alias's memory without it."""
+        own = self._read_through(detached, replayed_later=True)[1][0]
+        value = self._current_node(detached)
+        copy = ops.KEEP_HISTORY(detached, detached)
+        node = _torch.current_node(copy)
+        node.args = (own, value)
+        node.meta[OWN_HISTORY_READ] = True
+        if getattr(func, "__name__", None) in _METADATA_UPDATES:  # a new layout, the same values
+            if alias is detached:
+                func(copy, *args[1:], **kwargs)
+                setattr(detached, _OWN_HISTORY, self._current_node(copy))
+            return func(*args, **kwargs)
+        target = copy if alias is detached else self._same_view(copy, detached, alias)
+        rest = (target, *args[1:])
+        call = functools.partial(func, *rest, **kwargs)
+        self._call_reading_through(func, rest, kwargs, call) if self._any_leaf else call()
+        updated = self._current_node(copy)
+        base = self._base(alias)
+        old = self._current_node(base)
+        detached.copy_(copy.detach())
+        if old is not None and (new := self._current_node(base)) is not None and new is not old:
+            self.record.replacements.append(Replacement(old, new, new, user_location()))  # as above
+        setattr(detached, _OWN_HISTORY, updated)
+        for view in list(self._detached_views):
+            if view is not detached and self._descends(view, detached):
+                setattr(view, _OWN_HISTORY, _ViewOfUpdate(updated, detached, view, user_location()))
+        return alias
+
+    @staticmethod
+    def _same_view(copy, detached, alias):
+        """``alias`` (a view of ``detached``) seen in ``copy`` (laid out as ``detached``)."""
+        (_, stride, offset), (size, view_stride, view_offset) = _torch.layout(detached), _torch.layout(alias)
+        if tuple(copy.stride()) != stride:
+            raise ExportError(
+                f"an in-place update, in grad mode at {user_location()}, of a view of a detached "
+                "alias that has a history of its own, laid out in a way its copy is not: cannot "
+                "be exported soundly; update the alias itself, or a clone")
+        return copy.as_strided(size, view_stride, view_offset - offset)
 
     def before_functional_op(self, written) -> None:
         """Before each op functionalization sees (``written``: the tensors it writes)."""
@@ -655,6 +721,10 @@ class _ViewOfUpdate:
         return node
 
 
+# in-place ops that change a tensor's layout, not its values
+_METADATA_UPDATES = {"t_", "transpose_", "swapdims_", "swapaxes_", "unsqueeze_", "squeeze_", "as_strided_"}
+
+
 def _update_of(alias, base, old: torch.fx.Node, new: torch.fx.Node) -> torch.fx.Node | None:
     """The node holding ``alias``'s value as the in-place update made it, before
     it reached ``base`` (``old`` -> ``new``): for an alias of all of the base,
@@ -709,7 +779,7 @@ def _note_mutation_kinds(record: TraceRecord, module, flat_inputs, strip) -> Non
             record.mutation_kinds[f"input:{i}"] = kind
 
 
-def _set_calls_to_aliases():
+def _set_calls_to_aliases(on_swap):
     """``t.set_(source)``: ``t`` takes ``source``'s storage and layout. Traced
     as ``t.set_(source.alias())``, the same storage, so that ``t``'s new value
     is a node of its own: the history stage may give it ``t``'s old history
@@ -717,11 +787,13 @@ def _set_calls_to_aliases():
     then on ``t`` is to the recorder what a ``source.detach()`` is: an update
     of either changes the other's values, not its history. (set_ bypasses
     torch-function modes, so the method itself is wrapped; a storage or no
-    argument is left to functionalization, which refuses them.)"""
+    argument is left to functionalization, which refuses them.) ``on_swap(t,
+    node before)`` tells the recorder."""
     def aliasing(set_):
         def call(self, source=None, *args, **kwargs):
             if not (_torch.is_traced(self) and _torch.is_traced(source)) or args or kwargs or _UNOBSERVED:
                 return set_(self, *(() if source is None else (source,)), *args, **kwargs)
+            before = _torch.current_node(self)
             out = set_(self, torch.ops.aten.alias.default(source))
             # the same memory as source, its own autograd identity: like a detach of it
             # (of the root of source's views: source may be a view of self)
@@ -729,16 +801,17 @@ def _set_calls_to_aliases():
             for mark, value in ((_SOURCE, None if root is self else root), (_DETACHED, True),
                                 (_DETACH_RESULT, True)):
                 setattr(self, mark, value)
+            on_swap(self, before)
             return out
         return call
     return patched(torch.Tensor, "set_", aliasing)
 
 
 @contextlib.contextmanager
-def _wrapping_what_modes_miss(record: TraceRecord, draws: HostDraws):
+def _wrapping_what_modes_miss(recorder: _Recorder, draws: HostDraws):
     """What bypasses torch-function modes, wrapped where it lives while the
     forward runs (see :mod:`predispatch.patching`)."""
-    with _set_calls_to_aliases(), noting_grad_mode_reads(), capturing_autograd_functions(), \
+    with _set_calls_to_aliases(recorder.note_swapped), noting_grad_mode_reads(), capturing_autograd_functions(), \
             refusing_host_randomness(draws), inference_mode_as_no_grad(), \
             buffer_reassignment_as_update(), refusing_state_calls():
         yield
@@ -761,7 +834,7 @@ def recording(module: torch.nn.Module, record: TraceRecord, strip):
         recorder = _Recorder(record, casts, draws)
         with autocast_blocks_as_in_eager(eager_autocast_cache, recorder.sync_grad_mode), \
                 recorder, stamping_stack_traces(), \
-                _wrapping_what_modes_miss(record, draws), _observing_ops(recorder.before_functional_op):
+                _wrapping_what_modes_miss(recorder, draws), _observing_ops(recorder.before_functional_op):
             out = forward(*args, **kwargs)
             recorder.refuse_unrestored_hidden_blocks()
             out = recorder.read_leaf_outputs(out)

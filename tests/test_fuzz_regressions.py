@@ -1,6 +1,6 @@
 """Bugs found by the differential fuzzer (tools/fuzz), each as the minimal
 module it shrank to, with the diagnosis. Open ones are xfail(strict=True):
-remove the marker with the fix. Fixed: 1-27, 29-32 (4b's nested
+remove the marker with the fix. Fixed: 1-27, 29-35 (4b's nested
 autocast(enabled=False) case by the refusal reading autocast nesting, 10 by
 marking no_grad view replays, 15 and 16 by noting grad-mode views at no_grad
 entries; 7 and 22, once refusals, are exported since the eighth session).
@@ -1168,3 +1168,69 @@ def test_an_input_set_to_another_shape_then_differentiated_is_refused():
     with pytest.raises(predispatch.ExportError, match="given another shape under no_grad.*x.set_"):
         predispatch.export_predispatch(InputSetToAnotherShape(), inputs((3, 4), (4,)))
     assert_sound(InputUnsqueezedInPlace(), inputs((3, 4)), inputs_require_grad=True)
+
+
+# --------------------------------------------------------------------------
+# 33. (seed 9101, ninth session) An intermediate given a buffer's storage by
+# set_ under no_grad keeps its autograd history (eager's set_ under no_grad
+# does), and an index assignment in grad mode then computes from it: the
+# untouched part's gradient reached the Linear in eager, nothing in the
+# program (the update was replayed from the buffer's memory, without history).
+# 34. (found diagnosing 33) A detached alias updated twice in grad mode: the
+# second update lost the first one's history for the part it does not write.
+# Fixed: an in-place update, in grad mode, of a tensor with a history of its
+# own is traced on a copy carrying that history, whose values are then
+# written to the tensor's memory; set_ gives its target that own history.
+# 35. (CI profile, ninth session) A layout change (unsqueeze_, t_) of such a
+# tensor in grad mode changes its history's layout as well.
+
+class SwappedIntermediateUpdatedInGradMode(nn.Module):
+    def __init__(self):
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.lin = nn.Linear(4, 4)
+        self.register_buffer("b", torch.randn(3, 4, generator=g))
+        self.register_buffer("n", torch.zeros(()))
+
+    def forward(self, x):
+        v1 = self.lin(x.detach().requires_grad_())
+        with torch.no_grad():
+            v1.set_(self.b)
+        v1[:, 1:3] = self.n
+        return v1
+
+
+class DetachedAliasUpdatedTwiceInGradMode(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("b", torch.randn(3, 4, generator=torch.Generator().manual_seed(0)))
+
+    def forward(self, x):
+        t = self.b.detach()
+        t.mul_(x)
+        t[:, 1:3] = 0.0
+        return t * 1
+
+
+class SwappedIntermediateRelaidInGradMode(nn.Module):
+    def __init__(self, relayout):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4, 4, generator=torch.Generator().manual_seed(0)) * 0.5)
+        self.relayout = relayout
+
+    def forward(self, x):
+        v0 = x @ self.w
+        v1 = v0 * 2.0
+        with torch.no_grad():
+            v1.set_(v0)
+        self.relayout(v1)
+        return v0.detach(), v1 * 3
+
+
+@pytest.mark.parametrize("module", [
+    SwappedIntermediateUpdatedInGradMode(), DetachedAliasUpdatedTwiceInGradMode(),
+    SwappedIntermediateRelaidInGradMode(lambda t: t.unsqueeze_(0)),
+    SwappedIntermediateRelaidInGradMode(lambda t: t.t_()),
+], ids=["set_-then-setitem", "detached-alias-twice", "set_-then-unsqueeze_", "set_-then-t_"])
+def test_an_update_in_grad_mode_computes_from_the_tensor_s_own_history(module):
+    assert_sound(module, inputs((3, 4)), inputs_require_grad=True)
