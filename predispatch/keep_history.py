@@ -29,6 +29,7 @@ from .trace_events import (
     GRAD_BLOCK,
     GRAD_VIEW_REPLAY,
     OWN_HISTORY_READ,
+    SWAPPED_HISTORY,
     NO_GRAD_VIEW_REPLAY,
 )
 
@@ -82,19 +83,24 @@ def may_require_grad(gm: torch.fx.GraphModule, signature, params_requiring_grad:
     return result
 
 
-def _refuse_reshaped_leaf(old: torch.fx.Node, new: torch.fx.Node) -> None:
-    """A parameter or input given another shape (``set_``, ``resize_``,
-    ``t_()`` under no_grad) and then used in grad mode: eager's leaf takes a
-    gradient of its new shape, which the program's input receives only where
-    autograd's reduction to the old shape and the copy back into the new one
-    lose nothing (size-1 dimensions added or dropped in front: ``unsqueeze_(0)``)."""
+def _refuse_reshaped_history(old: torch.fx.Node, new: torch.fx.Node, later: list) -> None:
+    """A tensor given another shape under no_grad (``set_``, ``resize_``,
+    ``t_()``) keeps its history, of the old shape, and eager's backward feeds
+    that history gradients of the new shape: a leaf's ``.grad`` takes the new
+    shape, a history's nodes sum, broadcast or index a mis-shaped gradient as
+    their formulas happen to. A program cannot reproduce that: refused
+    unless nothing is lost (size-1 dimensions in front: ``unsqueeze_(0)``).
+    (An input returned as it is is the caller's own tensor: no reader.)"""
     va, vb = old.meta.get("val"), new.meta.get("val")
-    if old.op == "placeholder" and not _same_elements_broadcast(tuple(va.shape), tuple(vb.shape)):
+    if _same_elements_broadcast(tuple(va.shape), tuple(vb.shape)):
+        return
+    if any(u.op != "output" or old.op != "placeholder" for u in later):
         raise ExportError(
-            f"a parameter or input ({old.name}) is given another shape under no_grad (set_, resize_, "
-            f"t_(), ...) and then used in grad mode, at {node_location(new.meta.get('stack_trace'))}: "
-            "eager's gradient for it takes the new shape, which a program's input cannot; "
-            "change its shape on a copy (or outside the forward)")
+            f"a tensor ({old.name}, {tuple(va.shape)}) is given another shape {tuple(vb.shape)} under "
+            f"no_grad (set_, resize_, t_(), ...) and keeps its history, at "
+            f"{node_location(new.meta.get('stack_trace'))}: eager's backward then feeds that history "
+            "(or, for a parameter or input, its .grad) gradients of the new shape, which a program "
+            "cannot reproduce; change the shape of a copy instead")
 
 
 def _same_elements_broadcast(old: tuple, new: tuple) -> bool:
@@ -112,15 +118,17 @@ def _insert_keep_history(graph, old, new, after, position, target=None,
     after_at = position.get(after, len(position))
     if not needed and not any(position.get(u, after_at + 1) > after_at for u in new.users):
         return None
-    if any(u.op != "output" and position.get(u, after_at + 1) > after_at for u in new.users):
-        _refuse_reshaped_leaf(old, new)  # (returned as it is, the output is the caller's tensor)
+    _refuse_reshaped_history(old, new, [u for u in new.users if position.get(u, after_at + 1) > after_at])
     with graph.inserting_after(after):
         kept = graph.create_node("call_function", target or KEEP_HISTORY, (old, new), name="keep_history")
     kept.meta.update({k: v for k, v in new.meta.items() if k in ("val", "stack_trace", "nn_module_stack")})
     for user in list(new.users):
-        if (user is not kept and position.get(user, after_at + 1) > after_at
-                and not user.meta.get(NO_GRAD_VIEW_REPLAY) and not user.meta.get(OWN_HISTORY_READ)):
+        if user is kept or position.get(user, after_at + 1) <= after_at or user.meta.get(NO_GRAD_VIEW_REPLAY):
+            continue
+        if not user.meta.get(OWN_HISTORY_READ):
             user.replace_input_with(new, kept)
+        elif user.args[0] is new and new.meta.get(SWAPPED_HISTORY):
+            user.args = (kept, *user.args[1:])  # a set_() target's history is new's, kept
     return kept
 
 

@@ -73,6 +73,8 @@ _SWAPPED = "_predispatch_swapped"  # given another's storage by set_()
 # node.meta key: a keep_history read of a detached alias's own history (the value it
 # keeps is the update's, which a later keep of the base's history must not replace)
 OWN_HISTORY_READ = "predispatch_own_history_read"
+# node.meta key: the value a set_() target had, whose history it keeps
+SWAPPED_HISTORY = "predispatch_swapped_history"
 
 
 def mark_view(view: torch.Tensor, base: torch.Tensor) -> None:
@@ -405,9 +407,10 @@ class _Recorder(_torch.TorchFunctionMode):
         if getattr(t, _SWAPPED, False):
             return
         setattr(t, _SWAPPED, True)
-        if before is None or hasattr(t, _OWN_HISTORY) or tuple(before.meta["val"].shape) != tuple(t.shape):
+        if before is None or hasattr(t, _OWN_HISTORY) or tuple(before.meta["val"].shape) != _torch.layout(t)[0]:
             return
         setattr(t, _OWN_HISTORY, before)
+        before.meta[SWAPPED_HISTORY] = True  # as the history stage keeps it (a no_grad update)
         self._any_leaf = True
 
     def _mutate_detached_alias(self, func, args, kwargs):
