@@ -850,3 +850,34 @@ def call_subgraph(gm: torch.fx.GraphModule, *args):
 def being_traced() -> bool:
     """Is a torch-function mode on (an export tracing the code that asks)?"""
     return torch._C._is_torch_function_mode_enabled()
+
+
+def saves_its_result(op) -> bool:
+    """Does ``op``'s backward read its own output (``relu``, ``exp``: their
+    formulas in the derivatives.yaml torch ships)? True where unknown (a
+    composite, a higher-order op, an op of another library)."""
+    name = getattr(op, "_schema", None) and op._schema.name.removeprefix("aten::")
+    overload = getattr(op, "_overloadname", "")
+    key = f"{name}.{overload}" if overload and overload != "default" else name
+    return _derivative_formulas().get(key, True)
+
+
+@functools.cache
+def _derivative_formulas() -> dict[str, bool]:
+    """aten overload name -> whether a backward formula of it reads ``result``."""
+    import re
+    from pathlib import Path
+
+    import torchgen
+
+    path = Path(torchgen.__file__).parent / "packaged" / "autograd" / "derivatives.yaml"
+    formulas: dict[str, bool] = {}
+    name = None
+    for line in path.read_text().splitlines() if path.exists() else ():
+        if line.startswith("- name: "):
+            name = line[len("- name: "):].split("(")[0].strip()
+            formulas[name] = False
+        elif name and (m := re.match(r"\s+(\w[\w, ]*):\s*(.*)", line)) and m.group(1) not in (
+                "result", "output_differentiability", "dispatch") and re.search(r"\bresult\d*\b", m.group(2)):
+            formulas[name] = True
+    return formulas

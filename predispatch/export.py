@@ -18,7 +18,8 @@ from .autocast_policy import AutocastPolicy
 from .capture import Captured, capture
 from .copy_pass import replace_copies
 from .errors import ExportError, node_location
-from .keep_history import drop_unseen_leaves, keep_history_pass, may_require_grad
+from .keep_history import (drop_unseen_leaves, keep_history_pass, may_require_grad,
+                           refuse_updates_of_saved_values)
 from .op_policy import OpPolicy
 from .program import PredispatchProgram, module_order, set_program_meta
 from .region_pass import replace_blocks_with_regions
@@ -93,6 +94,7 @@ def keep_histories(captured: Captured, module: torch.nn.Module) -> None:
     keep_history_pass(gm, captured.record.replacements,
                       lambda modes: may_require_grad(gm, sig, requiring, modes),
                       [s.kind.name for s in sig.output_specs])
+    refuse_updates_of_saved_values(gm.graph, captured.record.swap_updates, may_require_grad(gm, sig, requiring))
     drop_unseen_leaves(gm, may_require_grad(gm, sig, requiring),
                        may_require_grad(gm, sig, requiring, leaves=False, inputs=False))
 

@@ -109,6 +109,8 @@ class TraceRecord:
     layouts: dict[str, dict] = dataclasses.field(default_factory=dict)
     # user inputs (flat position) traced as views of another (input_aliasing.View)
     input_views: dict = dataclasses.field(default_factory=dict)
+    # (value before, last node before, where): in-place updates of memory a set_() made shared
+    swap_updates: list = dataclasses.field(default_factory=list)
 
     def clear(self) -> None:
         """Forget a trace made again (see :func:`predispatch.functional_trace.functional_trace`)."""
@@ -422,6 +424,9 @@ class _Recorder(_torch.TorchFunctionMode):
         detach, read ``keep_history(that, value)`` (see :meth:`_read_through`)."""
         alias, base = args[0], self._base(args[0])
         detached = self._detach_result(alias)
+        if getattr(detached, _SWAPPED, False) and getattr(func, "__name__", None) not in _METADATA_UPDATES:
+            self.record.swap_updates.append((self._current_node(base), _torch.last_node(
+                _torch.current_tracer().graph), user_location()))
         if hasattr(detached, _OWN_HISTORY):
             if not torch.is_grad_enabled():
                 return func(*args, **kwargs)  # new values; the history eager keeps is read as before
