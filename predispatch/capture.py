@@ -160,6 +160,10 @@ _FUNCTIONALIZATION_ERRORS = (
      "(the view still shares the old storage) cannot be exported soundly: functionalization "
      "cannot follow the old storage past the swap (AOTAutograd refuses it too); take the view "
      "after the set_(), or copy instead of swapping"),
+    ("A view was created in no_grad mode and its base or another view of its base has been modified",
+     "a view made under no_grad whose base is updated in grad mode (or read through it after "
+     "such an update), at {where}: the trace's own autograd refuses to replay the view, so it "
+     "cannot be exported; take the view (or the set_ source) from a clone instead"),
 )
 
 

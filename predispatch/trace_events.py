@@ -802,7 +802,7 @@ def _set_calls_to_aliases(on_swap):
             if not (_torch.is_traced(self) and _torch.is_traced(source)) or args or kwargs or _UNOBSERVED:
                 return set_(self, *(() if source is None else (source,)), *args, **kwargs)
             before = _torch.current_node(self)
-            out = set_(self, torch.ops.aten.alias.default(source))
+            out = set_(self, _alias_in_grad_mode(source))
             # the same memory as source, its own autograd identity: like a detach of it
             # (of the root of source's views: source may be a view of self)
             root = _Recorder._base(source)
@@ -813,6 +813,19 @@ def _set_calls_to_aliases(on_swap):
             return out
         return call
     return patched(torch.Tensor, "set_", aliasing)
+
+
+def _alias_in_grad_mode(source):
+    """``source.alias()`` made with grad on, unseen: under no_grad it would be
+    a view made under no_grad, whose replay after an update in grad mode the
+    trace's own autograd refuses (eager's set_ makes no view at all)."""
+    with unobserved(), torch._C.DisableTorchFunction():
+        mode = torch.is_grad_enabled()
+        torch._C._set_grad_enabled(True)
+        try:
+            return torch.ops.aten.alias.default(source)
+        finally:
+            torch._C._set_grad_enabled(mode)
 
 
 @contextlib.contextmanager

@@ -1,10 +1,10 @@
 """Bugs found by the differential fuzzer (tools/fuzz), each as the minimal
 module it shrank to, with the diagnosis. Open ones are xfail(strict=True):
-remove the marker with the fix. Fixed: 1-27, 29-37, 41 (4b's nested
+remove the marker with the fix. Fixed: 1-27, 29-37, 41, 42 (4b's nested
 autocast(enabled=False) case by the refusal reading autocast nesting, 10 by
 marking no_grad view replays, 15 and 16 by noting grad-mode views at no_grad
 entries; 7 and 22, once refusals, are exported since the eighth session).
-Open: 28, 38-40, 42.
+Open: 28, 38-40.
 
 A test passes when the program matches eager (outputs, gradients, states,
 G1/G3, G7) or, where ``refusal_ok``, when export refuses it with
@@ -1284,7 +1284,7 @@ def test_a_set__target_keeps_the_history_kept_across_a_hidden_update():
 
 
 # --------------------------------------------------------------------------
-# 38-42. (seeds 9201-9204, ninth session; open but 41), found by the generator's new
+# 38-42. (seeds 9201-9204, ninth session; 38-40 open), found by the generator's new
 # kinds (layout changes, set_, aliased inputs):
 # 38. an intermediate's layout changed in grad mode (transpose_), updated by a
 #     hidden no_grad block, then by an index assignment in grad mode: the
@@ -1300,8 +1300,9 @@ def test_a_set__target_keeps_the_history_kept_across_a_hidden_update():
 #     the value it had. Fixed: refused (an op that read the value before the
 #     update, or made it with a backward reading its output, as relu's does).
 # 42. a leaf made in the forward set_ to the parameter it was detached from,
-#     then read in grad mode: the program raises autograd's "view created in
-#     no_grad mode ... modified inplace" at run time.
+#     then read in grad mode: the trace's own autograd raised "A view was
+#     created in no_grad mode ... modified inplace" (set_ was traced as set_ to
+#     an alias made under no_grad). Fixed: the alias is made with grad on.
 
 class RelaidThenHiddenUpdateThenSetitem(nn.Module):
     def __init__(self):
@@ -1379,7 +1380,6 @@ class LeafSetToItsSource(nn.Module):
     open_bug(RelaidThenHiddenUpdateThenSetitem(), True, reason="38: relaid, hidden update, setitem"),
     open_bug(UnsqueezedThenNoGradCopyThenViewUpdate(), False, reason="39: unsqueeze_, copy_, view update"),
     open_bug(InputSetToAViewOfAnIntermediate(), False, reason="40: layout of a set_ to a view"),
-    open_bug(LeafSetToItsSource(), False, reason="42: run-time autograd error"),
 ])
 def test_open_mutation_bugs_of_the_ninth_session(module, require):
     assert_sound(module, inputs((3, 4)), inputs_require_grad=require)
@@ -1388,3 +1388,7 @@ def test_open_mutation_bugs_of_the_ninth_session(module, require):
 def test_an_update_through_a_swap_of_a_saved_value_is_refused():
     with pytest.raises(predispatch.ExportError, match=r"set_\(\) made shared.*v0\[0\] = 2.0|v0\[0\] = 2.0.*set_\(\) made shared"):
         predispatch.export_predispatch(SavedParameterUpdatedThroughASwap(), inputs((3, 4)))
+
+
+def test_a_leaf_set_to_its_source_then_read():
+    assert_sound(LeafSetToItsSource(), inputs((3, 4)), inputs_require_grad=False)
