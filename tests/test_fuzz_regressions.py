@@ -4,7 +4,7 @@ remove the marker with the fix. Fixed: 1-27, 29-37, 41, 42 (4b's nested
 autocast(enabled=False) case by the refusal reading autocast nesting, 10 by
 marking no_grad view replays, 15 and 16 by noting grad-mode views at no_grad
 entries; 7 and 22, once refusals, are exported since the eighth session).
-Open: 28, 38-40.
+Open: 28, 38-40, 43.
 
 A test passes when the program matches eager (outputs, gradients, states,
 G1/G3, G7) or, where ``refusal_ok``, when export refuses it with
@@ -242,7 +242,19 @@ class InputMultipliedByParameter(nn.Module):
         return x
 
 
+class RelaidSumThenHiddenUpdate(nn.Module):
+    """43 (seed 9303): unsqueeze_ of a 0-d sum, nn.init.constant_, a view."""
+
+    def forward(self, z):
+        v0 = z.sum()
+        v0.unsqueeze_(0)
+        torch.nn.init.constant_(v0, 0.5)
+        v2 = v0.view(-1)
+        return v2 - v2
+
+
 @pytest.mark.parametrize("module, require", [
+    open_bug(RelaidSumThenHiddenUpdate(), True, reason="43: relaid in grad mode, hidden update"),
     (BufferMultipliedInPlace, True), (InputMultipliedByParameter, False)])
 def test_grad_mode_mutation_saved_by_its_own_op(module, require):
     assert_sound(module(), inputs((3, 4)), inputs_require_grad=require)
@@ -1303,6 +1315,7 @@ def test_a_set__target_keeps_the_history_kept_across_a_hidden_update():
 #     then read in grad mode: the trace's own autograd raised "A view was
 #     created in no_grad mode ... modified inplace" (set_ was traced as set_ to
 #     an alias made under no_grad). Fixed: the alias is made with grad on.
+# 43. (seed 9303) as 38: unsqueeze_ in grad mode, then a hidden no_grad update.
 
 class RelaidThenHiddenUpdateThenSetitem(nn.Module):
     def __init__(self):
