@@ -850,3 +850,65 @@ def call_subgraph(gm: torch.fx.GraphModule, *args):
 def being_traced() -> bool:
     """Is a torch-function mode on (an export tracing the code that asks)?"""
     return torch._C._is_torch_function_mode_enabled()
+
+
+# --- DTensor / torch.distributed (predispatch.sharding), imported on first use:
+# a module that never imported torch.distributed.tensor holds no DTensor.
+
+def distributed_in_use() -> bool:
+    """Has anything imported DTensor or FSDP2 (so a module may hold them)?"""
+    return "torch.distributed.tensor" in sys.modules or "torch.distributed.fsdp" in sys.modules
+
+
+def _distributed_names() -> dict:
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+    from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
+
+    return {"DTensor": DTensor, "DTensorSpec": DTensorSpec, "TensorMeta": TensorMeta,
+            "Replicate": Replicate, "Shard": Shard, "Partial": Partial, "FSDPModule": FSDPModule}
+
+
+def __getattr__(name: str):
+    names = _distributed_names()
+    if name in names:
+        return names[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def mesh_group_name(mesh, dim: int) -> str:
+    """The name of the process group of a device mesh's dimension (what
+    ``_c10d_functional`` collectives take)."""
+    return mesh.get_group(dim).group_name
+
+
+def current_mesh():
+    """The device mesh DTensor.from_local uses when none is given."""
+    from torch.distributed.device_mesh import _mesh_resources
+
+    return _mesh_resources.get_current_mesh()
+
+
+def global_tensor_info(local: torch.Tensor, mesh, placements) -> tuple:
+    """(global shape, global stride) of a local shard, as DTensor.from_local computes them."""
+    from torch.distributed.tensor._utils import compute_global_tensor_info
+
+    shape, stride = compute_global_tensor_info(local, mesh, placements)
+    return tuple(shape), tuple(stride)
+
+
+def dtensor_dispatch_module():
+    """The module whose ``redistribute_local_tensor`` DTensor's op dispatch
+    calls to move an input inside an op (an implicit redistribution)."""
+    import torch.distributed.tensor._dispatch as dispatch
+
+    return dispatch
+
+
+def make_dtensor(local: torch.Tensor, spec, requires_grad: bool):
+    """A DTensor around ``local`` made without its ``__init__``, which (while
+    exporting) would record its construction in the graph: here it is a
+    carrier of placements that no node sees."""
+    from torch.distributed.tensor import DTensor
+
+    return DTensor.__new__(DTensor, local, spec, requires_grad=requires_grad)
