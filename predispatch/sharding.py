@@ -448,6 +448,7 @@ def _boundary_gradients(module, args: tuple, kwargs: dict) -> list:
             outs = [o for o in pytree.tree_leaves(out) if isinstance(o, torch.Tensor) and o.requires_grad]
             if outs:
                 torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
+        _refuse_moved_gradients(fake_state)
     except ExportError:
         raise
     except collectives.Unsupported as e:
@@ -457,6 +458,19 @@ def _boundary_gradients(module, args: tuple, kwargs: dict) -> list:
                           f"how gradients reach its DTensor boundaries) failed at "
                           f"{exception_location(e)}: {_first_line(e)}") from e
     return seen
+
+
+def _refuse_moved_gradients(state: dict) -> None:
+    """A sharded parameter whose gradient DTensor places otherwise (a Shard
+    weight with a Replicate gradient): eager's ``.grad`` is another shard
+    than the one the rank's program computes."""
+    for name, t in state.items():
+        grad = t.grad if isinstance(t, _torch.DTensor) else None
+        if isinstance(grad, _torch.DTensor) and tuple(grad.placements) != tuple(t.placements):
+            raise ExportError(
+                f"sharded parameter {name!r} is placed {tuple(map(str, t.placements))} but DTensor's "
+                f"backward gives its gradient placed {tuple(map(str, grad.placements))}: the rank's "
+                "program would compute another shard of it than eager's .grad holds; not lowered")
 
 
 def _fake_leaf(fake_mode, t: torch.Tensor, requires_grad: bool = False) -> torch.Tensor:
