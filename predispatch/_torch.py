@@ -861,12 +861,13 @@ def distributed_in_use() -> bool:
 
 
 def _distributed_names() -> dict:
-    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, OffloadPolicy
     from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
     from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
 
     return {"DTensor": DTensor, "DTensorSpec": DTensorSpec, "TensorMeta": TensorMeta,
-            "Replicate": Replicate, "Shard": Shard, "Partial": Partial, "FSDPModule": FSDPModule}
+            "Replicate": Replicate, "Shard": Shard, "Partial": Partial, "FSDPModule": FSDPModule,
+            "MixedPrecisionPolicy": MixedPrecisionPolicy, "OffloadPolicy": OffloadPolicy}
 
 
 def __getattr__(name: str):

@@ -56,11 +56,24 @@ def _identity(x, src, dst, dim):
     return x.clone()
 
 
+def _reduce_op(placement: str) -> str:
+    op = _PLACEMENT.match(placement).group(3)
+    if op not in _REDUCE_OPS:
+        raise Unsupported(f"a {placement} value reduced (only 'sum' and 'avg' are lowered)")
+    return op
+
+
+_REDUCE_OPS = ("sum", "avg")
+
+
+def _averaged(x, op: str, dim: MeshDim):
+    """A sum over the ranks, made the mean for 'avg' (gloo reduces no 'avg')."""
+    return x / dim.size if op == "avg" else x
+
+
 def _all_reduce(x, src, dst, dim):
-    op = _PLACEMENT.match(src).group(3)
-    if op != "sum":
-        raise Unsupported(f"a Partial({op!r}) value reduced (only 'sum' is lowered)")
-    return _c10d.wait_tensor(_c10d.all_reduce(x, "sum", dim.group))
+    op = _reduce_op(src)
+    return _averaged(_c10d.wait_tensor(_c10d.all_reduce(x, "sum", dim.group)), op, dim)
 
 
 def _all_gather(x, src, dst, dim):
@@ -76,12 +89,12 @@ def _local_chunk(x, src, dst, dim):
 
 
 def _reduce_scatter(x, src, dst, dim):
-    if _PLACEMENT.match(src).group(3) != "sum":
-        raise Unsupported(f"a {src} value scattered (only 'sum' is lowered)")
+    op = _reduce_op(src)
     d = shard_dim(dst, x.dim())
     _check_even(x, d, dim, dst)
     rows = x if d == 0 else torch.cat(torch.chunk(x, dim.size, d), 0)
-    return _c10d.wait_tensor(_c10d.reduce_scatter_tensor(rows.contiguous(), "sum", dim.size, dim.group))
+    scattered = _c10d.wait_tensor(_c10d.reduce_scatter_tensor(rows.contiguous(), "sum", dim.size, dim.group))
+    return _averaged(scattered, op, dim)
 
 
 def _partition(x, src, dst, dim):
@@ -129,8 +142,8 @@ def check(plan: tuple, shape: tuple) -> None:
         if src != dst and (kind(src), kind(dst)) not in _RULES:
             raise Unsupported(f"a redistribution {src} -> {dst} (not lowered)")
         for p in (src, dst):
-            if kind(p) == "P" and _PLACEMENT.match(p).group(3) != "sum":
-                raise Unsupported(f"a {p} placement (only Partial('sum') is lowered)")
+            if kind(p) == "P" and _PLACEMENT.match(p).group(3) not in _REDUCE_OPS:
+                raise Unsupported(f"a {p} placement (only Partial 'sum' and 'avg' are lowered)")
 
 
 class Redistribute(torch.autograd.Function):

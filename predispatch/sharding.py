@@ -36,7 +36,7 @@ import functools
 import torch
 import torch.utils._pytree as pytree
 
-from . import _torch, collectives
+from . import _torch, collectives, fsdp
 from .errors import ExportError, exception_location, user_location
 from .patching import patched
 
@@ -101,18 +101,9 @@ def sharded_state(module: torch.nn.Module) -> dict:
 
 
 def refuse_unlowered(module: torch.nn.Module) -> None:
-    """FSDP2 and a DTensor without a process group: ExportError."""
-    for path, sub in module.named_modules():
-        if isinstance(sub, _torch.FSDPModule):
-            forward = type(sub).forward
-            code = getattr(forward, "__code__", None)
-            where = f"{code.co_filename}:{code.co_firstlineno}" if code else "unknown location"
-            raise ExportError(
-                f"fully_shard (FSDP2) on {('submodule ' + repr(path)) if path else 'the module'} "
-                f"({type(sub).__name__}, forward at {where}) is not supported: its all-gathers and "
-                "reduce-scatters run in module hooks and its own ops over flat parameter storage, "
-                "which the program cannot yet express as collectives; export the module before "
-                "fully_shard, or with tensor parallelism only")
+    """A DTensor without a process group, what the FSDP2 lowering does not
+    express: ExportError."""
+    fsdp.refuse_unlowered(module)
     if sharded_state(module) and not torch.distributed.is_initialized():
         name = next(iter(sharded_state(module)))
         raise ExportError(
@@ -136,7 +127,9 @@ def lowered(module: torch.nn.Module, args: tuple, kwargs: dict | None):
     except collectives.Unsupported as e:
         raise ExportError(f"sharded parameter or buffer: {e}") from None
     gradients = _boundary_gradients(module, args, kwargs or {})
-    with _local_state(module, sharded), _lowering_forward(module, sharded, gradients):
+    # FSDP's hooks run around the module's forward: replaced for the whole export
+    with _local_state(module, sharded), _lowering_forward(module, sharded, gradients), \
+            fsdp.hooks_replaced(module, _all_gathered):
         yield layouts
 
 
@@ -169,7 +162,8 @@ def _lowering_forward(module, sharded: dict, gradients: list):
     """The module's forward, while traced, sees its sharded state as DTensors
     around the traced shards and runs DTensor above the trace."""
     forward = module.forward
-    specs = {name: t._spec for name, t in sharded.items()}
+    by_fsdp = fsdp.managed_names(module)  # FSDP's hooks all-gather them from the local shard
+    specs = {name: t._spec for name, t in sharded.items() if name not in by_fsdp}
 
     @functools.wraps(forward)
     def lowering_forward(*args, **kwargs):
@@ -211,6 +205,13 @@ def _as_dtensors(module, specs: dict):
     finally:
         for table, leaf, value in reversed(saved):
             table[leaf] = value
+
+
+def _all_gathered(local, sharded):
+    """A ``fully_shard``-ed parameter (its traced local shard) before its
+    module's forward: all-gathered; its gradient reduce-scattered and
+    averaged over the ranks, as FSDP's."""
+    return _moved(local, sharded.device_mesh, ("S(0)",), ("R",), ("P(avg)",), "fully_shard's all-gather")
 
 
 def _plan(src: tuple, dst: tuple, dims: tuple) -> tuple:
@@ -438,7 +439,8 @@ def _boundary_gradients(module, args: tuple, kwargs: dict) -> list:
     state = {**dict(module.named_parameters(remove_duplicate=False)),
              **dict(module.named_buffers(remove_duplicate=False))}
     try:
-        with fake_mode, patched(_torch.DTensor, "from_local", hooked("from_local")), \
+        with fake_mode, fsdp.hooks_replaced(module, fsdp.unsharded_in_eager), \
+                patched(_torch.DTensor, "from_local", hooked("from_local")), \
                 patched(_torch.DTensor, "redistribute", hooked("redistribute")), torch.enable_grad():
             fake_state = {name: _fake_leaf(fake_mode, t) for name, t in state.items()}
             # floating inputs require grad: gradients reach every boundary they may at run time

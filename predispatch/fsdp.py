@@ -1,0 +1,126 @@
+"""FSDP2 (``fully_shard``) in a rank's program: its all-gather and reduce-scatter.
+
+Eager FSDP2 all-gathers a module's parameters in a forward pre-hook (its
+own copy-in ops over flat storage, resized in place), frees them in a post
+hook, all-gathers them again before the module's backward and
+reduce-scatters their gradients, averaged over the ranks, after it. What the
+program computes is the same, said as data flow: while the forward is
+traced, the hooks FSDP registered on each ``fully_shard``-ed module are
+swapped for two of ours (restored on exit):
+
+* before the module's forward, each parameter it manages (a DTensor
+  ``Shard(0)``, whose local shard the program takes as the parameter) is
+  the all-gathered tensor, one op (:class:`predispatch.collectives.Redistribute`)
+  whose forward is ``all_gather_into_tensor`` + ``wait_tensor`` and whose
+  backward is ``reduce_scatter_tensor`` + ``wait_tensor`` divided by the
+  number of ranks (FSDP's gradient averaging);
+* after it, the parameter is the shard again.
+
+With ``reshard_after_forward`` on or off the program is the same: when to
+free and all-gather again is the memory plan of whoever runs the graph
+(autograd keeps what the backward needs). What FSDP2 does that this does
+not express is refused, naming the module: a mixed-precision or offload
+policy, a gradient divide factor, parameters shared between modules, a
+2-D (HSDP or FSDP x TP) mesh, uneven shards.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from . import _torch
+from .errors import ExportError
+from .patching import patches_suspended
+
+
+def fsdp_modules(module: torch.nn.Module) -> list:
+    """(path, module, FSDP state) of each ``fully_shard``-ed submodule."""
+    return [(path, sub, sub._get_fsdp_state()) for path, sub in module.named_modules()
+            if isinstance(sub, _torch.FSDPModule)]
+
+
+def _refused(path: str, sub, why: str) -> ExportError:
+    forward = type(sub).forward
+    code = getattr(forward, "__code__", None)
+    where = f"{code.co_filename}:{code.co_firstlineno}" if code else "unknown location"
+    named = f"submodule {path!r}" if path else "the module"
+    return ExportError(f"fully_shard (FSDP2) on {named} ({type(sub).__name__}, forward at {where}): "
+                       f"{why} is not supported")
+
+
+def refuse_unlowered(module: torch.nn.Module) -> None:
+    """What the lowering does not express, refused with the module's name."""
+    default_mp = _torch.MixedPrecisionPolicy()
+    for path, sub, state in fsdp_modules(module):
+        for group in state._fsdp_param_groups:
+            if group.mp_policy != default_mp:
+                raise _refused(path, sub, f"a mixed-precision policy ({group.mp_policy})")
+            if not isinstance(group.offload_policy, _torch.OffloadPolicy) or \
+                    type(group.offload_policy) is not _torch.OffloadPolicy:
+                raise _refused(path, sub, f"an offload policy ({type(group.offload_policy).__name__})")
+            if group.gradient_divide_factor is not None:
+                raise _refused(path, sub, "a gradient divide factor")
+            for fsdp_param in group.fsdp_params:
+                info, param = fsdp_param._module_info, fsdp_param.sharded_param
+                if info.shared_modules:
+                    raise _refused(path, sub, f"parameter {info.param_name!r} shared between modules")
+                if param.device_mesh.ndim != 1:
+                    raise _refused(path, sub, f"a {param.device_mesh.ndim}-D mesh (HSDP, FSDP x TP)")
+                if param.shape[0] % param.device_mesh.size() if param.dim() else False:
+                    raise _refused(path, sub, f"parameter {info.param_name!r} of {param.shape[0]} rows "
+                                   f"over {param.device_mesh.size()} ranks (uneven shards)")
+
+
+def _managed(state) -> list:
+    """(module, parameter name, its sharded DTensor as FSDP holds it) of each
+    parameter an FSDP state manages."""
+    return [(p._module_info.module, p._module_info.param_name, p.sharded_param)
+            for group in state._fsdp_param_groups for p in group.fsdp_params]
+
+
+def managed_names(module: torch.nn.Module) -> set:
+    """Qualified names of the parameters ``fully_shard`` manages in ``module``."""
+    ids = {id(owner._parameters[name]) for _path, _sub, state in fsdp_modules(module)
+           for owner, name, _param in _managed(state)}
+    return {name for name, p in module.named_parameters(remove_duplicate=False) if id(p) in ids}
+
+
+@contextlib.contextmanager
+def hooks_replaced(module: torch.nn.Module, unsharded):
+    """FSDP's forward hooks on each ``fully_shard``-ed submodule swapped for
+    ours: before its forward, each parameter it manages is
+    ``unsharded(param, the sharded DTensor FSDP holds)``; after, the
+    parameter it was. Restored on exit."""
+    saved = []
+    try:
+        for _path, sub, state in fsdp_modules(module):
+            managed = _managed(state)
+            shards: list = []
+
+            def pre(_module, args, kwargs, managed=managed, shards=shards):
+                shards[:] = [owner._parameters[name] for owner, name, _ in managed]
+                for (owner, name, sharded), shard in zip(managed, shards):
+                    owner._parameters[name] = unsharded(shard, sharded)
+                return args, kwargs
+
+            def post(_module, _args, output, managed=managed, shards=shards):
+                for (owner, name, _), shard in zip(managed, shards):
+                    owner._parameters[name] = shard
+                return output
+
+            for hooks, handle, ours in ((sub._forward_pre_hooks, state._pre_forward_hook_handle, pre),
+                                        (sub._forward_hooks, state._post_forward_hook_handle, post)):
+                saved.append((hooks, handle.id, hooks[handle.id]))
+                hooks[handle.id] = ours
+        yield
+    finally:
+        for hooks, key, hook in reversed(saved):
+            hooks[key] = hook
+
+
+def unsharded_in_eager(shard, _sharded):
+    """The all-gathered parameter, by DTensor itself (for the fake eager run
+    that finds the gradients' placements: not one of the boundaries it counts)."""
+    with patches_suspended():
+        return shard.full_tensor()
