@@ -48,6 +48,39 @@ def tensor_parallel_mlp(mesh) -> MLP:
     return parallelize_module(MLP(), mesh, {"up": ColwiseParallel(), "down": RowwiseParallel()})
 
 
+class Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.lin(x).relu()
+
+
+class Blocks(torch.nn.Module):
+    """Two blocks and a head, the input scaled under no_grad."""
+
+    def __init__(self):
+        super().__init__()
+        self.first, self.second, self.head = Block(), Block(), torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        with torch.no_grad():
+            x = x * 0.5
+        return self.head(self.second(self.first(x)))
+
+
+def fully_sharded_blocks(mesh, reshard_after_forward: bool = True, **options) -> Blocks:
+    """``fully_shard`` on each block, then on the root (which keeps the head)."""
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    model = Blocks()
+    for block in (model.first, model.second, model):
+        fully_shard(block, mesh=mesh, reshard_after_forward=reshard_after_forward, **options)
+    return model
+
+
 def tiny_llama(mesh, world: int):
     """A transformers Llama with the tensor-parallel plan its config declares."""
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -194,22 +227,30 @@ autocast policy: backward_pass_autocast='same_as_forward', on_backward_autocast_
         assert any(k.startswith("grad ") for k in differences)
         assert not {k: d for k, d in differences.items() if d > 1e-5}
 
-    def test_fully_shard_is_refused_by_name(self):
-        from torch.distributed.fsdp import fully_shard
+    def test_fully_shard_all_gathers_forward_and_reduce_scatters_backward(self):
+        module = fully_sharded_blocks(self.mesh)
+        ep = predispatch.export_predispatch(module, (torch.randn(3, 8),))
+        assert_invariants(ep)
+        backward = backward_graphs(ep.graph_module)
+        fwd = [n.target for n in collective_nodes(ep.graph_module) if n.graph not in backward]
+        bwd = [n.target for n in collective_nodes(ep.graph_module) if n.graph in backward]
+        params = [n for n, _ in module.named_parameters()]
+        assert fwd == [_c10d.all_gather_into_tensor.default] * len(params)
+        assert bwd == [_c10d.reduce_scatter_tensor.default] * len(params)
+        for g in backward:  # FSDP averages the gradients over the ranks
+            scatter = next(n for n in g.nodes if n.target is _c10d.reduce_scatter_tensor.default)
+            (wait,) = scatter.users
+            assert [(u.target, u.args[1]) for u in wait.users] == [(torch.ops.aten.div.Tensor, 4)]
+        layouts = program_meta(ep)["sharding"]
+        assert {n: tuple(l["placements"]) for n, l in layouts.items()} == {n: ("S(0)",) for n in params}
+        assert [(r.kind, r.args) for r in predispatch.regions(ep)] == [("grad", (False,))]
 
-        class Net(torch.nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.block = torch.nn.Linear(8, 8)
+    def test_fully_shard_with_mixed_precision_is_refused_by_module(self):
+        from torch.distributed.fsdp import MixedPrecisionPolicy
 
-            def forward(self, x):
-                return self.block(x).relu()
-
-        net = Net()
-        fully_shard(net.block)
-        fully_shard(net)
-        with pytest.raises(predispatch.ExportError, match=r"fully_shard \(FSDP2\) on the module .*test_sharding.py"):
-            predispatch.export_predispatch(net, (torch.randn(2, 8),))
+        module = fully_sharded_blocks(self.mesh, mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16))
+        with pytest.raises(predispatch.ExportError, match=r"fully_shard \(FSDP2\) on the module \(FSDPBlocks, forward at .*test_sharding.py:\d+\): a mixed-precision"):
+            predispatch.export_predispatch(module, (torch.randn(3, 8),))
 
     def test_unlowered_redistribution_is_refused_with_its_line(self):
         class AllToAll(torch.nn.Module):
@@ -274,9 +315,14 @@ def _max_differences(module, program, args, kwargs, seed: int) -> dict:
         buffers = {f"buffer {n}": local(b).clone() for n, b in m.named_buffers()}
         return {"output": out.detach(), **grads, **buffers}
 
+    def difference(a, b) -> float:
+        if a is None or b is None:
+            return 0.0 if a is b else float("inf")
+        return (a - b).abs().max().item()
+
     eager, ours = run(module), run(program)
     assert eager.keys() == ours.keys(), (eager.keys(), ours.keys())
-    return {k: (eager[k] - ours[k]).abs().max().item() for k in eager}
+    return {k: difference(eager[k], ours[k]) for k in eager}
 
 
 def _rank_main(rank: int, world: int, port: int, out_dir: str) -> None:
@@ -293,6 +339,13 @@ def _rank_main(rank: int, world: int, port: int, out_dir: str) -> None:
         results["mlp"] = _max_differences(module, ep.module(), (x,), {}, seed=2)
         train = predispatch.compile_training(ep)
         results["mlp compile_training"] = _max_differences(module, train, (x,), {}, seed=3)
+        torch.manual_seed(6 + rank)  # each rank its own batch, as in data parallel training
+        x = torch.randn(3, 8)
+        for reshard in (True, False):
+            module = fully_sharded_blocks(mesh, reshard_after_forward=reshard)
+            ep = predispatch.export_predispatch(module, (x,))
+            results[f"fully_shard reshard_after_forward={reshard}"] = _max_differences(
+                module, ep.module(), (x,), {}, seed=7)
         torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
@@ -311,7 +364,8 @@ def two_gloo_ranks():
         yield [torch.load(os.path.join(out_dir, f"rank{r}.pt")) for r in range(2)]
 
 
-@pytest.mark.parametrize("case", ["mlp", "mlp compile_training"])
+@pytest.mark.parametrize("case", ["mlp", "mlp compile_training", "fully_shard reshard_after_forward=True",
+                                  "fully_shard reshard_after_forward=False"])
 def test_each_rank_matches_its_sharded_eager_module(two_gloo_ranks, case):
     for rank, results in enumerate(two_gloo_ranks):
         differences = results[case]
