@@ -864,10 +864,12 @@ def _distributed_names() -> dict:
     from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, OffloadPolicy
     from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
     from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
+    from torch.distributed.tensor.placement_types import _StridedShard
 
     return {"DTensor": DTensor, "DTensorSpec": DTensorSpec, "TensorMeta": TensorMeta,
             "Replicate": Replicate, "Shard": Shard, "Partial": Partial, "FSDPModule": FSDPModule,
-            "MixedPrecisionPolicy": MixedPrecisionPolicy, "OffloadPolicy": OffloadPolicy}
+            "MixedPrecisionPolicy": MixedPrecisionPolicy, "OffloadPolicy": OffloadPolicy,
+            "StridedShard": _StridedShard}
 
 
 def __getattr__(name: str):

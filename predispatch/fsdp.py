@@ -20,8 +20,10 @@ With ``reshard_after_forward`` on or off the program is the same: when to
 free and all-gather again is the memory plan of whoever runs the graph
 (autograd keeps what the backward needs). What FSDP2 does that this does
 not express is refused, naming the module: a mixed-precision or offload
-policy, a gradient divide factor, parameters shared between modules, a
-2-D (HSDP or FSDP x TP) mesh, uneven shards.
+policy, a gradient divide factor, parameters shared between modules, HSDP,
+uneven shards. With tensor parallelism (FSDP on one dimension of a 2-D mesh,
+TP on the other) the all-gathered parameter is the TP DTensor FSDP would
+give the module, around the gathered TP shard.
 """
 from __future__ import annotations
 
@@ -62,20 +64,21 @@ def refuse_unlowered(module: torch.nn.Module) -> None:
             if group.gradient_divide_factor is not None:
                 raise _refused(path, sub, "a gradient divide factor")
             for fsdp_param in group.fsdp_params:
-                info, param = fsdp_param._module_info, fsdp_param.sharded_param
+                info, mesh = fsdp_param._module_info, fsdp_param.mesh_info.mesh
                 if info.shared_modules:
                     raise _refused(path, sub, f"parameter {info.param_name!r} shared between modules")
-                if param.device_mesh.ndim != 1:
-                    raise _refused(path, sub, f"a {param.device_mesh.ndim}-D mesh (HSDP, FSDP x TP)")
-                if param.shape[0] % param.device_mesh.size() if param.dim() else False:
-                    raise _refused(path, sub, f"parameter {info.param_name!r} of {param.shape[0]} rows "
-                                   f"over {param.device_mesh.size()} ranks (uneven shards)")
+                if type(fsdp_param.mesh_info).__name__ != "FSDPMeshInfo" or mesh.ndim != 1:
+                    raise _refused(path, sub, f"{type(fsdp_param.mesh_info).__name__} on a "
+                                   f"{mesh.ndim}-D data-parallel mesh (HSDP, DDP)")
+                dim = fsdp_param.fsdp_placement.dim
+                if fsdp_param._orig_size[dim] % mesh.size():
+                    raise _refused(path, sub, f"parameter {info.param_name!r} of {fsdp_param._orig_size[dim]} "
+                                   f"along dimension {dim} over {mesh.size()} ranks (uneven shards)")
 
 
 def _managed(state) -> list:
-    """(module, parameter name, its sharded DTensor as FSDP holds it) of each
-    parameter an FSDP state manages."""
-    return [(p._module_info.module, p._module_info.param_name, p.sharded_param)
+    """(module, parameter name, FSDP's record of it) of each parameter an FSDP state manages."""
+    return [(p._module_info.module, p._module_info.param_name, p)
             for group in state._fsdp_param_groups for p in group.fsdp_params]
 
 
@@ -86,11 +89,22 @@ def managed_names(module: torch.nn.Module) -> set:
     return {name for name, p in module.named_parameters(remove_duplicate=False) if id(p) in ids}
 
 
+def gathered_along(fsdp_param) -> tuple:
+    """(the data-parallel mesh, the dimension FSDP shards) of a managed parameter."""
+    return fsdp_param.mesh_info.mesh, fsdp_param.fsdp_placement.dim
+
+
+def tensor_parallel_spec(fsdp_param):
+    """The DTensor spec of the all-gathered parameter (FSDP x TP: the TP
+    DTensor's), or None (a plain tensor)."""
+    return fsdp_param._unsharded_dtensor_spec
+
+
 @contextlib.contextmanager
 def hooks_replaced(module: torch.nn.Module, unsharded):
     """FSDP's forward hooks on each ``fully_shard``-ed submodule swapped for
     ours: before its forward, each parameter it manages is
-    ``unsharded(param, the sharded DTensor FSDP holds)``; after, the
+    ``unsharded(param, FSDP's record of it)``; after, the
     parameter it was. Restored on exit."""
     saved = []
     try:
@@ -119,8 +133,13 @@ def hooks_replaced(module: torch.nn.Module, unsharded):
             hooks[key] = hook
 
 
-def unsharded_in_eager(shard, _sharded):
+def unsharded_in_eager(shard, fsdp_param):
     """The all-gathered parameter, by DTensor itself (for the fake eager run
     that finds the gradients' placements: not one of the boundaries it counts)."""
+    spec = tensor_parallel_spec(fsdp_param)
     with patches_suspended():
-        return shard.full_tensor()
+        if spec is None:
+            return shard.full_tensor()
+        gathered = shard.redistribute(shard.device_mesh, [_torch.Replicate(), *spec.placements])
+        return _torch.DTensor.from_local(gathered.to_local(), spec.mesh, spec.placements,
+                                         shape=spec.shape, stride=spec.stride)

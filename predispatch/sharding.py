@@ -66,6 +66,8 @@ def placement_text(p) -> str:
         return f"S({p.dim})"
     if type(p) is _torch.Partial:
         return f"P({p.reduce_op})"
+    if type(p) is _torch.StridedShard:  # FSDP's over a TP shard of the same dimension: recorded only
+        return f"SS({p.dim},{p.split_factor})"
     raise collectives.Unsupported(f"a {type(p).__name__} placement ({p}) (not lowered)")
 
 
@@ -207,11 +209,15 @@ def _as_dtensors(module, specs: dict):
             table[leaf] = value
 
 
-def _all_gathered(local, sharded):
+def _all_gathered(local, fsdp_param):
     """A ``fully_shard``-ed parameter (its traced local shard) before its
-    module's forward: all-gathered; its gradient reduce-scattered and
-    averaged over the ranks, as FSDP's."""
-    return _moved(local, sharded.device_mesh, ("S(0)",), ("R",), ("P(avg)",), "fully_shard's all-gather")
+    module's forward: all-gathered over the data-parallel mesh, its gradient
+    reduce-scattered and averaged over those ranks, as FSDP's; with tensor
+    parallelism, the TP DTensor around the gathered TP shard."""
+    mesh, dim = fsdp.gathered_along(fsdp_param)
+    gathered = _moved(local, mesh, (f"S({dim})",), ("R",), ("P(avg)",), "fully_shard's all-gather")
+    spec = fsdp.tensor_parallel_spec(fsdp_param)
+    return gathered if spec is None else _torch.make_dtensor(gathered, spec, gathered.requires_grad)
 
 
 def _plan(src: tuple, dst: tuple, dims: tuple) -> tuple:
