@@ -22,10 +22,13 @@ DTensor is lowered away while the forward is traced.
   the module on fake tensors before the trace (:func:`_boundary_gradients`)
   records the placement of the gradient at each boundary, in call order.
 
-What is not lowered is refused with an ExportError naming it: an op for
-which DTensor would move an input inside the op (an implicit
-redistribution), a placement or redistribution the rules do not lower,
-FSDP2 (``fully_shard``), a DTensor with no process group, a DTensor output.
+An input DTensor moves inside an op (DTensor's implicit redistribution: a
+row-wise linear's Replicate bias made Partial) is such a boundary too.
+``fully_shard`` (FSDP2) is lowered by :mod:`predispatch.fsdp`.
+
+What is not lowered is refused with an ExportError naming it: a value made
+inside an op that DTensor moves, a placement or redistribution the rules do
+not lower, a DTensor with no process group, a DTensor output.
 """
 from __future__ import annotations
 
