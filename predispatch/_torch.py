@@ -860,6 +860,7 @@ def distributed_in_use() -> bool:
     return "torch.distributed.tensor" in sys.modules or "torch.distributed.fsdp" in sys.modules
 
 
+@functools.cache
 def _distributed_names() -> dict:
     from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, OffloadPolicy
     from torch.distributed.tensor import DTensor, Partial, Replicate, Shard

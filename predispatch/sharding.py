@@ -6,7 +6,7 @@ DTensor is lowered away while the forward is traced.
 
 * Parameters and buffers that are DTensors enter the graph as their local
   shards, under the module's own names; their mesh and placements are
-  recorded in the program (:class:`Layout`, ``program_meta(ep)["sharding"]``).
+  recorded in the program (:class:`Layout`, read with :func:`sharded_layouts`).
 * While the forward runs, they are DTensors again around the traced shards,
   and DTensor's code runs above the trace: an op on DTensors is the same op
   on their local tensors (kept as the user called it: ``linear`` stays
@@ -59,6 +59,22 @@ class Layout:
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
+
+
+def sharded_layouts(ep_or_gm) -> dict:
+    """Name -> :class:`Layout` of each sharded parameter or buffer of an
+    exported program (empty for a module that was not sharded): what a tool
+    needs to rebuild the DTensor, or the full tensor, from the program's
+    local shard. Kept through ``torch.export.save`` / ``predispatch.load``.
+
+        >>> layout = predispatch.sharded_layouts(ep)["up.weight"]
+        >>> layout.placements, layout.global_shape   # ("S(0)",), (16, 8)
+    """
+    from .program import program_meta
+
+    return {name: Layout(**{k: tuple(v) if isinstance(v, list) and k != "mesh_ranks" else v
+                            for k, v in fields.items()})
+            for name, fields in program_meta(ep_or_gm).get("sharding", {}).items()}
 
 
 def placement_text(p) -> str:

@@ -22,7 +22,6 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 
 import predispatch
 from predispatch.autograd_function_op import AUTOGRAD_FUNCTION
-from predispatch.program import program_meta
 from predispatch.testing import GraphTestCase, assert_invariants
 
 _c10d = torch.ops._c10d_functional
@@ -201,13 +200,23 @@ autocast policy: backward_pass_autocast='same_as_forward', on_backward_autocast_
             [n for n, _ in module.named_parameters()]
         for name, p in sharded.items():
             assert tuple(ep.state_dict[name].shape) == tuple(p.to_local().shape)
-        layouts = program_meta(ep)["sharding"]
+        layouts = predispatch.sharded_layouts(ep)
         assert set(layouts) == set(sharded)
         for name, p in sharded.items():
             rebuilt = DTensor.from_local(ep.state_dict[name], self.mesh, _placements(layouts[name]),
-                                         shape=torch.Size(layouts[name]["global_shape"]),
-                                         stride=tuple(layouts[name]["global_stride"]))
+                                         shape=torch.Size(layouts[name].global_shape),
+                                         stride=layouts[name].global_stride)
             assert rebuilt.placements == p.placements and rebuilt.shape == p.shape
+
+    def test_save_load_and_re_export_keep_the_program(self):
+        ep = predispatch.export_predispatch(tensor_parallel_mlp(self.mesh), (torch.randn(3, 8),))
+        with tempfile.TemporaryDirectory() as d:
+            torch.export.save(ep, os.path.join(d, "mlp.pt2"))
+            loaded = predispatch.load(os.path.join(d, "mlp.pt2"))
+        assert predispatch.format_program(loaded) == predispatch.format_program(ep)
+        assert predispatch.sharded_layouts(loaded) == predispatch.sharded_layouts(ep)
+        again = predispatch.export_predispatch(ep.module(), (torch.randn(3, 8),))  # G7
+        assert predispatch.format_program(again) == predispatch.format_program(ep)
 
     def test_llama_with_its_tensor_parallel_plan(self):
         model, plan = tiny_llama(init_device_mesh("cpu", (4,)), 4)
@@ -222,7 +231,7 @@ autocast policy: backward_pass_autocast='same_as_forward', on_backward_autocast_
         # replicated input gradient backward
         assert [n.target for n in fwd] == [_c10d.all_reduce.default] * rowwise
         assert [n.target for n in bwd] == [_c10d.all_reduce.default] * colwise
-        assert {n: ep.state_dict[n].shape for n in program_meta(ep)["sharding"]} == {
+        assert {n: ep.state_dict[n].shape for n in predispatch.sharded_layouts(ep)} == {
             n: p.to_local().shape for n, p in model.named_parameters() if isinstance(p, DTensor)}
 
     def test_llama_local_ops_match_eager_on_the_fake_group(self):
@@ -250,8 +259,8 @@ autocast policy: backward_pass_autocast='same_as_forward', on_backward_autocast_
             scatter = next(n for n in g.nodes if n.target is _c10d.reduce_scatter_tensor.default)
             (wait,) = scatter.users
             assert [(u.target, u.args[1]) for u in wait.users] == [(torch.ops.aten.div.Tensor, 4)]
-        layouts = program_meta(ep)["sharding"]
-        assert {n: tuple(l["placements"]) for n, l in layouts.items()} == {n: ("S(0)",) for n in params}
+        layouts = predispatch.sharded_layouts(ep)
+        assert {n: l.placements for n, l in layouts.items()} == {n: ("S(0)",) for n in params}
         assert [(r.kind, r.args) for r in predispatch.regions(ep)] == [("grad", (False,))]
 
     def test_fully_shard_times_tensor_parallel_on_a_2d_mesh(self):
@@ -270,8 +279,8 @@ autocast policy: backward_pass_autocast='same_as_forward', on_backward_autocast_
             [(_c10d.all_gather_into_tensor.default, dp)] * len(params) + [(_c10d.all_reduce.default, tp)], key=str)
         assert sorted(bwd, key=str) == sorted(
             [(_c10d.reduce_scatter_tensor.default, dp)] * len(params) + [(_c10d.all_reduce.default, tp)], key=str)
-        layouts = program_meta(ep)["sharding"]
-        assert {n: (tuple(l["mesh_shape"]), tuple(l["mesh_dim_names"])) for n, l in layouts.items()} == {
+        layouts = predispatch.sharded_layouts(ep)
+        assert {n: (l.mesh_shape, l.mesh_dim_names) for n, l in layouts.items()} == {
             n: ((2, 2), ("dp", "tp")) for n in params}
 
     def test_fully_shard_with_mixed_precision_is_refused_by_module(self):
@@ -312,7 +321,7 @@ autocast policy: backward_pass_autocast='same_as_forward', on_backward_autocast_
 
 def _placements(layout: dict) -> list:
     out = []
-    for p in layout["placements"]:
+    for p in layout.placements:
         out.append(Replicate() if p == "R" else Shard(int(p[2:-1])))
     return out
 
