@@ -163,15 +163,16 @@ def _owner(module: torch.nn.Module, name: str):
 def _local_state(module, sharded: dict):
     """Each DTensor parameter or buffer swapped for its local shard (a
     parameter stays a parameter, with its requires_grad); restored on exit."""
-    saved = []
+    saved, locals_ = [], {}  # a tied DTensor (one tensor, two names) gets one local parameter
     try:
         for name, t in sharded.items():
             owner, leaf = _owner(module, name)
             table = owner._parameters if leaf in owner._parameters else owner._buffers
             saved.append((table, leaf, table[leaf]))
-            local = t._local_tensor
-            table[leaf] = (torch.nn.Parameter(local, requires_grad=t.requires_grad)
-                           if isinstance(t, torch.nn.Parameter) else local)
+            if id(t) not in locals_:
+                locals_[id(t)] = (torch.nn.Parameter(t._local_tensor, requires_grad=t.requires_grad)
+                                  if isinstance(t, torch.nn.Parameter) else t._local_tensor)
+            table[leaf] = locals_[id(t)]
         yield
     finally:
         for table, leaf, value in reversed(saved):
@@ -191,6 +192,12 @@ def _lowering_forward(module, sharded: dict, gradients: list):
         boundaries = iter(gradients)
         with _as_dtensors(module, specs), _boundaries_lowered(boundaries), _LocalOps():
             out = forward(*args, **kwargs)
+        missed = next(boundaries, None)
+        if missed is not None:
+            raise ExportError(
+                f"the module's fake eager run met DTensor.{missed.call} (to {missed.placements}) "
+                "where its trace met none: the forward moves DTensors differently from run to run; "
+                "cannot be exported soundly")
         for leaf in pytree.tree_leaves(out):
             if isinstance(leaf, _torch.DTensor):
                 raise ExportError(
@@ -275,9 +282,14 @@ def _boundaries_lowered(boundaries):
     from ``boundaries``."""
     DTensor, DTensorSpec, TensorMeta = _torch.DTensor, _torch.DTensorSpec, _torch.TensorMeta
 
-    def next_gradient(dst: tuple) -> tuple:
+    def next_gradient(call: str, dst: tuple) -> tuple:
         seen = next(boundaries, None)
-        return seen if seen is not None else tuple(_grad_text(p) for p in dst)
+        if seen is None or (seen.call, seen.placements) != (call, dst):
+            raise ExportError(
+                f"DTensor.{call} at {user_location()} (to {', '.join(dst)}) is not the call the "
+                f"module's fake eager run met at this point ({seen and f'{seen.call} to {seen.placements}'}): "
+                "the forward moves DTensors differently from run to run; cannot be exported soundly")
+        return seen.gradient if seen.gradient is not None else tuple(_grad_text(p) for p in dst)
 
     def from_local(_original):
         def call(local_tensor, device_mesh=None, placements=None, *, run_check=False, shape=None,
@@ -290,7 +302,7 @@ def _boundaries_lowered(boundaries):
             if shape is None or stride is None:
                 shape, stride = _torch.global_tensor_info(local_tensor, mesh, placements)
             src = tuple(placement_text(p) for p in placements)
-            seen = next_gradient(src)
+            seen = next_gradient("from_local", src)
             grad = tuple(placement_text(p) for p in grad_placements) if grad_placements else seen
             local = _moved(local_tensor, mesh, src, src, grad, "DTensor.from_local")
             spec = DTensorSpec(mesh, placements, tensor_meta=TensorMeta(torch.Size(shape), tuple(stride),
@@ -308,7 +320,8 @@ def _boundaries_lowered(boundaries):
             placements = _normalized(placements or [_torch.Replicate()] * mesh.ndim, self.dim())
             src = tuple(placement_text(p) for p in self.placements)
             dst = tuple(placement_text(p) for p in placements)
-            local = _moved(self._local_tensor, mesh, src, dst, next_gradient(dst), "DTensor.redistribute")
+            local = _moved(self._local_tensor, mesh, src, dst, next_gradient("redistribute", dst),
+                           "DTensor.redistribute")
             spec = DTensorSpec(mesh, placements, tensor_meta=self._spec.tensor_meta)
             return _torch.make_dtensor(local, spec, local.requires_grad)
         return call
@@ -440,22 +453,35 @@ def _implicit_redistributions_seen(func, fakes: list, moves: dict):
         yield
 
 
+@dataclasses.dataclass(frozen=True)
+class Boundary:
+    """A ``from_local`` / ``redistribute`` call as the fake eager run saw it:
+    the placements it made (text), and those of the gradient that reached
+    it (None: none did)."""
+
+    call: str
+    placements: tuple
+    gradient: tuple | None
+
+
 def _boundary_gradients(module, args: tuple, kwargs: dict) -> list:
     """The module's forward and backward on fake tensors, eagerly, with
-    DTensor as it is: for each ``from_local`` / ``redistribute`` call in
-    order, the placements (text) of the gradient that reaches it, or None
-    (none reached it)."""
+    DTensor as it is: a :class:`Boundary` for each ``from_local`` /
+    ``redistribute`` call, in order."""
     seen: list = []
+    forward_running = True
 
     def hooked(make):
         def wrap(original):
             def call(*a, **k):
                 out = original(*a, **k)
+                if not forward_running:  # DTensor's backward redistributes gradients too
+                    return out
                 slot = len(seen)
-                seen.append(None)
-                if isinstance(out, _torch.DTensor) and out.requires_grad:
-                    out.register_hook(lambda g: seen.__setitem__(
-                        slot, tuple(placement_text(p) for p in g.placements)))
+                seen.append(Boundary(make, tuple(placement_text(p) for p in out.placements), None))
+                if out.requires_grad:
+                    out.register_hook(lambda g: seen.__setitem__(slot, dataclasses.replace(
+                        seen[slot], gradient=tuple(placement_text(p) for p in g.placements))))
                 return out
             return call
         return wrap
@@ -472,6 +498,7 @@ def _boundary_gradients(module, args: tuple, kwargs: dict) -> list:
             fake_args, fake_kwargs = pytree.tree_map_only(
                 torch.Tensor, lambda t: _fake_leaf(fake_mode, t, t.is_floating_point()), (args, kwargs))
             out = torch.func.functional_call(module, fake_state, fake_args, fake_kwargs)
+            forward_running = False
             outs = [o for o in pytree.tree_leaves(out) if isinstance(o, torch.Tensor) and o.requires_grad]
             if outs:
                 torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
