@@ -517,10 +517,14 @@ def _boundary_gradients(module, args: tuple, kwargs: dict) -> list:
 def _refuse_moved_gradients(state: dict) -> None:
     """A sharded parameter whose gradient DTensor places otherwise (a Shard
     weight with a Replicate gradient): eager's ``.grad`` is another shard
-    than the one the rank's program computes."""
+    than the one the rank's program computes. A Replicate parameter's
+    Partial gradient (a sequence-parallel norm's) is this rank's share in
+    both: the same local tensor."""
     for name, t in state.items():
         grad = t.grad if isinstance(t, _torch.DTensor) else None
-        if isinstance(grad, _torch.DTensor) and tuple(grad.placements) != tuple(t.placements):
+        if isinstance(grad, _torch.DTensor) and not all(
+                g == p or (type(p) is _torch.Replicate and type(g) is _torch.Partial)
+                for p, g in zip(t.placements, grad.placements)):
             raise ExportError(
                 f"sharded parameter {name!r} is placed {tuple(map(str, t.placements))} but DTensor's "
                 f"backward gives its gradient placed {tuple(map(str, grad.placements))}: the rank's "

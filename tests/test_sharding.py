@@ -47,6 +47,30 @@ def tensor_parallel_mlp(mesh) -> MLP:
     return parallelize_module(MLP(), mesh, {"up": ColwiseParallel(), "down": RowwiseParallel()})
 
 
+class NormMLP(torch.nn.Module):
+    """A pre-norm residual MLP, for sequence parallelism."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(8)
+        self.up = torch.nn.Linear(8, 16)
+        self.down = torch.nn.Linear(16, 8)
+
+    def forward(self, x):
+        return x + self.down(torch.relu(self.up(self.norm(x))))
+
+
+def sequence_parallel_mlp(mesh) -> NormMLP:
+    """The norm on sequence shards, gathered for the column-wise linear, the
+    row-wise one's output reduce-scattered back to sequence shards."""
+    from torch.distributed.tensor.parallel import SequenceParallel
+
+    torch.manual_seed(0)
+    return parallelize_module(NormMLP(), mesh, {
+        "norm": SequenceParallel(), "up": ColwiseParallel(input_layouts=Shard(1)),
+        "down": RowwiseParallel(output_layouts=Shard(1))})
+
+
 class Block(torch.nn.Module):
     def __init__(self):
         super().__init__()
@@ -218,6 +242,18 @@ autocast policy: backward_pass_autocast='same_as_forward', on_backward_autocast_
         again = predispatch.export_predispatch(ep.module(), (torch.randn(3, 8),))  # G7
         assert predispatch.format_program(again) == predispatch.format_program(ep)
 
+    def test_sequence_parallel_gathers_and_scatters_the_sequence(self):
+        ep = predispatch.export_predispatch(sequence_parallel_mlp(self.mesh), (torch.randn(2, 1, 8),))
+        assert_invariants(ep)
+        backward = backward_graphs(ep.graph_module)
+        fwd = [n.target for n in collective_nodes(ep.graph_module) if n.graph not in backward]
+        bwd = [n.target for n in collective_nodes(ep.graph_module) if n.graph in backward]
+        # the norm's output gathered for the column-wise linear (its gradient scattered back);
+        # the row-wise partial sums scattered to sequence shards (their gradient gathered)
+        assert sorted(fwd, key=str) == sorted([_c10d.all_gather_into_tensor.default,
+                                               _c10d.reduce_scatter_tensor.default], key=str)
+        assert sorted(bwd, key=str) == sorted(fwd, key=str)
+
     def test_llama_with_its_tensor_parallel_plan(self):
         model, plan = tiny_llama(init_device_mesh("cpu", (4,)), 4)
         ep = predispatch.export_predispatch(model, (torch.randint(0, 64, (2, 8)),), {"use_cache": False})
@@ -377,6 +413,11 @@ def _rank_main(rank: int, world: int, port: int, out_dir: str) -> None:
         results["mlp"] = _max_differences(module, ep.module(), (x,), {}, seed=2)
         train = predispatch.compile_training(ep)
         results["mlp compile_training"] = _max_differences(module, train, (x,), {}, seed=3)
+        torch.manual_seed(8)
+        x = torch.randn(2, 4, 8).chunk(world, 1)[rank].contiguous()  # this rank's sequence shard
+        module = sequence_parallel_mlp(mesh)
+        ep = predispatch.export_predispatch(module, (x,))
+        results["sequence parallel"] = _max_differences(module, ep.module(), (x,), {}, seed=9)
         torch.manual_seed(6 + rank)  # each rank its own batch, as in data parallel training
         x = torch.randn(3, 8)
         for reshard in (True, False):
@@ -402,7 +443,8 @@ def two_gloo_ranks():
         yield [torch.load(os.path.join(out_dir, f"rank{r}.pt")) for r in range(2)]
 
 
-@pytest.mark.parametrize("case", ["mlp", "mlp compile_training", "fully_shard reshard_after_forward=True",
+@pytest.mark.parametrize("case", ["mlp", "mlp compile_training", "sequence parallel",
+                                  "fully_shard reshard_after_forward=True",
                                   "fully_shard reshard_after_forward=False"])
 def test_each_rank_matches_its_sharded_eager_module(two_gloo_ranks, case):
     for rank, results in enumerate(two_gloo_ranks):
