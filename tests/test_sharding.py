@@ -348,6 +348,17 @@ autocast policy: backward_pass_autocast='same_as_forward', on_backward_autocast_
         with pytest.raises(predispatch.ExportError, match=r"asynchronous collective.*test_sharding.py"):
             predispatch.export_predispatch(Async(), (torch.randn(2),))
 
+    def test_collective_deciding_control_flow_is_refused_with_its_line(self):
+        import torch.distributed._functional_collectives as funcol
+
+        class Branches(torch.nn.Module):
+            def forward(self, x):
+                total = funcol.all_reduce(x, "sum", dist.group.WORLD)
+                return x * 2 if total.sum() > 0 else x
+
+        with pytest.raises(predispatch.ExportError, match=r"data-dependent.*test_sharding.py.*total.sum\(\) > 0"):
+            predispatch.export_predispatch(Branches(), (torch.randn(2),))
+
     def test_no_process_group_is_refused(self):
         module = tensor_parallel_mlp(self.mesh)
         dist.destroy_process_group()
