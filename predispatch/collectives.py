@@ -135,12 +135,21 @@ def redistribute(x: torch.Tensor, plan: tuple) -> torch.Tensor:
     return x
 
 
-def check(plan: tuple, shape: tuple) -> None:
+def check(plan: tuple, shape: tuple | None = None) -> None:
     """Raise :class:`Unsupported` now, rather than while tracing, for a plan
-    the rules cannot lower."""
-    for src, dst, _dim in plan:
+    the rules cannot lower (on a local value of ``shape``, when given)."""
+    if sum(src != dst for src, dst, _ in plan) > 1:  # the order of the moves matters then
+        raise Unsupported("a redistribution over more than one mesh dimension at once "
+                          f"({', '.join(s for s, _, _ in plan)} -> {', '.join(d for _, d, _ in plan)}; "
+                          "not lowered)")
+    for src, dst, dim in plan:
         if src != dst and (kind(src), kind(dst)) not in _RULES:
             raise Unsupported(f"a redistribution {src} -> {dst} (not lowered)")
+        if shape is not None and src != dst and kind(dst) == "S" and kind(src) != "S":
+            d = shard_dim(dst, len(shape))
+            if shape[d] % dim.size:
+                raise Unsupported(f"{dst} of a dimension of size {shape[d]} over {dim.size} ranks "
+                                  "(uneven shards are not lowered)")
         for p in (src, dst):
             if kind(p) == "P" and _PLACEMENT.match(p).group(3) not in _REDUCE_OPS:
                 raise Unsupported(f"a {p} placement (only Partial 'sum' and 'avg' are lowered)")

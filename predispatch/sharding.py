@@ -259,7 +259,7 @@ def _moved(local, mesh, src: tuple, dst: tuple, grad_at_dst: tuple, what: str):
     backward_plan = _plan(grad_at_dst, tuple(_grad_text(p) for p in src), dims)
     try:
         collectives.check(forward_plan, tuple(local.shape))
-        collectives.check(backward_plan, tuple(local.shape))
+        collectives.check(backward_plan)  # on the gradient, whose shape the forward's output has
     except collectives.Unsupported as e:
         raise ExportError(f"{what} at {user_location()}: {e}") from None
     if src == dst and all(s == d for s, d, _ in backward_plan):
