@@ -436,6 +436,8 @@ def _rank_main(rank: int, world: int, port: int, out_dir: str) -> None:
             ep = predispatch.export_predispatch(module, (x,))
             results[f"fully_shard reshard_after_forward={reshard}"] = _max_differences(
                 module, ep.module(), (x,), {}, seed=7)
+        results["fully_shard compile_training"] = _max_differences(
+            module, predispatch.compile_training(ep), (x,), {}, seed=11)
         torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
@@ -456,7 +458,7 @@ def two_gloo_ranks():
 
 @pytest.mark.parametrize("case", ["mlp", "mlp compile_training", "sequence parallel",
                                   "fully_shard reshard_after_forward=True",
-                                  "fully_shard reshard_after_forward=False"])
+                                  "fully_shard reshard_after_forward=False", "fully_shard compile_training"])
 def test_each_rank_matches_its_sharded_eager_module(two_gloo_ranks, case):
     for rank, results in enumerate(two_gloo_ranks):
         differences = results[case]
