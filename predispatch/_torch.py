@@ -916,3 +916,47 @@ def make_dtensor(local: torch.Tensor, spec, requires_grad: bool):
     from torch.distributed.tensor import DTensor
 
     return DTensor.__new__(DTensor, local, spec, requires_grad=requires_grad)
+
+
+def local_tensor(dtensor) -> torch.Tensor:
+    """A DTensor's local shard, without the autograd.Function ``to_local`` is."""
+    return dtensor._local_tensor
+
+
+def dtensor_spec(dtensor):
+    return dtensor._spec
+
+
+def state_table(owner: torch.nn.Module, name: str) -> dict:
+    """The dict of ``owner`` (its parameters' or its buffers') that holds ``name``."""
+    return owner._parameters if name in owner._parameters else owner._buffers
+
+
+# FSDP2's record of a fully_shard-ed module (torch.distributed.fsdp._fully_shard)
+
+def fsdp_param_groups(module: torch.nn.Module) -> list:
+    return module._get_fsdp_state()._fsdp_param_groups
+
+
+def fsdp_forward_hooks(module: torch.nn.Module) -> list:
+    """(hook dict, key) of the forward pre-hook and the forward hook
+    ``fully_shard`` registered on ``module``."""
+    state = module._get_fsdp_state()
+    return [(module._forward_pre_hooks, state._pre_forward_hook_handle.id),
+            (module._forward_hooks, state._post_forward_hook_handle.id)]
+
+
+def fsdp_param_place(fsdp_param) -> tuple:
+    """(module, parameter name, modules sharing it) of a parameter FSDP manages."""
+    info = fsdp_param._module_info
+    return info.module, info.param_name, info.shared_modules
+
+
+def fsdp_param_unsharded_size(fsdp_param) -> torch.Size:
+    """The size FSDP all-gathers back (with TP: the TP shard's)."""
+    return fsdp_param._orig_size
+
+
+def fsdp_param_tensor_parallel_spec(fsdp_param):
+    """The DTensor spec of the all-gathered parameter (FSDP x TP), or None."""
+    return fsdp_param._unsharded_dtensor_spec

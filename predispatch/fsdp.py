@@ -37,8 +37,8 @@ from .patching import patches_suspended
 
 
 def fsdp_modules(module: torch.nn.Module) -> list:
-    """(path, module, FSDP state) of each ``fully_shard``-ed submodule."""
-    return [(path, sub, sub._get_fsdp_state()) for path, sub in module.named_modules()
+    """(path, module, its FSDP parameter groups) of each ``fully_shard``-ed submodule."""
+    return [(path, sub, _torch.fsdp_param_groups(sub)) for path, sub in module.named_modules()
             if isinstance(sub, _torch.FSDPModule)]
 
 
@@ -54,8 +54,8 @@ def _refused(path: str, sub, why: str) -> ExportError:
 def refuse_unlowered(module: torch.nn.Module) -> None:
     """What the lowering does not express, refused with the module's name."""
     default_mp = _torch.MixedPrecisionPolicy()
-    for path, sub, state in fsdp_modules(module):
-        for group in state._fsdp_param_groups:
+    for path, sub, groups in fsdp_modules(module):
+        for group in groups:
             if group.mp_policy != default_mp:
                 raise _refused(path, sub, f"a mixed-precision policy ({group.mp_policy})")
             if not isinstance(group.offload_policy, _torch.OffloadPolicy) or \
@@ -64,28 +64,29 @@ def refuse_unlowered(module: torch.nn.Module) -> None:
             if group.gradient_divide_factor is not None:
                 raise _refused(path, sub, "a gradient divide factor")
             for fsdp_param in group.fsdp_params:
-                info, mesh = fsdp_param._module_info, fsdp_param.mesh_info.mesh
-                if info.shared_modules:
-                    raise _refused(path, sub, f"parameter {info.param_name!r} shared between modules")
+                _owner, name, sharing = _torch.fsdp_param_place(fsdp_param)
+                mesh = fsdp_param.mesh_info.mesh
+                if sharing:
+                    raise _refused(path, sub, f"parameter {name!r} shared between modules")
                 if type(fsdp_param.mesh_info).__name__ != "FSDPMeshInfo" or mesh.ndim != 1:
                     raise _refused(path, sub, f"{type(fsdp_param.mesh_info).__name__} on a "
                                    f"{mesh.ndim}-D data-parallel mesh (HSDP, DDP)")
                 dim = fsdp_param.fsdp_placement.dim
-                if fsdp_param._orig_size[dim] % mesh.size():
-                    raise _refused(path, sub, f"parameter {info.param_name!r} of {fsdp_param._orig_size[dim]} "
-                                   f"along dimension {dim} over {mesh.size()} ranks (uneven shards)")
+                size = _torch.fsdp_param_unsharded_size(fsdp_param)[dim]
+                if size % mesh.size():
+                    raise _refused(path, sub, f"parameter {name!r} of {size} along dimension {dim} "
+                                   f"over {mesh.size()} ranks (uneven shards)")
 
 
-def _managed(state) -> list:
-    """(module, parameter name, FSDP's record of it) of each parameter an FSDP state manages."""
-    return [(p._module_info.module, p._module_info.param_name, p)
-            for group in state._fsdp_param_groups for p in group.fsdp_params]
+def _managed(groups) -> list:
+    """(module, parameter name, FSDP's record of it) of each parameter FSDP's groups manage."""
+    return [(*_torch.fsdp_param_place(p)[:2], p) for group in groups for p in group.fsdp_params]
 
 
 def managed_names(module: torch.nn.Module) -> set:
     """Qualified names of the parameters ``fully_shard`` manages in ``module``."""
-    ids = {id(owner._parameters[name]) for _path, _sub, state in fsdp_modules(module)
-           for owner, name, _param in _managed(state)}
+    ids = {id(getattr(owner, name)) for _path, _sub, groups in fsdp_modules(module)
+           for owner, name, _param in _managed(groups)}
     return {name for name, p in module.named_parameters(remove_duplicate=False) if id(p) in ids}
 
 
@@ -97,7 +98,7 @@ def gathered_along(fsdp_param) -> tuple:
 def tensor_parallel_spec(fsdp_param):
     """The DTensor spec of the all-gathered parameter (FSDP x TP: the TP
     DTensor's), or None (a plain tensor)."""
-    return fsdp_param._unsharded_dtensor_spec
+    return _torch.fsdp_param_tensor_parallel_spec(fsdp_param)
 
 
 @contextlib.contextmanager
@@ -108,25 +109,24 @@ def hooks_replaced(module: torch.nn.Module, unsharded):
     parameter it was. Restored on exit."""
     saved = []
     try:
-        for _path, sub, state in fsdp_modules(module):
-            managed = _managed(state)
+        for _path, sub, groups in fsdp_modules(module):
+            managed = _managed(groups)
             shards: list = []
 
             def pre(_module, args, kwargs, managed=managed, shards=shards):
-                shards[:] = [owner._parameters[name] for owner, name, _ in managed]
-                for (owner, name, sharded), shard in zip(managed, shards):
-                    owner._parameters[name] = unsharded(shard, sharded)
+                shards[:] = [getattr(owner, name) for owner, name, _ in managed]
+                for (owner, name, record), shard in zip(managed, shards):
+                    _torch.state_table(owner, name)[name] = unsharded(shard, record)
                 return args, kwargs
 
             def post(_module, _args, output, managed=managed, shards=shards):
                 for (owner, name, _), shard in zip(managed, shards):
-                    owner._parameters[name] = shard
+                    _torch.state_table(owner, name)[name] = shard
                 return output
 
-            for hooks, handle, ours in ((sub._forward_pre_hooks, state._pre_forward_hook_handle, pre),
-                                        (sub._forward_hooks, state._post_forward_hook_handle, post)):
-                saved.append((hooks, handle.id, hooks[handle.id]))
-                hooks[handle.id] = ours
+            for (hooks, key), ours in zip(_torch.fsdp_forward_hooks(sub), (pre, post)):
+                saved.append((hooks, key, hooks[key]))
+                hooks[key] = ours
         yield
     finally:
         for hooks, key, hook in reversed(saved):

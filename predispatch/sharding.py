@@ -167,11 +167,11 @@ def _local_state(module, sharded: dict):
     try:
         for name, t in sharded.items():
             owner, leaf = _owner(module, name)
-            table = owner._parameters if leaf in owner._parameters else owner._buffers
+            table = _torch.state_table(owner, leaf)
             saved.append((table, leaf, table[leaf]))
             if id(t) not in locals_:
-                locals_[id(t)] = (torch.nn.Parameter(t._local_tensor, requires_grad=t.requires_grad)
-                                  if isinstance(t, torch.nn.Parameter) else t._local_tensor)
+                locals_[id(t)] = (torch.nn.Parameter(_torch.local_tensor(t), requires_grad=t.requires_grad)
+                                  if isinstance(t, torch.nn.Parameter) else _torch.local_tensor(t))
             table[leaf] = locals_[id(t)]
         yield
     finally:
@@ -185,7 +185,7 @@ def _lowering_forward(module, sharded: dict, gradients: list):
     around the traced shards and runs DTensor above the trace."""
     forward = module.forward
     by_fsdp = fsdp.managed_names(module)  # FSDP's hooks all-gather them from the local shard
-    specs = {name: t._spec for name, t in sharded.items() if name not in by_fsdp}
+    specs = {name: _torch.dtensor_spec(t) for name, t in sharded.items() if name not in by_fsdp}
 
     @functools.wraps(forward)
     def lowering_forward(*args, **kwargs):
@@ -225,7 +225,7 @@ def _as_dtensors(module, specs: dict):
     try:
         for name, spec in specs.items():
             owner, leaf = _owner(module, name)
-            table = owner._parameters if leaf in owner._parameters else owner._buffers
+            table = _torch.state_table(owner, leaf)
             local = table[leaf]
             saved.append((table, leaf, local))
             table[leaf] = _torch.make_dtensor(local, spec, requires_grad=local.requires_grad)
@@ -320,21 +320,21 @@ def _boundaries_lowered(boundaries):
             placements = _normalized(placements or [_torch.Replicate()] * mesh.ndim, self.dim())
             src = tuple(placement_text(p) for p in self.placements)
             dst = tuple(placement_text(p) for p in placements)
-            local = _moved(self._local_tensor, mesh, src, dst, next_gradient("redistribute", dst),
+            local = _moved(_torch.local_tensor(self), mesh, src, dst, next_gradient("redistribute", dst),
                            "DTensor.redistribute")
-            spec = DTensorSpec(mesh, placements, tensor_meta=self._spec.tensor_meta)
+            spec = DTensorSpec(mesh, placements, tensor_meta=_torch.dtensor_spec(self).tensor_meta)
             return _torch.make_dtensor(local, spec, local.requires_grad)
         return call
 
     def to_local(_original):
         def call(self, *, grad_placements=None):
-            return self._local_tensor
+            return _torch.local_tensor(self)
         return call
 
     def full_tensor(_original):
         def call(self, *, grad_placements=None):
             replicated = self.redistribute(self.device_mesh, [_torch.Replicate()] * self.device_mesh.ndim)
-            return replicated._local_tensor
+            return _torch.local_tensor(replicated)
         return call
 
     with patched(DTensor, "from_local", from_local), patched(DTensor, "redistribute", redistribute), \
@@ -362,10 +362,10 @@ class _LocalOps(_torch.TorchFunctionMode):
         for i, a in enumerate(flat):
             if i in moves:
                 src, dst = moves[i]
-                local.append(_moved(a._local_tensor, a.device_mesh, src, dst,
+                local.append(_moved(_torch.local_tensor(a), a.device_mesh, src, dst,
                                     tuple(_grad_text(p) for p in dst), f"{_name(func)} on DTensors"))
             else:
-                local.append(a._local_tensor if isinstance(a, _torch.DTensor) else a)
+                local.append(_torch.local_tensor(a) if isinstance(a, _torch.DTensor) else a)
         local_args, local_kwargs = pytree.tree_unflatten(local, spec)
         out = func(*local_args, **local_kwargs)
         return _wrapped(func, out, fake_out, flat, same_as)
@@ -377,7 +377,7 @@ def _placements_of(func, flat: list, spec):
     or DTensor's non-tensor answer); for each output, the argument it is (an
     in-place op's), by position; argument position -> (from, to) placements
     (text) of each input DTensor moves inside the op."""
-    local = next(a._local_tensor for a in flat if isinstance(a, _torch.DTensor))
+    local = next(_torch.local_tensor(a) for a in flat if isinstance(a, _torch.DTensor))
     moves: dict = {}
     with _torch.outer_trace_suspended(_torch.fake_mode_of(local)):
         fakes = [_fake_like(a) for a in flat]
@@ -396,9 +396,9 @@ def _placements_of(func, flat: list, spec):
 
 def _fake_like(a):
     if isinstance(a, _torch.DTensor):
-        t = a._local_tensor
+        t = _torch.local_tensor(a)
         local = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
-        return _torch.make_dtensor(local, a._spec, requires_grad=False)
+        return _torch.make_dtensor(local, _torch.dtensor_spec(a), requires_grad=False)
     if isinstance(a, torch.Tensor):
         return torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device=a.device)
     return a
@@ -417,13 +417,13 @@ def _wrapped(func, out, fake_out, flat: list, same_as: list):
         if arg is not None:
             wrapped.append(flat[arg])
         elif isinstance(f, _torch.DTensor):
-            if not isinstance(o, torch.Tensor) or tuple(o.shape) != tuple(f._local_tensor.shape):
+            if not isinstance(o, torch.Tensor) or tuple(o.shape) != tuple(_torch.local_tensor(f).shape):
                 got = tuple(o.shape) if isinstance(o, torch.Tensor) else type(o).__name__
                 raise ExportError(
                     f"{_name(func)} on DTensors at {user_location()}: called on the local shards it "
-                    f"gives {got}, where DTensor's shard is {tuple(f._local_tensor.shape)} (an op "
+                    f"gives {got}, where DTensor's shard is {tuple(_torch.local_tensor(f).shape)} (an op "
                     "whose arguments name global sizes); not lowered")
-            wrapped.append(_torch.make_dtensor(o, f._spec, requires_grad=o.requires_grad))
+            wrapped.append(_torch.make_dtensor(o, _torch.dtensor_spec(f), requires_grad=o.requires_grad))
         else:
             wrapped.append(o)
     return pytree.tree_unflatten(wrapped, out_spec)
@@ -437,7 +437,7 @@ def _implicit_redistributions_seen(func, fakes: list, moves: dict):
     def seen(original):
         def call(local_tensor, current_spec, target_spec, **kwargs):
             at = next((i for i, f in enumerate(fakes) if isinstance(f, _torch.DTensor)
-                       and f._local_tensor is local_tensor), None)
+                       and _torch.local_tensor(f) is local_tensor), None)
             src = tuple(placement_text(p) for p in current_spec.placements)
             dst = tuple(placement_text(p) for p in target_spec.placements)
             if at is None or at in moves:
