@@ -9,6 +9,7 @@ from .program import PredispatchProgram, load
 from .printing import format_program
 from .quantization import convert_pt2e, prepare_pt2e, prepare_qat_pt2e
 from .region_utils import Region, inline_regions, regions
+from .sharding import Layout, sharded_layouts
 from .training import CallNotSupportedError, CompiledTraining, autocast_policy, compile_training
 
 _torch.install_region_runtime()
@@ -19,6 +20,7 @@ __all__ = [
     "BackwardAutocastMismatchError",
     "BackwardAutocastMismatchWarning",
     "ExportError",
+    "Layout",
     "OpPolicy",
     "PredispatchProgram",
     "CompiledTraining",
@@ -34,4 +36,5 @@ __all__ = [
     "prepare_pt2e",
     "prepare_qat_pt2e",
     "regions",
+    "sharded_layouts",
 ]

@@ -149,12 +149,17 @@ def _data_dependence_as_export_error():
         ) from e
 
 
-# functionalization's internal errors, said in user terms: (text in its message, what it means)
+# functionalization's (and torch.export's collective remapping's) internal errors, said in user terms: (text in its message, what it means)
 _FUNCTIONALIZATION_ERRORS = (
     ("mutating a non-functional tensor",
      "an in-place update at {where} of a tensor that is neither a parameter, a buffer nor an "
      "input (a plain tensor attribute, a global, a closure's tensor) cannot be exported soundly; "
      "register it with register_buffer or pass it as an input"),
+    ("Can't remap async version of inplace op to functional collective",
+     "an asynchronous collective (async_op=True) at {where} cannot be exported soundly: the "
+     "work handle it returns is waited on outside the graph; use a functional collective "
+     "(torch.distributed._functional_collectives, waited on where its result is read) or "
+     "async_op=False"),
     ("cannot mutate tensors with frozen storage",
      "an in-place update at {where} of a view of a tensor whose storage a set_() swapped before "
      "(the view still shares the old storage) cannot be exported soundly: functionalization "
@@ -171,7 +176,7 @@ _FUNCTIONALIZATION_ERRORS = (
 def _functionalization_errors_as_export_errors():
     try:
         yield
-    except RuntimeError as e:
+    except (RuntimeError, AssertionError) as e:  # torch's collective remapping asserts
         for text, meaning in _FUNCTIONALIZATION_ERRORS:
             if text in str(e):
                 raise ExportError(meaning.format(where=exception_location(e))) from e

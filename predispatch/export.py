@@ -50,7 +50,7 @@ def export_predispatch(module, args, kwargs=None, *, dynamic_shapes=None, op_pol
     if not isinstance(args, tuple):
         raise ValueError(f"args must be a tuple of example inputs, got {type(args).__name__}")
 
-    with _torch.lazy_codegen():
+    with _torch.lazy_codegen(), sharding_lowered(module, args, kwargs) as layouts:
         captured = capture(module, args, kwargs, dynamic_shapes, op_policy)
         keep_histories(captured, module)
         eliminate_dead_code(captured)  # what the history stage did not need
@@ -64,12 +64,27 @@ def export_predispatch(module, args, kwargs=None, *, dynamic_shapes=None, op_pol
             "input_views": input_aliasing.to_json(captured.record.input_views),
             "autocast_policy": autocast.to_json(),
             "module_order": module_order(module),
+            **({"sharding": {name: layout.to_json() for name, layout in layouts.items()}}
+               if layouts else {}),
         })
-    return _torch.build_exported_program(
-        PredispatchProgram, module, captured.artifact, captured.signature,
-        args=captured.args, kwargs=captured.kwargs, dynamic_shapes=captured.dynamic_shapes,
-        state_dict=captured.original_state_dict,
-        verify_additional_inputs=captured.verify_additional_inputs)
+        return _torch.build_exported_program(  # the sharded state still local
+            PredispatchProgram, module, captured.artifact, captured.signature,
+            args=captured.args, kwargs=captured.kwargs, dynamic_shapes=captured.dynamic_shapes,
+            state_dict=captured.original_state_dict,
+            verify_additional_inputs=captured.verify_additional_inputs)
+
+
+def sharding_lowered(module, args, kwargs):
+    """A sharded module's DTensors lowered to local shards (see
+    :mod:`predispatch.sharding`); nothing where torch.distributed's DTensor
+    was never imported."""
+    import contextlib
+
+    if not _torch.distributed_in_use():
+        return contextlib.nullcontext({})
+    from . import sharding
+
+    return sharding.lowered(module, args, kwargs)
 
 
 def refuse_remaining_mutations(gm: torch.fx.GraphModule) -> None:

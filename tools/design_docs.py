@@ -14,7 +14,9 @@ A page marks an example like this:
     <!-- end graph -->
 
 The python block runs with ``torch`` and ``predispatch`` imported and must
-define ``module`` and ``args`` (and may define ``kwargs``, ``export_kwargs``).
+define ``module`` and ``args`` (and may define ``kwargs``, ``export_kwargs``, and
+``after_export``, called once the example is exported: e.g. to destroy the
+process group a sharded example initialised).
 
     python tools/design_docs.py            # rewrite the graphs in place
     python tools/design_docs.py --check    # exit 1 if any page is stale
@@ -44,9 +46,12 @@ def render_example(name: str, code: str) -> str:
     if "module" not in scope or "args" not in scope:
         raise ValueError(f"design example {name!r} must define `module` and `args`")
     torch.manual_seed(0)
-    ep = predispatch.export_predispatch(scope["module"], scope["args"], scope.get("kwargs"),
-                                        **scope.get("export_kwargs", {}))
-    return predispatch.format_program(ep)
+    try:
+        ep = predispatch.export_predispatch(scope["module"], scope["args"], scope.get("kwargs"),
+                                            **scope.get("export_kwargs", {}))
+        return predispatch.format_program(ep)
+    finally:
+        scope.get("after_export", lambda: None)()  # e.g. a process group the example set up
 
 
 def render_page(text: str) -> str:
