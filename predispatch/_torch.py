@@ -625,6 +625,19 @@ def layout(t: FunctionalTensor) -> tuple[tuple, tuple, int]:
     return tuple(t.elem.size()), tuple(t.elem.stride()), t.elem.storage_offset()
 
 
+def sync_wrapper_layout(t: FunctionalTensor) -> None:
+    """After ``set_()``: the Python wrapper's size and strides as the inner
+    tensor's (torch's mode updates them for other layout changes, not for
+    set_, so Python indexing would read the old shape)."""
+    size, stride, _ = layout(t)
+    if (tuple(t.size()), tuple(t.stride())) != (size, stride):
+        with torch.utils._mode_utils.no_dispatch():
+            # the wrapper's own storage cannot grow: give it one that holds the layout
+            # (memory the wrapper never reads; the values live in the inner tensor)
+            room = torch.empty_strided(size, stride, dtype=t.dtype, device=t.device)
+            torch.ops.aten.set_.source_Storage_storage_offset(t, room.untyped_storage(), 0, size, stride)
+
+
 def storage_offset(t) -> int | None:
     return t.elem.storage_offset() if isinstance(t, FunctionalTensor) else None
 

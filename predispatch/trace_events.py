@@ -803,6 +803,7 @@ def _set_calls_to_aliases(on_swap):
                 return set_(self, *(() if source is None else (source,)), *args, **kwargs)
             before = _torch.current_node(self)
             out = set_(self, _alias_in_grad_mode(source))
+            _torch.sync_wrapper_layout(self)
             # the same memory as source, its own autograd identity: like a detach of it
             # (of the root of source's views: source may be a view of self)
             root = _Recorder._base(source)

@@ -1,6 +1,6 @@
 """Bugs found by the differential fuzzer (tools/fuzz), each as the minimal
 module it shrank to, with the diagnosis. Open ones are xfail(strict=True):
-remove the marker with the fix. Fixed: 1-27, 29-37, 41, 42 (4b's nested
+remove the marker with the fix. Fixed: 1-27, 29-37, 41, 42, 44 (4b's nested
 autocast(enabled=False) case by the refusal reading autocast nesting, 10 by
 marking no_grad view replays, 15 and 16 by noting grad-mode views at no_grad
 entries; 7 and 22, once refusals, are exported since the eighth session).
@@ -1405,3 +1405,23 @@ def test_an_update_through_a_swap_of_a_saved_value_is_refused():
 
 def test_a_leaf_set_to_its_source_then_read():
     assert_sound(LeafSetToItsSource(), inputs((3, 4)), inputs_require_grad=False)
+
+
+# --------------------------------------------------------------------------
+# 44. (seeds 9402, 9403, ninth session) A tensor set_ to a source of another
+# shape, then indexed in Python: the trace's tensor wrapper kept its old
+# shape (torch's functionalization updates the wrapper for other layout
+# changes, not for set_), and indexing raised a raw IndexError. Fixed: the
+# wrapper takes the new layout.
+
+class SetToAnotherShapeThenIndexed(nn.Module):
+    def forward(self, x):
+        h = torch.zeros(())
+        with torch.no_grad():
+            h.set_(x)
+        h[0] = 1.0
+        return h * x.sum()
+
+
+def test_a_tensor_set_to_another_shape_is_indexed_as_that_shape():
+    assert_sound(SetToAnotherShapeThenIndexed(), inputs((3, 4)), inputs_require_grad=False)
