@@ -865,6 +865,18 @@ def being_traced() -> bool:
     return torch._C._is_torch_function_mode_enabled()
 
 
+def may_return_a_view(op) -> bool:
+    """Can ``op``'s eager result be a view (a view op, or a composite whose
+    decomposition may return one: ``linear`` of a vector, ``reshape``)? True
+    where unknown (a higher-order op's ``getitem``, another library's op)."""
+    if not isinstance(op, torch._ops.OpOverload):
+        return getattr(op, "__module__", None) != "predispatch.ops" and op is not None
+    if op.namespace == "predispatch":
+        return False  # its own ops return new tensors
+    return bool(op.is_view) or torch._C._dispatch_has_kernel_for_dispatch_key(
+        op.name(), "CompositeImplicitAutograd")
+
+
 def saves_its_result(op) -> bool:
     """Does ``op``'s backward read its own output (``relu``, ``exp``: their
     formulas in the derivatives.yaml torch ships)? True where unknown (a

@@ -83,24 +83,47 @@ def may_require_grad(gm: torch.fx.GraphModule, signature, params_requiring_grad:
     return result
 
 
-def _refuse_reshaped_history(old: torch.fx.Node, new: torch.fx.Node, later: list) -> None:
+def _refuse_reshaped_history(old: torch.fx.Node, new: torch.fx.Node, later: list, modes) -> None:
     """A tensor given another shape under no_grad (``set_``, ``resize_``,
-    ``t_()``) keeps its history, of the old shape, and eager's backward feeds
-    that history gradients of the new shape: a leaf's ``.grad`` takes the new
-    shape, a history's nodes sum, broadcast or index a mis-shaped gradient as
-    their formulas happen to. A program cannot reproduce that: refused
-    unless nothing is lost (size-1 dimensions in front: ``unsqueeze_(0)``).
-    (An input returned as it is is the caller's own tensor: no reader.)"""
+    ``t_()``) keeps its history, of the old shape. Autograd checks a gradient
+    of the new shape against that history (reducing it, or raising), for
+    eager's and the program's alike. Not so where the history is a leaf's
+    (eager's ``.grad`` takes the new shape) or a view's (eager regenerates it
+    from the base through the new layout): refused there, where a gradient
+    can reach it, unless nothing is lost (size-1 dimensions in front:
+    ``unsqueeze_(0)``). An input returned as it is is the caller's tensor."""
     va, vb = old.meta.get("val"), new.meta.get("val")
     if _same_elements_broadcast(tuple(va.shape), tuple(vb.shape)):
         return
-    if any(u.op != "output" or old.op != "placeholder" for u in later):
+    origin = old  # whose history a kept one is
+    while origin.op == "call_function" and origin.target in (KEEP_HISTORY, KEEP_HISTORY_IF_NO_GRAD):
+        origin = origin.args[0]
+    leaf = origin.op == "placeholder"
+    if not leaf and not _torch.may_return_a_view(origin.target):
+        return  # eager's history reduces the gradient as the program's does
+    modes = modes if modes is not None else grad_modes(old.graph)
+    if _differentiated([u for u in later if u.op != "output" or old.op != "placeholder"], modes):
         raise ExportError(
             f"a tensor ({old.name}, {tuple(va.shape)}) is given another shape {tuple(vb.shape)} under "
             f"no_grad (set_, resize_, t_(), ...) and keeps its history, at "
-            f"{node_location(new.meta.get('stack_trace'))}: eager's backward then feeds that history "
-            "(or, for a parameter or input, its .grad) gradients of the new shape, which a program "
-            "cannot reproduce; change the shape of a copy instead")
+            f"{node_location(new.meta.get('stack_trace'))}: eager then gives "
+            f"{'the parameter or input a .grad of the new shape' if leaf else 'the view history it keeps gradients through the new layout'}, "
+            "which a program cannot reproduce; change the shape of a copy instead")
+
+
+def _differentiated(readers: list, modes) -> bool:
+    """Does a path from ``readers`` reach the output outside no_grad spans
+    (``modes``: see :func:`grad_modes`; None: any mode)?"""
+    seen, todo = set(), list(readers)
+    while todo:
+        node = todo.pop()
+        if node in seen or (modes is not None and modes.get(node) is False):
+            continue
+        seen.add(node)
+        if node.op == "output":
+            return True
+        todo.extend(node.users)
+    return False
 
 
 def _same_elements_broadcast(old: tuple, new: tuple) -> bool:
@@ -111,14 +134,14 @@ def _same_elements_broadcast(old: tuple, new: tuple) -> bool:
 
 
 def _insert_keep_history(graph, old, new, after, position, target=None,
-                         needed=False) -> torch.fx.Node | None:
+                         needed=False, modes=None) -> torch.fx.Node | None:
     """``keep_history(old, new)`` right after ``after``; later uses of ``new``
     read it. None if nothing reads ``new`` later (no node, no region output),
     unless ``needed`` (a later keep's history starts from it)."""
     after_at = position.get(after, len(position))
     if not needed and not any(position.get(u, after_at + 1) > after_at for u in new.users):
         return None
-    _refuse_reshaped_history(old, new, [u for u in new.users if position.get(u, after_at + 1) > after_at])
+    _refuse_reshaped_history(old, new, [u for u in new.users if position.get(u, after_at + 1) > after_at], modes)
     with graph.inserting_after(after):
         kept = graph.create_node("call_function", target or KEEP_HISTORY, (old, new), name="keep_history")
     kept.meta.update({k: v for k, v in new.meta.items() if k in ("val", "stack_trace", "nn_module_stack")})
@@ -175,7 +198,7 @@ def keep_history_pass(gm: torch.fx.GraphModule, replacements, analyze,
             # the update's under grad mode, the first old one's under no_grad
             first, exit = deferred.pop(r.old)
             node = _insert_keep_history(graph, first, r.old, exit, position, KEEP_HISTORY_IF_NO_GRAD,
-                                        needed=True)
+                                        needed=True, modes=modes)
             history_of[r.old] = node
             kept.append(node)
             position = {n: i for i, n in enumerate(graph.nodes)}
@@ -196,11 +219,12 @@ def keep_history_pass(gm: torch.fx.GraphModule, replacements, analyze,
                 history_of[r.new] = old  # a later update in the caller's mode chains to it
                 deferred[r.new] = (old, r.exit)
                 continue
-            node = _insert_keep_history(graph, old, r.new, r.exit, position, KEEP_HISTORY_IF_NO_GRAD)
+            node = _insert_keep_history(graph, old, r.new, r.exit, position, KEEP_HISTORY_IF_NO_GRAD,
+                                        modes=modes)
         else:
             if not (old in may_grad or old in kept) or not _same_dtype(old, r.new):
                 continue
-            node = _insert_keep_history(graph, old, r.new, r.exit, position)
+            node = _insert_keep_history(graph, old, r.new, r.exit, position, modes=modes)
         history_of[r.new] = old if node is None else node  # None: no later use needs it
         if node is not None:
             kept.append(node)
