@@ -859,10 +859,12 @@ from torch.utils._python_dispatch import _detect_infra_mode, _disable_infra_mode
 
 @contextlib.contextmanager
 def trace_suspended():
-    """Until exit, torch calls run on plain (fake) tensors as if no trace ran:
-    no torch-function mode, no functionalization, no proxy mode, the
-    thread's patches (:mod:`predispatch.patching`) serving as the originals."""
+    """Until exit, torch calls run on plain tensors as if no trace ran: no
+    torch-function mode, no dispatch mode (functionalization, proxy, fake), no
+    Python dispatcher, the thread's patches (:mod:`predispatch.patching`) serving as the originals."""
     from .patching import patches_suspended
+
+    from torch.utils._python_dispatch import _disable_current_modes
 
     popped = []
     try:
@@ -870,7 +872,7 @@ def trace_suspended():
             popped.append(torch._C._pop_torch_function_stack())
         with contextlib.contextmanager(_disable_infra_mode)(torch._C._TorchDispatchModeKey.FUNCTIONAL), \
                 contextlib.contextmanager(_disable_infra_mode)(torch._C._TorchDispatchModeKey.PROXY), \
-                patches_suspended():
+                _disable_current_modes(), torch._C._DisablePythonDispatcher(), patches_suspended():
             yield
     finally:
         for mode in reversed(popped):
@@ -921,3 +923,13 @@ def free_unbacked_symbols(value) -> bool:
     from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols as free
 
     return bool(free(value)) if isinstance(value, torch.Tensor) else False
+
+
+def size_hint(value) -> int | None:
+    """An int, or a symbolic size's example value (None where it has none)."""
+    if isinstance(value, int):
+        return value
+    try:
+        return value.node.hint
+    except AttributeError:
+        return None

@@ -5,7 +5,7 @@ of the same shapes, inputs of the same metadata. The first call of each kind
 is traced as usual and kept as a *template* (the nodes the call made, the
 nodes it read, what it returned). A later call with the same *key* (module
 class, parameter and buffer metadata, input metadata, pytree structure and
-aliasing, grad mode) is *replayed* first: its forward runs on fresh fake
+aliasing, grad mode) is *replayed* first: its forward runs on fresh meta
 tensors, with the trace suspended, under a torch-function mode that logs
 every torch call (function, arguments as constants or as numbered tensors
 with their metadata, results). When the log equals a template's, the call is
@@ -120,31 +120,41 @@ class _CallLog(_torch.TorchFunctionMode):
 
     def __init__(self, tensors: list):
         super().__init__()
-        self.number = {id(t): i for i, t in enumerate(tensors)}
-        self.alive = list(tensors)  # ids stay unique while logging
+        self.number = {}
+        self.alive = []  # ids stay unique while logging
+        for t in tensors:
+            self._register(t)
         self.calls: list = []
         self.keep: list = []
         self.external = False
 
-    def encode(self, tree, new: bool):
-        leaves, spec = pytree.tree_flatten(tree)
-        return spec, tuple(self._leaf(x, new) for x in leaves)
+    def _register(self, t) -> tuple:
+        entry = self.number.get(id(t))
+        if entry is None:
+            self.alive.append(t)
+        entry = self.number[id(t)] = (len(self.alive) - 1 if entry is None else entry[0],
+                                      tuple(t.shape), t.stride(), t.dtype, t.requires_grad)
+        return entry
 
-    def _leaf(self, x, new: bool):
-        if not isinstance(x, torch.Tensor):
-            return _constant(x, self.keep)
-        i = self.number.get(id(x))
-        if i is None:
-            if not new:
+    def encode(self, x, new: bool):
+        """Arguments or results as compared (meta tensors: sizes are ints)."""
+        if isinstance(x, torch.Tensor):
+            if new:
+                return self._register(x)
+            entry = self.number.get(id(x))
+            if entry is None:
                 self.external = True
                 raise _External()
-            i = self.number[id(x)] = len(self.alive)
-            self.alive.append(x)
-        return (i, _tensor_meta(x))
+            return entry
+        if isinstance(x, (tuple, list)) and not isinstance(x, torch.Size):
+            return (type(x), *(self.encode(v, new) for v in x))
+        if isinstance(x, dict):
+            return (dict, *((k, self.encode(v, new)) for k, v in x.items()))
+        return _constant(x, self.keep)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        called = self.encode((args, kwargs), new=False)
+        called = self.encode(args, new=False), self.encode(kwargs, new=False)
         out = func(*args, **kwargs)
         self.calls.append((func, called, self.encode(out, new=True)))
         return out
@@ -211,7 +221,7 @@ def _unchanged(before: list) -> bool:
 
 
 def _replay(forward, flat: list, spec, state: list, module):
-    """The log of ``forward`` run on fresh fake tensors with the trace
+    """The log of ``forward`` run on fresh meta tensors (symbolic sizes at their example values) with the trace
     suspended; None where the call cannot be compared so (it reads another
     tensor, draws host random numbers, changes the module's attributes, fails)."""
     tracer = _torch.current_tracer()
@@ -224,22 +234,25 @@ def _replay(forward, flat: list, spec, state: list, module):
 
 
 def _logged(forward, flat: list, spec, state: list, module):
+    tensors = [x for x in flat if isinstance(x, torch.Tensor)] + state
+    with torch._C.DisableTorchFunction():  # metadata reads, not the layer's
+        layouts = {id(t): ([_torch.size_hint(v) for v in t.shape], [_torch.size_hint(v) for v in t.stride()],
+                           t.dtype, t.requires_grad) for t in tensors}
+    if any(None in size or None in stride for size, stride, _, _ in layouts.values()):
+        return None
     with _torch.trace_suspended():
-        def fake(t):
-            return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device,
-                                       requires_grad=t.requires_grad)
-
         fakes = {}
-        for t in [x for x in flat if isinstance(x, torch.Tensor)] + state:
+        for t in tensors:
             if id(t) not in fakes:
-                fakes[id(t)] = fake(t)
+                size, stride, dtype, requires_grad = layouts[id(t)]
+                fakes[id(t)] = torch.empty_strided(size, stride, dtype=dtype, device="meta",
+                                                   requires_grad=requires_grad)
         fake_flat = [fakes[id(x)] if isinstance(x, torch.Tensor) else x for x in flat]
         args, kwargs = pytree.tree_unflatten(fake_flat, spec)
-        log = _CallLog([fakes[id(x)] for x in flat if isinstance(x, torch.Tensor)]
-                       + [fakes[id(t)] for t in state])
+        log = _CallLog([fakes[id(t)] for t in tensors])
         attributes, generators = _attributes(module), host_generator_states()
         try:
-            with _swapped(module, fakes), log:
+            with _swapped(module, fakes), torch.device("meta"), log:
                 out = forward(*args, **kwargs)
             returned = log.encode(out, new=False)
         except Exception:
@@ -339,7 +352,8 @@ class LayerReuse:
             return forward(*args, **kwargs)
         flat, spec = pytree.tree_flatten((args, kwargs))
         state = _state(module)
-        keyed = _key(module, flat, spec, state)
+        with torch._C.DisableTorchFunction():  # metadata reads, not the layer's
+            keyed = _key(module, flat, spec, state)
         if keyed is None:
             return forward(*args, **kwargs)
         key, _keep = keyed
@@ -351,7 +365,8 @@ class LayerReuse:
             return forward(*args, **kwargs)
         for logged, template in templates:
             if template is not None and logged[:2] == log[:2]:
-                out = self._stamp(template, module, caller, flat, state)
+                with torch._C.DisableTorchFunction():  # no torch call is the layer's
+                    out = self._stamp(template, module, caller, flat, state)
                 if out is not None:
                     self.report.stamped += 1
                     self.report.traced -= 1
