@@ -65,6 +65,12 @@ def reuse_enabled() -> bool:
     return _enabled[-1] if _enabled else os.environ.get(_ENV, "1") != "0"
 
 
+def note_no_reuse() -> None:
+    """A trace made without reuse: the report says nothing was reused."""
+    global last_report
+    last_report = ReuseReport()
+
+
 @dataclasses.dataclass
 class ReuseReport:
     """What the last export's layer reuse did (for tests and tools/bench.py)."""

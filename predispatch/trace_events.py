@@ -802,9 +802,11 @@ def recording(module: torch.nn.Module, record: TraceRecord, strip, reuse_layers:
 
 @contextlib.contextmanager
 def _reusing_layers(module, recorder, stamper, enabled: bool):
-    from .layer_reuse import LayerReuse, reuse_enabled
+    from .layer_reuse import LayerReuse, note_no_reuse, reuse_enabled
 
     if not (enabled and reuse_enabled()):
+        if enabled:
+            note_no_reuse()
         yield None
         return
     with LayerReuse(module, recorder, stamper).installed() as reuse:
