@@ -907,12 +907,12 @@ def fresh_like(t: torch.Tensor, requires_grad: bool) -> torch.Tensor | None:
     when its layout cannot be made so."""
     from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
 
-    with disable_proxy_modes_tracing(), \
+    with torch._C.DisableTorchFunction(), disable_proxy_modes_tracing(), \
             contextlib.contextmanager(_disable_infra_mode)(torch._C._TorchDispatchModeKey.FUNCTIONAL):
         out = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=t.device,
                                   requires_grad=requires_grad)
         if requires_grad:
-            with torch.enable_grad():
+            with torch.enable_grad():  # torch-function modes off: no trace sees it
                 out = out.clone(memory_format=torch.preserve_format)
     if out.stride() != t.stride() or out.storage_offset() != t.storage_offset():
         return None
@@ -933,3 +933,9 @@ def size_hint(value) -> int | None:
         return value.node.hint
     except AttributeError:
         return None
+
+
+def global_module_hooks() -> bool:
+    """Are module hooks registered for every module (``register_module_forward_hook``...)?"""
+    return any((_nn_module._global_forward_hooks, _nn_module._global_forward_pre_hooks,
+                _nn_module._global_backward_hooks, _nn_module._global_backward_pre_hooks))

@@ -111,7 +111,7 @@ def functional_trace(mod: torch.nn.Module, args, kwargs, keep=frozenset, on_layo
             mutated.clear()
             if on_retrace is not None:
                 on_retrace()
-            with layer_reuse.layer_reuse(False):
+            with layer_reuse.reuse_layers(False):
                 return trace_once()
 
     gm = trace()

@@ -25,7 +25,7 @@ call's inputs, state and outputs must not be mutated later (the recorder
 would have followed its views): if one is, :class:`Retrace` makes the trace
 again without reuse.
 
-``layer_reuse(False)`` (or ``PREDISPATCH_LAYER_REUSE=0`` in the environment)
+``predispatch.reuse_layers(False)`` (or ``PREDISPATCH_LAYER_REUSE=0`` in the environment)
 turns it off; the program is the same either way, up to node names.
 """
 from __future__ import annotations
@@ -49,11 +49,11 @@ _COPIED_META = frozenset({"val", "tensor_meta", "nn_module_stack", "torch_fn", "
 
 
 @contextlib.contextmanager
-def layer_reuse(enabled: bool):
+def reuse_layers(enabled: bool):
     """Exports in this block trace repeated layers once (``True``, the default
     unless ``PREDISPATCH_LAYER_REUSE=0``) or every layer (``False``)."""
     if not isinstance(enabled, bool):
-        raise ValueError(f"layer_reuse takes True or False, got {enabled!r}")
+        raise ValueError(f"reuse_layers takes True or False, got {enabled!r}")
     _enabled.append(enabled)
     try:
         yield
@@ -214,16 +214,32 @@ def _swapped(module: torch.nn.Module, replacements: dict):
             table[name] = t
 
 
+_TABLES = ("_parameters", "_buffers", "_modules")
+
+
 def _attributes(module: torch.nn.Module) -> list:
-    return [(m, dict(vars(m))) for m in module.modules()]
+    """The module's and its submodules' attributes (their tables' entries too)."""
+    return [(table, dict(table)) for m in module.modules()
+            for table in (vars(m), *(vars(m)[name] for name in _TABLES))]
 
 
-def _unchanged(before: list) -> bool:
-    for m, attrs in before:
-        now = vars(m)
-        if now.keys() != attrs.keys() or any(now[k] is not v for k, v in attrs.items()):
-            return False
-    return True
+def _restored(before: list) -> bool:
+    """Put the attributes back as ``before`` found them; whether any had changed."""
+    changed = False
+    for table, entries in before:
+        if table.keys() != entries.keys() or any(table[k] is not v for k, v in entries.items()):
+            changed = True
+            table.clear()
+            table.update(entries)
+    return changed
+
+
+def _hooked(module: torch.nn.Module) -> bool:
+    """Hooks inside the layer see its tensors, which a stamped call has none of."""
+    if _torch.global_module_hooks():
+        return True
+    return any(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks
+               or getattr(m, "_backward_pre_hooks", None) for m in module.modules() if m is not module)
 
 
 def _replay(forward, flat: list, spec, state: list, module):
@@ -256,16 +272,22 @@ def _logged(forward, flat: list, spec, state: list, module):
         fake_flat = [fakes[id(x)] if isinstance(x, torch.Tensor) else x for x in flat]
         args, kwargs = pytree.tree_unflatten(fake_flat, spec)
         log = _CallLog([fakes[id(t)] for t in tensors])
-        attributes, generators = _attributes(module), host_generator_states()
+        generators = host_generator_states()
+        failed = changed = False
         try:
-            with _swapped(module, fakes), torch.device("meta"), log:
-                out = forward(*args, **kwargs)
-            returned = log.encode(out, new=False)
-        except Exception:
-            return None
+            with _swapped(module, fakes):
+                attributes = _attributes(module)
+                try:
+                    with torch.device("meta"), log:
+                        out = forward(*args, **kwargs)
+                    returned = log.encode(out, new=False)
+                except Exception:
+                    failed = True
+                finally:
+                    changed = _restored(attributes)  # the replay's Python side effects on the modules
         finally:
             drew = restore_host_generators(generators)
-        if log.external or drew or not _unchanged(attributes):
+        if failed or log.external or drew or changed:
             return None
         return log.calls, returned, log.keep
 
@@ -364,8 +386,8 @@ class LayerReuse:
             return forward(*args, **kwargs)
         key, _keep = keyed
         templates = self.templates.setdefault(key, [])
-        if len(templates) >= _MAX_TEMPLATES:
-            return forward(*args, **kwargs)
+        if len(templates) >= _MAX_TEMPLATES or sum(t is None for _, t in templates) >= 2 or _hooked(module):
+            return forward(*args, **kwargs)  # nothing to reuse here, likely: no replays
         log = _replay(forward, flat, spec, state, module)
         if log is None:
             return forward(*args, **kwargs)
@@ -393,10 +415,18 @@ class LayerReuse:
         depth, (module_key, (module_path, _)) = len(tracer.module_stack), list(tracer.module_stack.items())[-1]
         start = _torch.last_node(tracer.graph)
         out = forward(*args, **kwargs)
+        with torch._C.DisableTorchFunction():  # metadata reads, not the layer's
+            return out, self._template(inputs, in_nodes, counters, counts, num_calls, depth, module_key,
+                                       module_path, caller, start, out, mark)
+
+    def _template(self, inputs, in_nodes, counters, counts, num_calls, depth, module_key, module_path,
+                  caller, start, out, mark):
+        """The call's template, or None where a later call could not be stamped from it."""
+        tracer = _torch.current_tracer()
         nodes = list(_torch.nodes_after(start))
         if (self.recorder.reuse_mark() != mark or None in in_nodes
                 or [_torch.storage_counters(t) for t in inputs] != counters):
-            return out, None
+            return None
         out_flat, out_spec = pytree.tree_flatten(out)
         outputs = _outputs(out_flat, inputs, set(nodes))
         offsets = _torch_fn_offsets(nodes, counts, tracer.torch_fn_counts)
@@ -404,8 +434,8 @@ class LayerReuse:
                         if n != num_calls.get(p, 0)}
         if (outputs is None or offsets is None or not _copyable(nodes, set(in_nodes), depth)
                 or any(not p.startswith(module_path + ".") for p in module_calls)):
-            return out, None
-        return out, _Template(
+            return None
+        return _Template(
             in_nodes, nodes, outputs, out_spec, offsets,
             {f: n - counts.get(f, 0) for f, n in tracer.torch_fn_counts.items() if n != counts.get(f, 0)},
             tracer.torch_fn_metadata, depth, module_calls, module_key, module_path,

@@ -41,9 +41,9 @@ def _canonical(ep) -> tuple:
 
 def export_both(module, args):
     """(program with reuse, its report); asserts it is the program without."""
-    with layer_reuse.layer_reuse(False):
+    with layer_reuse.reuse_layers(False):
         plain = predispatch.export_predispatch(module, args)
-    with layer_reuse.layer_reuse(True):
+    with layer_reuse.reuse_layers(True):
         reused = predispatch.export_predispatch(module, args)
         report = layer_reuse.last_report
     a, b = _canonical(plain), _canonical(reused)
@@ -87,7 +87,7 @@ def test_same_layers_are_stamped_and_match_eager():
     module = Stack(Block)
     _, report = export_both(module, _x())
     assert (report.templates, report.stamped) == (1, 3)
-    with layer_reuse.layer_reuse(True):
+    with layer_reuse.reuse_layers(True):
         assert_matches_eager(module, _x())
 
 
@@ -133,7 +133,7 @@ def test_buffer_update_is_traced():
     module = Stack(Counting)
     _, report = export_both(module, _x())
     assert report.stamped == 0
-    with layer_reuse.layer_reuse(True):
+    with layer_reuse.reuse_layers(True):
         assert_matches_eager(module, _x())
 
 
@@ -161,13 +161,13 @@ def test_host_random_draw_is_traced_and_drawn_once_per_call():
     torch.manual_seed(0)
     module = Stack(LayerDrop)
     random.seed(0)
-    with layer_reuse.layer_reuse(False):
+    with layer_reuse.reuse_layers(False):
         predispatch.export_predispatch(module, _x())
     expected = random.random()
     random.seed(0)
     _, report = export_both(module, _x())  # exports twice
     random.seed(0)
-    with layer_reuse.layer_reuse(True):
+    with layer_reuse.reuse_layers(True):
         predispatch.export_predispatch(module, _x())
     assert random.random() == expected
     assert report.stamped == 0
@@ -192,7 +192,7 @@ def test_stamped_output_mutated_later_is_traced_again():
     module = MutatedAfter()
     _, report = export_both(module, _x())
     assert report.stamped == 0  # the trace was made again without reuse
-    with layer_reuse.layer_reuse(True):
+    with layer_reuse.reuse_layers(True):
         assert_matches_eager(module, _x())
 
 
@@ -213,5 +213,43 @@ def test_option_is_validated():
     import pytest
 
     with pytest.raises(ValueError, match="True or False"):
-        with layer_reuse.layer_reuse("yes"):
+        with layer_reuse.reuse_layers("yes"):
             pass
+
+
+class RebindsByIndex(Block):
+    """Layer 2 rebinds its buffer to a value every layer computes: the torch
+    calls are the same, the state the module is left in is not."""
+
+    def __init__(self, width=8, index=0):
+        super().__init__(width, index)
+        self.register_buffer("last", torch.zeros(width))
+
+    def forward(self, x):
+        y = self.lin(self.norm(x))
+        mean = y.mean(dim=(0, 1))
+        if self.index == 2:
+            self.last = mean
+        return x + y
+
+
+def test_state_rebound_by_one_layer_is_traced():
+    torch.manual_seed(0)
+    module = Stack(RebindsByIndex)
+    ep, report = export_both(module, _x())
+    assert (report.templates, report.stamped) == (1, 2)  # layers 1 and 3 from layer 0; 2 traced
+    assert [s.target for s in ep.graph_signature.output_specs if s.kind.name == "BUFFER_MUTATION"] == [
+        "layers.2.last"]
+
+
+def test_hooked_layers_are_traced():
+    torch.manual_seed(0)
+    module = Stack(Block)
+    seen = []
+    handle = module.layers[1].lin.register_forward_hook(lambda m, i, o: seen.append(o.shape))
+    try:
+        _, report = export_both(module, _x())
+    finally:
+        handle.remove()
+    assert (report.templates, report.stamped) == (1, 2)  # layers 2 and 3 from 0; 1 traced
+    assert len(seen) == 2  # once per export, with traced values, as without reuse
