@@ -345,6 +345,7 @@ class LayerReuse:
     def __init__(self, root: torch.nn.Module, recorder, stamper):
         self.recorder, self.stamper = recorder, stamper
         self.templates: dict = {}
+        self.keep: list = []
         self.stamped: list[_Stamped] = []
         self.layers = _repeated_modules(root)
         global last_report
@@ -384,8 +385,9 @@ class LayerReuse:
             keyed = _key(module, flat, spec, state)
         if keyed is None:
             return forward(*args, **kwargs)
-        key, _keep = keyed
+        key, keep = keyed
         templates = self.templates.setdefault(key, [])
+        self.keep.append(keep)  # objects the key names by id stay alive: ids stay unique
         if len(templates) >= _MAX_TEMPLATES or sum(t is None for _, t in templates) >= 2 or _hooked(module):
             return forward(*args, **kwargs)  # nothing to reuse here, likely: no replays
         log = _replay(forward, flat, spec, state, module)
@@ -467,7 +469,7 @@ class LayerReuse:
         call_site = self.stamper.call_site_text(caller) if self.stamper is not None else None
         counts = tracer.torch_fn_counts
         for node in template.nodes:
-            copy = graph.node_copy(node, env.__getitem__)
+            copy = graph.node_copy(node, lambda a: env.get(a, a))  # a symbolic size made before: shared
             env[node] = copy
             meta = copy.meta
             if "nn_module_stack" in meta:
@@ -542,23 +544,35 @@ def _outputs(out_flat, inputs, made: set) -> list | None:
 
 
 def _copyable(nodes, in_nodes: set, depth: int) -> bool:
-    """Nodes a copy reproduces: aten ops on the call's inputs or on each
-    other, with no metadata but torch's own, no unbacked symbols."""
+    """Nodes a copy reproduces: aten ops (and symbolic size arithmetic) on the
+    call's inputs or on each other (or on symbolic sizes made before, which a
+    copy shares), with no metadata but torch's own, no unbacked symbols."""
     made = set()
     for node in nodes:
-        if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
-            if not (node.op == "call_function" and node.target is _GETITEM):
-                return False
+        if node.op != "call_function" or not (_is_functional_op(node.target) or node.target is _GETITEM
+                                              or (_is_symbolic(node) and _is_size_arithmetic(node.target))):
+            return False
         if not node.meta.keys() <= _COPIED_META or _torch.free_unbacked_symbols(node.meta.get("val")):
             return False
         if len(node.meta.get("nn_module_stack", ())) < depth:
             return False
-        if any(a not in made and a not in in_nodes for a in node.all_input_nodes):
-            return False
-        if node.target._schema.is_mutable if isinstance(node.target, torch._ops.OpOverload) else False:
+        if any(a not in made and a not in in_nodes and not _is_symbolic(a) for a in node.all_input_nodes):
             return False
         made.add(node)
     return True
+
+
+def _is_functional_op(target) -> bool:
+    return isinstance(target, torch._ops.OpOverload) and not target._schema.is_mutable
+
+
+def _is_symbolic(node) -> bool:
+    return isinstance(node.meta.get("val"), (torch.SymInt, torch.SymFloat, torch.SymBool))
+
+
+def _is_size_arithmetic(target) -> bool:
+    return getattr(target, "__module__", None) in ("_operator", "math") or (
+        getattr(target, "__module__", None) == "torch" and getattr(target, "__name__", "").startswith("sym_"))
 
 
 import operator  # noqa: E402

@@ -253,3 +253,21 @@ def test_hooked_layers_are_traced():
         handle.remove()
     assert (report.templates, report.stamped) == (1, 2)  # layers 2 and 3 from 0; 1 traced
     assert len(seen) == 2  # once per export, with traced values, as without reuse
+
+
+def test_dynamic_shapes_are_stamped():
+    from predispatch.testing.eager import assert_matches_eager  # noqa: F811
+    from torch.export import Dim
+
+    torch.manual_seed(0)
+    module = Stack(ByIndex, n=4)
+    dims = ({0: Dim("b", min=2, max=16), 1: Dim("s", min=2, max=32)},)
+    with layer_reuse.reuse_layers(False):
+        plain = predispatch.export_predispatch(module, _x(), dynamic_shapes=dims)
+    with layer_reuse.reuse_layers(True):
+        reused = predispatch.export_predispatch(module, _x(), dynamic_shapes=dims)
+        report = layer_reuse.last_report
+    assert _canonical(plain) == _canonical(reused)
+    assert (report.templates, report.stamped) == (2, 2)
+    x = torch.randn(5, 7, 8)
+    torch.testing.assert_close(reused.module()(x), module(x))
