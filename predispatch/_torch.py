@@ -939,3 +939,4 @@ def global_module_hooks() -> bool:
     """Are module hooks registered for every module (``register_module_forward_hook``...)?"""
     return any((_nn_module._global_forward_hooks, _nn_module._global_forward_pre_hooks,
                 _nn_module._global_backward_hooks, _nn_module._global_backward_pre_hooks))
+

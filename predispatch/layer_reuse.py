@@ -153,9 +153,9 @@ class _CallLog(_torch.TorchFunctionMode):
                 raise _External()
             return entry
         if isinstance(x, (tuple, list)) and not isinstance(x, torch.Size):
-            return (type(x), *(self.encode(v, new) for v in x))
+            return (type(x), *[self.encode(v, new) for v in x])
         if isinstance(x, dict):
-            return (dict, *((k, self.encode(v, new)) for k, v in x.items()))
+            return (dict, *[(k, self.encode(v, new)) for k, v in x.items()])
         return _constant(x, self.keep)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
