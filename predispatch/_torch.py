@@ -940,3 +940,9 @@ def global_module_hooks() -> bool:
     return any((_nn_module._global_forward_hooks, _nn_module._global_forward_pre_hooks,
                 _nn_module._global_backward_hooks, _nn_module._global_backward_pre_hooks))
 
+
+
+def below_autograd():
+    """Ops run without autograd (their results require no grad, as traced
+    FunctionalTensors' do), grad mode as it is."""
+    return torch._C._AutoDispatchBelowAutograd()

@@ -147,7 +147,8 @@ class _CallLog(_torch.TorchFunctionMode):
         if entry is None:
             self.alive.append(t)
         entry = self.number[id(t)] = (len(self.alive) - 1 if entry is None else entry[0],
-                                      tuple(t.shape), t.stride(), t.storage_offset(), t.dtype, t.requires_grad)
+                                      tuple(t.shape), t.stride(), t.storage_offset(), t.dtype, t.requires_grad,
+                                      t.layout, t.is_conj(), t.is_neg())
         return entry
 
     def encode(self, x, new: bool):
@@ -168,13 +169,14 @@ class _CallLog(_torch.TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        called = self.encode(args, new=False), self.encode(kwargs, new=False)
+        called = self.encode(args, new=False), self.encode(kwargs, new=False), _ambient()
         if self.guide is not None:
             step = len(self.calls)
             if step < len(self.guide) and self.guide[step][0] == func and self.guide[step][1] == called:
                 result = self.guide[step][2]
-                if isinstance(result[0], int) and result[0] == len(self.alive) and result[3] == 0:
-                    _, size, stride, _, dtype, requires_grad = result
+                if (isinstance(result[0], int) and result[0] == len(self.alive) and result[3] == 0
+                        and result[6:] == (torch.strided, False, False)):
+                    _, size, stride, _, dtype, requires_grad, *_ = result
                     out = torch.empty_strided(size, stride, dtype=dtype, device="meta",
                                               requires_grad=requires_grad)
                     self._register(out)
@@ -185,6 +187,12 @@ class _CallLog(_torch.TorchFunctionMode):
         out = func(*args, **kwargs)
         self.calls.append((func, called, self.encode(out, new=True)))
         return out
+
+
+def _ambient() -> tuple:
+    """The global state an op's result metadata depends on besides its arguments."""
+    return (torch.is_grad_enabled(), torch._C._is_any_autocast_enabled(), torch.is_inference_mode_enabled(),
+            torch.get_default_dtype())
 
 
 def _state(module: torch.nn.Module) -> list:
@@ -299,7 +307,8 @@ def _logged(forward, flat: list, spec, state: list, module, guide):
             with _swapped(module, fakes):
                 attributes = _attributes(module)
                 try:
-                    with torch.device("meta"), log:
+                    # above autograd, as the trace's FunctionalTensors are: results do not require grad
+                    with torch.device("meta"), _torch.below_autograd(), log:
                         out = forward(*args, **kwargs)
                     returned = log.encode(out, new=False)
                 except Exception:

@@ -271,3 +271,20 @@ def test_dynamic_shapes_are_stamped():
     assert (report.templates, report.stamped) == (2, 2)
     x = torch.randn(5, 7, 8)
     torch.testing.assert_close(reused.module()(x), module(x))
+
+
+class ByIndexAndLeaf(Block):
+    """Layer 2 doubles where its intermediate is a leaf, as a traced tensor
+    is (the replay must see what the trace sees, or it would stamp it)."""
+
+    def forward(self, x):
+        y = self.lin(self.norm(x))
+        if y.is_leaf and not y.requires_grad and self.index == 2:
+            y = y * 2
+        return x + y
+
+
+def test_replay_sees_tensors_as_the_trace_does():
+    torch.manual_seed(0)
+    ep, report = export_both(Stack(ByIndexAndLeaf), _x())
+    assert (report.templates, report.stamped) == (2, 2)
