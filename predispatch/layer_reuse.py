@@ -377,7 +377,8 @@ class LayerReuse:
         self.templates: dict = {}
         self.keep: list = []
         self.stamped: list[_Stamped] = []
-        self.layers = _repeated_modules(root)
+        with torch._C.DisableTorchFunction():  # metadata reads, not the forward's
+            self.layers = _repeated_modules(root)
         global last_report
         last_report = self.report = ReuseReport()
 
