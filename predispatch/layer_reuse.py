@@ -443,8 +443,9 @@ class LayerReuse:
     def _trace(self, module, forward, caller, flat, state, args, kwargs, mark):
         tracer = _torch.current_tracer()
         inputs = [x for x in flat if isinstance(x, torch.Tensor)] + state
-        in_nodes = [_torch.materialized_node(t) for t in inputs]
-        counters = [_torch.storage_counters(t) for t in inputs]
+        with torch._C.DisableTorchFunction():  # metadata reads, not the layer's
+            in_nodes = [_torch.materialized_node(t) for t in inputs]
+            counters = [_torch.storage_counters(t) for t in inputs]
         counts, num_calls = dict(tracer.torch_fn_counts), dict(tracer.num_calls)
         depth, (module_key, (module_path, _)) = len(tracer.module_stack), list(tracer.module_stack.items())[-1]
         start = _torch.last_node(tracer.graph)
@@ -534,9 +535,10 @@ class LayerReuse:
 
     def check_stamped(self) -> None:
         """After the forward: no stamped call's tensors were mutated since."""
-        for s in self.stamped:
-            if [_torch.storage_counters(t) for t in s.tensors] != s.counters:
-                raise Retrace()
+        with torch._C.DisableTorchFunction():  # metadata reads, not the forward's
+            changed = any([_torch.storage_counters(t) for t in s.tensors] != s.counters for s in self.stamped)
+        if changed:
+            raise Retrace()
 
 
 def _moved(name: str, old: str, new: str) -> str:
