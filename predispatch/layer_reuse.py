@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import operator
 import os
 import sys
 import types
@@ -608,8 +609,6 @@ def _is_size_arithmetic(target) -> bool:
     return getattr(target, "__module__", None) in ("_operator", "math") or (
         getattr(target, "__module__", None) == "torch" and getattr(target, "__name__", "").startswith("sym_"))
 
-
-import operator  # noqa: E402
 
 _GETITEM = operator.getitem
 
