@@ -4,6 +4,7 @@ from . import _torch, program
 from .autocast_policy import AutocastPolicy
 from .errors import BackwardAutocastMismatchError, BackwardAutocastMismatchWarning, ExportError
 from .export import export_predispatch
+from .layer_reuse import reuse_layers
 from .op_policy import OpPolicy
 from .program import PredispatchProgram, load
 from .printing import format_program
@@ -37,4 +38,5 @@ __all__ = [
     "prepare_qat_pt2e",
     "regions",
     "sharded_layouts",
+    "reuse_layers",
 ]

@@ -1016,3 +1016,99 @@ def fsdp_param_unsharded_size(fsdp_param) -> torch.Size:
 def fsdp_param_tensor_parallel_spec(fsdp_param):
     """The DTensor spec of the all-gathered parameter (FSDP x TP), or None."""
     return fsdp_param._unsharded_dtensor_spec
+
+
+# --- layer reuse (predispatch.layer_reuse)
+from torch.fx.experimental.proxy_tensor import set_proxy_slot  # noqa: E402,F401
+from torch.utils._python_dispatch import _detect_infra_mode, _disable_infra_mode  # noqa: E402
+
+
+@contextlib.contextmanager
+def trace_suspended():
+    """Until exit, torch calls run on plain tensors as if no trace ran: no
+    torch-function mode, no dispatch mode (functionalization, proxy, fake), no
+    Python dispatcher, the thread's patches (:mod:`predispatch.patching`) serving as the originals."""
+    from .patching import patches_suspended
+
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    popped = []
+    try:
+        while torch._C._len_torch_function_stack() > 0:
+            popped.append(torch._C._pop_torch_function_stack())
+        with contextlib.contextmanager(_disable_infra_mode)(torch._C._TorchDispatchModeKey.FUNCTIONAL), \
+                contextlib.contextmanager(_disable_infra_mode)(torch._C._TorchDispatchModeKey.PROXY), \
+                _disable_current_modes(), torch._C._DisablePythonDispatcher(), patches_suspended():
+            yield
+    finally:
+        for mode in reversed(popped):
+            torch._C._push_on_torch_function_stack(mode)
+
+
+def storage_counters(t: FunctionalTensor) -> tuple:
+    """What changes when ``t``'s (functional) storage or layout is mutated."""
+    return (torch._functionalize_mutation_counter(t.elem),
+            torch._functionalize_storage_changed_counter(t.elem),
+            has_metadata_mutation(t), tuple(t.elem.size()), tuple(t.elem.stride()), t.elem.storage_offset())
+
+
+def inner_value(t: FunctionalTensor) -> torch.Tensor:
+    """The traced (fake) value a FunctionalTensor wraps, as it is now."""
+    return torch._from_functional_tensor(t.elem)
+
+
+def traced_output(value: torch.Tensor, node: torch.fx.Node) -> FunctionalTensor:
+    """``value`` (a fresh fake tensor) as the traced value of ``node``: tracked
+    by the running proxy mode and wrapped for the running FunctionalTensorMode,
+    as an op's output is."""
+    tracer = current_tracer()
+    track_tensor_tree(value, torch.fx.Proxy(node, tracer), constant=None, tracer=tracer)
+    mode = _detect_infra_mode(torch._C._TorchDispatchModeKey.FUNCTIONAL)
+    return FunctionalTensor(torch._to_functional_tensor(value), mode)
+
+
+def fresh_like(t: torch.Tensor, requires_grad: bool) -> torch.Tensor | None:
+    """A new (fake) tensor with ``t``'s metadata, made out of the trace, with
+    an autograd history when ``requires_grad`` (as an op's output has); None
+    when its layout cannot be made so."""
+    from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
+
+    with torch._C.DisableTorchFunction(), disable_proxy_modes_tracing(), \
+            contextlib.contextmanager(_disable_infra_mode)(torch._C._TorchDispatchModeKey.FUNCTIONAL):
+        out = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=t.device,
+                                  requires_grad=requires_grad)
+        if requires_grad:
+            with torch.enable_grad():  # torch-function modes off: no trace sees it
+                out = out.clone(memory_format=torch.preserve_format)
+    if out.stride() != t.stride() or out.storage_offset() != t.storage_offset():
+        return None
+    return out
+
+
+def free_unbacked_symbols(value) -> bool:
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols as free
+
+    return bool(free(value)) if isinstance(value, torch.Tensor) else False
+
+
+def size_hint(value) -> int | None:
+    """An int, or a symbolic size's example value (None where it has none)."""
+    if isinstance(value, int):
+        return value
+    try:
+        return value.node.hint
+    except AttributeError:
+        return None
+
+
+def global_module_hooks() -> bool:
+    """Are module hooks registered for every module (``register_module_forward_hook``...)?"""
+    return any((_nn_module._global_forward_hooks, _nn_module._global_forward_pre_hooks,
+                _nn_module._global_backward_hooks, _nn_module._global_backward_pre_hooks))
+
+
+
+def below_autograd():
+    """Ops run without autograd (their results require no grad, as traced
+    FunctionalTensors' do), grad mode as it is."""
+    return torch._C._AutoDispatchBelowAutograd()

@@ -71,7 +71,7 @@ def _aten_stage(policy: OpPolicy, record: TraceRecord):
     def to_aten(mod, fake_args, fake_kwargs, fake_params_buffers, constant_attrs,
                 produce_guards_callback=None, *, transform=lambda f: f, **_unused):
         def trace(stack, wrapped, args, *, kwargs=None, **_flags):
-            with recording(wrapped, record, _strip_root):
+            with recording(wrapped, record, _strip_root, reuse_layers=True):
                 gm, signature, record.input_views = functional_trace(
                     wrapped, args, kwargs, keep=lambda: history_nodes(record),
                     on_layout_change=lambda key, change: record.layouts.__setitem__(

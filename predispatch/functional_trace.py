@@ -14,7 +14,7 @@ import functools
 import torch
 import torch.utils._pytree as pytree
 
-from . import _torch, input_aliasing, trace_events
+from . import _torch, input_aliasing, layer_reuse, trace_events
 from .errors import ExportError
 
 
@@ -100,9 +100,19 @@ def functional_trace(mod: torch.nn.Module, args, kwargs, keep=frozenset, on_layo
     def input_key(i: int) -> str:
         return keys[i] if i < n_state else f"input:{i - n_state}"
 
-    def trace():
+    def trace_once():
         with _torch.enable_python_dispatcher():
             return _torch.make_fx(functionalized, record_module_stack=True, pre_dispatch=True)(*flat_args)
+
+    def trace():
+        try:
+            return trace_once()
+        except layer_reuse.Retrace:  # a stamped layer's tensors were mutated later: trace every layer
+            mutated.clear()
+            if on_retrace is not None:
+                on_retrace()
+            with layer_reuse.reuse_layers(False):
+                return trace_once()
 
     gm = trace()
     overlapping = input_aliasing.views_of_covering_inputs(

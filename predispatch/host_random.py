@@ -173,3 +173,24 @@ def refusing_host_randomness(draws: HostDraws):
                 "would reuse this export's draws on every call where eager draws anew. Draw "
                 "them with torch's generator (torch.rand, torch.randint, ...), which the graph "
                 "records, or turn the feature off for export")
+
+
+
+def host_generator_states() -> dict:
+    """name -> (global generator instance, its state now, as it restores)."""
+    return {name: (instance, instance.getstate() if hasattr(instance, "getstate")
+                   else instance.get_state(legacy=False))
+            for name, (_, instance) in _generators().items()}
+
+
+def restore_host_generators(states: dict) -> bool:
+    """Put the generators back as ``states`` found them; whether any had drawn."""
+    drew = False
+    for instance, full in states.values():
+        python = hasattr(instance, "setstate")
+        before = full if python else (full["state"]["key"].tobytes(), full["state"]["pos"],
+                                      full["has_gauss"], full["gauss"])
+        if _state(instance) != before:
+            drew = True
+            instance.setstate(full) if python else instance.set_state(full)
+    return drew

@@ -52,6 +52,11 @@ class _Stamper(_torch.TorchFunctionMode):
                 node.stack_trace = text
         return out
 
+    def call_site_text(self, frame) -> str:
+        """The stack text of a node made at ``frame`` (a layer's call site):
+        the start of the texts of the nodes its callees make."""
+        return self._stack_text(frame)
+
     def _shown_frames(self, frame, stop) -> tuple:
         """(code, line) of the frames torch would show, outermost first."""
         kept, shown = self._kept, []
@@ -77,14 +82,15 @@ class _Stamper(_torch.TorchFunctionMode):
 
 @contextlib.contextmanager
 def stamping_stack_traces():
-    """Inside a make_fx trace: stamp user stack traces per torch call."""
+    """Inside a make_fx trace: stamp user stack traces per torch call (the
+    stamper is given, or None where the tracer records none)."""
     tracer = _torch.current_tracer()
     if tracer is None or not tracer.record_stack_traces:
-        yield
+        yield None
         return
     stamper = _Stamper(tracer, sys._getframe(2))  # the frame entering this context
     with stamper, _stamping_autocast_blocks(stamper):
-        yield
+        yield stamper
 
 
 @contextlib.contextmanager

@@ -500,6 +500,18 @@ class _Recorder(_torch.TorchFunctionMode):
         if written:
             self.note_written(written)
 
+    def reuse_mark(self):
+        """What a layer traced once and stamped later (:mod:`predispatch.layer_reuse`)
+        must leave as it found it; None where the recorder's state allows no
+        reuse now (under no_grad, after a leaf, inside a hidden block, with a
+        host random draw pending)."""
+        if (self._watch is not None or self._any_leaf or self._hidden_blocks or not torch.is_grad_enabled()
+                or (self.draws is not None and self.draws.pending)):
+            return None
+        r = self.record
+        return (len(r.replacements), len(r.needed), len(self._block_ids), len(self._written or ()),
+                self._after_a_grad_marker, self._any_no_grad_view, self._grad_mode)
+
     def sync_grad_mode(self) -> None:
         """A grad-mode change no torch-function mode saw: a library function
         reached through ``handle_torch_function`` (``nn.init.constant_``) runs
@@ -840,8 +852,9 @@ def _wrapping_what_modes_miss(recorder: _Recorder, draws: HostDraws):
 
 
 @contextlib.contextmanager
-def recording(module: torch.nn.Module, record: TraceRecord, strip):
-    """Run ``module``'s forward under the recorder while it is traced."""
+def recording(module: torch.nn.Module, record: TraceRecord, strip, reuse_layers: bool = False):
+    """Run ``module``'s forward under the recorder while it is traced
+    (``reuse_layers``: repeated layers traced once, see :mod:`predispatch.layer_reuse`)."""
     forward = module.forward
     eager_autocast_cache = torch.is_autocast_cache_enabled()  # make_fx turns it off
 
@@ -855,9 +868,12 @@ def recording(module: torch.nn.Module, record: TraceRecord, strip):
         draws = HostDraws()
         recorder = _Recorder(record, casts, draws)
         with autocast_blocks_as_in_eager(eager_autocast_cache, recorder.sync_grad_mode), \
-                recorder, stamping_stack_traces(), \
-                _wrapping_what_modes_miss(recorder, draws), _observing_ops(recorder.before_functional_op):
+                recorder, stamping_stack_traces() as stamper, \
+                _wrapping_what_modes_miss(recorder, draws), _observing_ops(recorder.before_functional_op), \
+                _reusing_layers(module, recorder, stamper, reuse_layers) as reuse:
             out = forward(*args, **kwargs)
+            if reuse is not None:
+                reuse.check_stamped()
             recorder.refuse_unrestored_hidden_blocks()
             out = recorder.read_leaf_outputs(out)
             recorder.sync_no_grad_view_outputs(out)
@@ -877,6 +893,19 @@ def recording(module: torch.nn.Module, record: TraceRecord, strip):
             module.forward = forward
         else:
             del module.forward
+
+
+@contextlib.contextmanager
+def _reusing_layers(module, recorder, stamper, enabled: bool):
+    from .layer_reuse import LayerReuse, note_no_reuse, reuse_enabled
+
+    if not (enabled and reuse_enabled()):
+        if enabled:
+            note_no_reuse()
+        yield None
+        return
+    with LayerReuse(module, recorder, stamper).installed() as reuse:
+        yield reuse
 
 
 _UNOBSERVED: list[bool] = []  # inside unobserved(): ops go straight to functionalization

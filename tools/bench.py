@@ -1,6 +1,8 @@
 """Benchmark export_predispatch against torch.export.export and a fake-forward floor.
 
 The floor is one forward pass on fake tensors; torch.export runs non-strict.
+predispatch is measured with layer reuse (the default) and without it
+("pd-noreuse": every layer traced; see predispatch.layer_reuse).
 
     python tools/bench.py                    # everything (takes a while)
     python tools/bench.py --quick            # a small subset, < 2 minutes
@@ -57,7 +59,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 import predispatch  # noqa: E402
 
 CHILD_TAG = "BENCH_CHILD "
-EXPORTERS = ("torch", "predispatch", "floor")
+EXPORTERS = ("torch", "predispatch", "pd-noreuse", "floor")  # pd-noreuse: layer reuse off
 REAL_SEQ = (2, 64)  # batch, sequence length of the real models' input_ids
 
 
@@ -195,6 +197,12 @@ def export_pd(model, args):
     return predispatch.export_predispatch(model, args)
 
 
+def export_pd_without_reuse(model, args):
+    """Every layer traced (predispatch.layer_reuse off)."""
+    with predispatch.reuse_layers(False):
+        return predispatch.export_predispatch(model, args)
+
+
 def fake_forward(model, args):
     """The floor: fakify the parameters, buffers and inputs, run one forward."""
     mode = FakeTensorMode(allow_non_fake_inputs=False)
@@ -205,7 +213,8 @@ def fake_forward(model, args):
         return torch.func.functional_call(model, fake_state, fake_args)
 
 
-EXPORT_FNS = {"torch": export_torch, "predispatch": export_pd, "floor": fake_forward}
+EXPORT_FNS = {"torch": export_torch, "predispatch": export_pd, "pd-noreuse": export_pd_without_reuse,
+              "floor": fake_forward}
 
 
 def clear_caches() -> None:
@@ -557,7 +566,7 @@ def per_unit_costs(results, names, unit_of, value_of):
 
 def layer_report(results) -> list[str]:
     lines = []
-    for exporter in ("predispatch", "torch"):
+    for exporter in ("predispatch", "pd-noreuse", "torch"):
         pts = per_unit_costs(results, LLAMA_SERIES, lambda c: c.layers,
                              lambda r, e=exporter: r.median(e))
         if len(pts) >= 2:
@@ -650,8 +659,16 @@ def targets(results) -> list[str]:
     for kind, (b, linear) in region_worst.items():
         lines.append(check(f"{kind} regions: marginal {1e3 * b:.2f} ms/region (<= 5 ms), "
                            f"{'linear' if linear else 'superlinear'}", b, b <= 5e-3 and linear))
+    l32 = by.get("llama-L32")
+    if l32 is not None:
+        t = ratio(l32.median("predispatch"), l32.median("torch"))
+        lines.append(check(f"Llama 32 layers with layer reuse: ratio {fmt(t, '.2f')} to torch.export "
+                           "(<= 0.25)", t, t is not None and t <= 0.25))
     big = by.get("llama3-70b-meta")
     if big is not None:
+        f = ratio(big.median("predispatch"), big.median("floor"))
+        lines.append(check(f"70B meta with layer reuse: {fmt(f, '.2f')}x one fake forward (< 1.0)", f,
+                           f is not None and f < 1.0))
         t = ratio(big.median("predispatch"), big.median("torch"))
         m = ratio(big.peak_mib.get("predispatch"), big.peak_mib.get("torch"))
         lines.append(check(f"70B meta: time ratio {fmt(t, '.2f')} (<= 1.0)", t,
