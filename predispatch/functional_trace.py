@@ -95,7 +95,12 @@ def functional_trace(mod: torch.nn.Module, args, kwargs, keep=frozenset, on_layo
             if relaid or _torch.has_data_mutation(f):
                 mutated.append(i)
                 new_values.append(_torch.from_functional(f))
-        return (*new_values, *[_torch.from_functional(o) for o in outputs])
+        # an input seen through another and returned as it is: the caller's tensor, as in eager
+        returned_as_is = {id(inputs[n_state + j]): flat[n_state + j] for j in views
+                          if inputs[n_state + j] is not inputs[n_state + views[j].of]
+                          and not _torch.has_metadata_mutation(inputs[n_state + j])}
+        return (*new_values, *[returned_as_is.get(id(o)) if id(o) in returned_as_is
+                               else _torch.from_functional(o) for o in outputs])
 
     def input_key(i: int) -> str:
         return keys[i] if i < n_state else f"input:{i - n_state}"

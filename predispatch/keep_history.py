@@ -363,34 +363,19 @@ def drop_unseen_leaves(gm: torch.fx.GraphModule, requiring: set, requiring_witho
     gm.recompile()
 
 
-def refuse_updates_of_saved_values(graph: torch.fx.Graph, updates: list, may_grad: set) -> None:
-    """``updates``: (value, last node before, where) of in-place updates,
+def refuse_updates_of_saved_values(updates: list, may_grad: set) -> None:
+    """``updates``: (value, read by an op by then, where) of in-place updates,
     through a ``set_()`` target, of the memory it shares with another tensor.
     set_ does not share autograd's version counter, so where an op
     differentiating that value made or read it before (and may have saved it),
     eager's backward silently uses the updated memory, which a functional
     program cannot reproduce."""
-    position = {n: i for i, n in enumerate(graph.nodes)}
-    for value, before, where in updates:
-        # the op making a value may save it (relu, exp); a parameter or input, its readers
+    for value, read, where in updates:
+        # the op making a value may save it (relu, exp); so may the ops reading it
         made_saving = value.op == "call_function" and _torch.saves_its_result(value.target)
-        if value in may_grad and (made_saving or _read_by_an_op(value, position.get(before, -1), position)):
+        if value in may_grad and (made_saving or read):
             raise ExportError(
                 f"an in-place update at {where} writes memory that set_() made shared with a tensor "
                 "that requires grad and was already used: set_ does not share autograd's version "
                 "counter, so eager's backward silently reads the updated values where it saved the "
                 "old ones, which a program cannot reproduce; set_ to a clone, or update a clone")
-
-
-def _read_by_an_op(node: torch.fx.Node, until: int, position: dict) -> bool:
-    """Is ``node``'s value (or a view of it) read by an op other than a view,
-    at or before position ``until``?"""
-    for user in node.users:
-        if user.op != "call_function" or position.get(user, until + 1) > until:
-            continue
-        if getattr(user.target, "is_view", False):
-            if _read_by_an_op(user, until, position):
-                return True
-        elif user.target not in (KEEP_HISTORY, KEEP_HISTORY_IF_NO_GRAD):
-            return True
-    return False

@@ -109,7 +109,7 @@ class TraceRecord:
     layouts: dict[str, dict] = dataclasses.field(default_factory=dict)
     # user inputs (flat position) traced as views of another (input_aliasing.View)
     input_views: dict = dataclasses.field(default_factory=dict)
-    # (value before, last node before, where): in-place updates of memory a set_() made shared
+    # (value before, read by an op by then, where): in-place updates of memory a set_() made shared
     swap_updates: list = dataclasses.field(default_factory=list)
 
     def clear(self) -> None:
@@ -143,6 +143,7 @@ class _Recorder(_torch.TorchFunctionMode):
         # grad-mode blocks no torch-function mode saw: (owner, mode before, where)
         self._hidden_blocks: list[tuple[object, bool, str]] = []
         self._any_leaf = False  # a tensor was made to require grad in the forward
+        self._swapped: dict = {}  # storage a set_() made shared -> the tensors sharing it
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         previous, self._call = self._call, (args, kwargs)
@@ -404,12 +405,15 @@ class _Recorder(_torch.TorchFunctionMode):
         under no_grad keeps ``t``'s autograd history, so an update of ``t`` in
         grad mode computes from it (the part it does not write keeps it):
         reads of ``t`` go through ``keep_history(before, value)``, ``before``
-        of its first swap. (Given another shape, the history stage keeps its
-        history, or refuses.)"""
+        of its first swap. (Given another shape where eager's history would
+        not take it as autograd checks it, the history stage decides.)"""
+        sharers = self._swapped.setdefault(_torch.storage_of(t), [])
+        sharers += [s for s in (t, getattr(t, _SOURCE, None)) if s is not None and all(s is not o for o in sharers)]
         if getattr(t, _SWAPPED, False):
             return
         setattr(t, _SWAPPED, True)
-        if before is None or hasattr(t, _OWN_HISTORY) or tuple(before.meta["val"].shape) != _torch.layout(t)[0]:
+        if before is None or hasattr(t, _OWN_HISTORY) or (
+                tuple(before.meta["val"].shape) != _torch.layout(t)[0] and _reshaped_history_differs(before)):
             return
         setattr(t, _OWN_HISTORY, before)
         before.meta[SWAPPED_HISTORY] = True  # as the history stage keeps it (a no_grad update)
@@ -424,9 +428,6 @@ class _Recorder(_torch.TorchFunctionMode):
         detach, read ``keep_history(that, value)`` (see :meth:`_read_through`)."""
         alias, base = args[0], self._base(args[0])
         detached = self._detach_result(alias)
-        if getattr(detached, _SWAPPED, False) and getattr(func, "__name__", None) not in _METADATA_UPDATES:
-            self.record.swap_updates.append((self._current_node(base), _torch.last_node(
-                _torch.current_tracer().graph), user_location()))
         if hasattr(detached, _OWN_HISTORY):
             if not torch.is_grad_enabled():
                 return func(*args, **kwargs)  # new values; the history eager keeps is read as before
@@ -494,10 +495,12 @@ class _Recorder(_torch.TorchFunctionMode):
                 "be exported soundly; update the alias itself, or a clone")
         return copy.as_strided(size, view_stride, view_offset - offset)
 
-    def before_functional_op(self, written) -> None:
+    def before_functional_op(self, func, written) -> None:
         """Before each op functionalization sees (``written``: the tensors it writes)."""
         self.sync_grad_mode()
         if written:
+            if self._swapped:
+                self._note_swap_updates(func, written)
             self.note_written(written)
 
     def reuse_mark(self):
@@ -554,6 +557,16 @@ class _Recorder(_torch.TorchFunctionMode):
             for t in (written, self._base(written)):
                 if id(t) not in self._written and (node := self._current_node(t)) is not None:
                     self._written[id(t)] = (t, node)
+
+    def _note_swap_updates(self, func, tensors) -> None:
+        """A write (not a layout change) to memory a set_() made shared: each
+        sharer's value before it (see :func:`keep_history.refuse_updates_of_saved_values`)."""
+        if torch.Tag.inplace_view in getattr(func, "tags", ()):
+            return
+        for storage in {_torch.storage_of(t) for t in tensors} & self._swapped.keys():
+            for owner in self._swapped[storage]:
+                if (node := self._current_node(owner)) is not None:
+                    self.record.swap_updates.append((node, _read_by_an_op(node), user_location()))
 
     def end_grad_mode_segment(self) -> None:
         """At a grad-mode marker in grad mode, or at the forward's end: the
@@ -745,6 +758,28 @@ class _ViewOfUpdate:
 _METADATA_UPDATES = {"t_", "transpose_", "swapdims_", "swapaxes_", "unsqueeze_", "squeeze_", "as_strided_"}
 
 
+def _read_by_an_op(node: torch.fx.Node) -> bool:
+    """Is ``node``'s value (or a view of it) read by an op other than a view?"""
+    for user in node.users:
+        if user.op != "call_function":
+            continue
+        if getattr(user.target, "is_view", False):
+            if _read_by_an_op(user):
+                return True
+        elif user.target not in (ops.KEEP_HISTORY, ops.KEEP_HISTORY_IF_NO_GRAD):
+            return True
+    return False
+
+
+def _reshaped_history_differs(node: torch.fx.Node) -> bool:
+    """Would eager treat gradients of another shape reaching ``node``'s history
+    otherwise than autograd's check does (a leaf's, a view's)? Then the
+    history stage decides (see :func:`predispatch.keep_history._refuse_reshaped_history`)."""
+    while node.op == "call_function" and node.target in (ops.KEEP_HISTORY, ops.KEEP_HISTORY_IF_NO_GRAD):
+        node = node.args[0]
+    return node.op != "call_function" or _torch.may_return_a_view(node.target)
+
+
 def _update_of(alias, base, old: torch.fx.Node, new: torch.fx.Node) -> torch.fx.Node | None:
     """The node holding ``alias``'s value as the in-place update made it, before
     it reached ``base`` (``old`` -> ``new``): for an alias of all of the base,
@@ -923,7 +958,7 @@ def unobserved():
 
 
 def _observing_ops(observer):
-    """``observer(tensors it writes)`` before each op on FunctionalTensors,
+    """``observer(op, tensors it writes)`` before each op on FunctionalTensors,
     seen where functionalization sees it (so in-place updates inside library
     calls, ``F.relu(x, inplace=True)``, are seen too). A subclass of the mode
     would not do: higher-order ops look their functionalization rule up by
@@ -943,7 +978,7 @@ def _observing_ops(observer):
                 tensors = [t for i, name in written
                            for t in ((args[i] if i < len(args) else kwargs.get(name)),)
                            if isinstance(t, _torch.FunctionalTensor)]
-            observer(tensors)
+            observer(func, tensors)
             return dispatch(mode, func, types, args, kwargs)
         return call
     return patched(_torch.FunctionalTensorMode, "__torch_dispatch__", observed)

@@ -1,6 +1,6 @@
 """Bugs found by the differential fuzzer (tools/fuzz), each as the minimal
 module it shrank to, with the diagnosis. Open ones are xfail(strict=True):
-remove the marker with the fix. Fixed: 1-27, 29-37, 41, 42, 44 (4b's nested
+remove the marker with the fix. Fixed: 1-27, 29-37, 41, 42, 44-47 (4b's nested
 autocast(enabled=False) case by the refusal reading autocast nesting, 10 by
 marking no_grad view replays, 15 and 16 by noting grad-mode views at no_grad
 entries; 7 and 22, once refusals, are exported since the eighth session).
@@ -1425,3 +1425,64 @@ class SetToAnotherShapeThenIndexed(nn.Module):
 
 def test_a_tensor_set_to_another_shape_is_indexed_as_that_shape():
     assert_sound(SetToAnotherShapeThenIndexed(), inputs((3, 4)), inputs_require_grad=False)
+
+
+# --------------------------------------------------------------------------
+# 45. (seed 9502, ninth session) f(x, x[2]) returning the view input as it is
+# while x is updated through a detached alias, under a no_grad caller: eager
+# returns the caller's tensor (a view with a history), the program a view it
+# computed under no_grad. Fixed: an input seen through another and returned
+# as it is is the caller's tensor.
+# 46. (seed 9502) A tensor with a history (not a view's) set_ to a parameter
+# of another shape, then updated in grad mode: the update lost the history
+# autograd reduces the gradient into (eager's CopySlices reaches the bias).
+# 47. (seed 9504) An update through a set_() target inside a library call
+# (nn.init.constant_) of memory autograd saved: now seen and refused (41).
+
+class ViewInputReturnedAsItIs(nn.Module):
+    def forward(self, y, z):
+        v0 = y.detach()
+        v0.add_(1.0)
+        return z
+
+
+class SwappedToAnotherShapeThenUpdated(nn.Module):
+    def __init__(self):
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.p = nn.Parameter(torch.randn(3, 4, generator=g))
+        self.bias = nn.Parameter(torch.randn(4, generator=g))
+
+    def forward(self, x):
+        v0 = self.bias + 1.0
+        with torch.no_grad():
+            v0.set_(self.p)
+        v0[1:] = -1.0
+        return v0
+
+
+class SavedValueUpdatedInALibraryCall(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.p = nn.Parameter(torch.randn(3, 4, generator=torch.Generator().manual_seed(0)))
+
+    def forward(self, x):
+        v0 = torch.sigmoid(self.p)
+        v2 = (v0 * 2).sin()
+        v2.set_(v0)
+        torch.nn.init.constant_(v2, 0.5)
+        return v0.sum()
+
+
+def test_a_view_input_returned_as_it_is_is_the_caller_s():
+    x = inputs((3, 4))[0]
+    assert_sound(ViewInputReturnedAsItIs(), (x, x[2]))  # under a caller's grad mode on and off
+
+
+def test_a_tensor_set_to_another_shape_then_updated_keeps_its_history():
+    assert_sound(SwappedToAnotherShapeThenUpdated(), inputs((3, 4)))
+
+
+def test_a_saved_value_updated_through_a_swap_in_a_library_call_is_refused():
+    with pytest.raises(predispatch.ExportError, match="set_\\(\\) made shared"):
+        predispatch.export_predispatch(SavedValueUpdatedInALibraryCall(), inputs((3, 4)))
