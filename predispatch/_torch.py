@@ -591,6 +591,30 @@ def to_functional(t):
     return FunctionalTensor.to_functional(t) if isinstance(t, torch.Tensor) else t
 
 
+def untraced_symbolic_wrapping(new):
+    """``FunctionalTensor.__new__`` with make_fx's proxy mode off where the
+    wrapped tensor's layout is symbolic: the wrapper computes its storage's
+    size from the symbolic sizes and strides (some ten SymInt ops a tensor)
+    for a storage nothing reads, and traced, each op would be a graph node
+    (and a mode switch) that dead-code elimination drops at the end;
+    torch.export's graph, which wraps no tensors, never has them. A static
+    layout does no SymInt arithmetic: nothing to switch off."""
+    from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
+
+    @functools.wraps(new)
+    def run(cls, elem, mode):
+        if not _symbolic_layout(elem):
+            return new(cls, elem, mode)
+        with disable_proxy_modes_tracing():
+            return new(cls, elem, mode)
+    return run
+
+
+def _symbolic_layout(t: torch.Tensor) -> bool:
+    layout = (*t.stride(), t.storage_offset()) if t.layout == torch.strided else ()
+    return any(isinstance(v, torch.SymInt) for v in (*t.shape, *layout))
+
+
 def fake_as_strided(value: torch.Tensor, size, stride, offset) -> torch.Tensor:
     """``value.as_strided(...)`` on a node's fake value, out of the trace."""
     from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing

@@ -16,6 +16,7 @@ import torch.utils._pytree as pytree
 
 from . import _torch, input_aliasing, trace_events
 from .errors import ExportError
+from .patching import patched
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,7 +102,8 @@ def functional_trace(mod: torch.nn.Module, args, kwargs, keep=frozenset, on_layo
         return keys[i] if i < n_state else f"input:{i - n_state}"
 
     def trace():
-        with _torch.enable_python_dispatcher():
+        with _torch.enable_python_dispatcher(), \
+                patched(_torch.FunctionalTensor, "__new__", _torch.untraced_symbolic_wrapping):
             return _torch.make_fx(functionalized, record_module_stack=True, pre_dispatch=True)(*flat_args)
 
     gm = trace()
