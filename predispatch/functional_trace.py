@@ -103,7 +103,8 @@ def functional_trace(mod: torch.nn.Module, args, kwargs, keep=frozenset, on_layo
 
     def trace():
         with _torch.enable_python_dispatcher(), \
-                patched(_torch.FunctionalTensor, "__new__", _torch.untraced_symbolic_wrapping):
+                patched(_torch.FunctionalTensor, "__new__", _torch.wrapper_sized_by_wrapped_storage), \
+                patched(torch.Tensor, "_make_wrapper_subclass", _torch.wrapper_subclass_with_known_size):
             return _torch.make_fx(functionalized, record_module_stack=True, pre_dispatch=True)(*flat_args)
 
     gm = trace()
