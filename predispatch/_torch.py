@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import sys
+import threading
 import types
 
 import torch
@@ -589,6 +590,50 @@ def functional_mode() -> FunctionalTensorMode:
 
 def to_functional(t):
     return FunctionalTensor.to_functional(t) if isinstance(t, torch.Tensor) else t
+
+
+# A FunctionalTensor wraps each tensor the trace makes. Its wrapper computes a
+# storage size for itself from the sizes and strides, some ten SymInt
+# operations when they are symbolic: sympy work, each recorded in the graph by
+# make_fx (a node and a dispatch-mode switch) and dropped as dead code at the
+# end, for a storage nothing reads. torch.export's graph wraps nothing. While
+# predispatch traces, a wrapper of a tensor with a symbolic layout takes the
+# wrapped tensor's storage size instead: the same storage, known already.
+_wrapping = threading.local()  # .nbytes: the storage size for the wrapper being made
+
+
+def wrapper_sized_by_wrapped_storage(new):
+    """Replacement of ``FunctionalTensor.__new__`` (with
+    :func:`wrapper_subclass_with_known_size`)."""
+    @functools.wraps(new)
+    def run(cls, elem, mode):
+        if not _symbolic_layout(elem):
+            return new(cls, elem, mode)
+        _wrapping.nbytes = elem.untyped_storage().nbytes()
+        try:
+            return new(cls, elem, mode)
+        finally:
+            _wrapping.nbytes = None
+    return run
+
+
+def wrapper_subclass_with_known_size(make):
+    """Replacement of ``torch.Tensor._make_wrapper_subclass``: a FunctionalTensor
+    made in :func:`wrapper_sized_by_wrapped_storage` gets its storage size."""
+    @functools.wraps(make)
+    def run(cls, *args, **kwargs):
+        nbytes = getattr(_wrapping, "nbytes", None)
+        if nbytes is not None and cls is FunctionalTensor and "storage_size" not in kwargs:
+            _wrapping.nbytes = None  # this wrapper's only
+            kwargs["storage_size"] = nbytes
+        return make(cls, *args, **kwargs)
+    return run
+
+
+def _symbolic_layout(t: torch.Tensor) -> bool:
+    """Strided, with a symbolic size, stride or offset."""
+    return t.layout == torch.strided and any(
+        isinstance(v, torch.SymInt) for v in (*t.shape, *t.stride(), t.storage_offset()))
 
 
 def fake_as_strided(value: torch.Tensor, size, stride, offset) -> torch.Tensor:

@@ -16,6 +16,7 @@ import torch.utils._pytree as pytree
 
 from . import _torch, input_aliasing, layer_reuse, trace_events
 from .errors import ExportError
+from .patching import patched
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,7 +107,9 @@ def functional_trace(mod: torch.nn.Module, args, kwargs, keep=frozenset, on_layo
         return keys[i] if i < n_state else f"input:{i - n_state}"
 
     def trace_once():
-        with _torch.enable_python_dispatcher():
+        with _torch.enable_python_dispatcher(), \
+                patched(_torch.FunctionalTensor, "__new__", _torch.wrapper_sized_by_wrapped_storage), \
+                patched(torch.Tensor, "_make_wrapper_subclass", _torch.wrapper_subclass_with_known_size):
             return _torch.make_fx(functionalized, record_module_stack=True, pre_dispatch=True)(*flat_args)
 
     def trace():

@@ -166,6 +166,21 @@ def test_dynamic_batch_dimension():
     torch.testing.assert_close(ep.module()(torch.ones(7, 4)).shape, torch.Size([7, 2]))
 
 
+class _StorageSizeThroughAView(torch.nn.Module):
+    def forward(self, x):
+        y = x[:, 1:]
+        return y * (y.untyped_storage().nbytes() // y.element_size())  # the whole storage's
+
+
+def test_dynamic_shapes_storage_size_read_through_a_view():
+    """The traced tensors' storage sizes stay symbolic and right (a wrapper of a
+    symbolic tensor takes the wrapped tensor's storage size)."""
+    ep = assert_matches_eager(_StorageSizeThroughAView(), (torch.randn(3, 5),),
+                              dynamic_shapes=({1: torch.export.Dim("d", min=3, max=64)},))
+    x = torch.randn(3, 7)
+    torch.testing.assert_close(ep.module()(x), _StorageSizeThroughAView()(x))
+
+
 def test_type_as_and_reshape_are_decomposed():
     ep = assert_matches_eager(cases.TypeAs(), (torch.randn(2, 3), torch.randn(2, 3)))
     names = {getattr(t, "__name__", str(t)) for t in ops(ep)}

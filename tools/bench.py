@@ -12,7 +12,9 @@ predispatch is measured with layer reuse (the default) and without it
 Cases (see CASES): transformers BERT, GPT-2 and Llama built from configs
 (hidden 768, 12 heads, 2 layers, train mode, dropout 0, use_cache=False),
 the same Llama at 8 and 32 layers, modules running 25/50/100 small no_grad or
-autocast blocks, and the Llama-3-70B shape on meta weights (80 layers).
+autocast blocks, the Llama-3-70B shape on meta weights (80 layers), and BERT,
+GPT-2 and Llama at 4 layers with attention mask and labels, static
+(``*-L4``) and with batch and sequence length dynamic (``*-L4-dyn``).
 
 How it measures:
 
@@ -162,7 +164,7 @@ def region_stack(n: int, kind: str):
 @dataclasses.dataclass(frozen=True)
 class Case:
     name: str
-    group: str  # "real" | "layered" | "regions" | "meta"
+    group: str  # "real" | "layered" | "regions" | "meta" | "masked" | "dynamic"
     build: Callable[[], tuple]
     layers: int = 0
     regions: int = 0
@@ -181,6 +183,54 @@ CASES = [
       for kind in ("no_grad", "autocast") for n in (25, 50, 100)),
     Case("llama3-70b-meta", "meta", llama3_70b_meta, layers=80, isolated=True),
 ]
+
+
+# --------------------------------------------------------------------------
+# Language models with attention mask and labels (issue 18): 4 layers, 2 x 128
+# tokens, static and with batch and sequence length symbolic (torch.export.Dim,
+# both exporters get the same dynamic_shapes). Export time only; the floor is
+# a fake forward at the example's static shape.
+
+
+@dataclasses.dataclass(frozen=True)
+class ExportInputs:
+    """Keyword example inputs and the dynamic_shapes every exporter gets."""
+    kwargs: dict
+    dynamic_shapes: dict | None = None
+
+
+def export_arguments(args) -> tuple[tuple, dict, dict | None]:
+    """(args, kwargs, dynamic_shapes) of a case's inputs."""
+    if isinstance(args, ExportInputs):
+        return (), args.kwargs, args.dynamic_shapes
+    return args, {}, None
+
+
+def masked_lm(kind: str, dynamic: bool, layers: int = 4):
+    from transformers import (BertConfig, BertForMaskedLM, GPT2Config, GPT2LMHeadModel,
+                              LlamaForCausalLM)
+
+    torch.manual_seed(0)
+    if kind == "bert":
+        model = BertForMaskedLM(BertConfig(
+            hidden_size=768, num_attention_heads=12, intermediate_size=3072,
+            num_hidden_layers=layers, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0))
+    elif kind == "gpt2":
+        model = GPT2LMHeadModel(GPT2Config(n_embd=768, n_head=12, n_layer=layers, resid_pdrop=0.0,
+                                           embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False))
+    else:
+        model = LlamaForCausalLM(llama_config(layers))
+    ids = torch.randint(0, 1000, (2, 128))
+    kwargs = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}
+    batch, seq = torch.export.Dim("batch", min=1, max=64), torch.export.Dim("seq", min=2, max=512)
+    shapes = {name: {0: batch, 1: seq} for name in kwargs} if dynamic else None
+    return model.train(), ExportInputs(kwargs, shapes)
+
+
+CASES += [Case(f"{kind}-L4{'-dyn' if dynamic else ''}", "dynamic" if dynamic else "masked",
+               lambda kind=kind, dynamic=dynamic: masked_lm(kind, dynamic), layers=4,
+               quick=kind == "llama" and dynamic)
+          for dynamic in (False, True) for kind in ("bert", "gpt2", "llama")]
 CASE_BY_NAME = {c.name: c for c in CASES}
 LLAMA_SERIES = ("llama", "llama-L8", "llama-L32")  # the Llama at 2, 8, 32 layers
 
@@ -190,11 +240,13 @@ LLAMA_SERIES = ("llama", "llama-L8", "llama-L32")  # the Llama at 2, 8, 32 layer
 
 
 def export_torch(model, args):
-    return torch.export.export(model, args, strict=False)
+    args, kwargs, dynamic_shapes = export_arguments(args)
+    return torch.export.export(model, args, kwargs, dynamic_shapes=dynamic_shapes, strict=False)
 
 
 def export_pd(model, args):
-    return predispatch.export_predispatch(model, args)
+    args, kwargs, dynamic_shapes = export_arguments(args)
+    return predispatch.export_predispatch(model, args, kwargs, dynamic_shapes=dynamic_shapes)
 
 
 def export_pd_without_reuse(model, args):
@@ -205,12 +257,13 @@ def export_pd_without_reuse(model, args):
 
 def fake_forward(model, args):
     """The floor: fakify the parameters, buffers and inputs, run one forward."""
+    args, kwargs, _ = export_arguments(args)
     mode = FakeTensorMode(allow_non_fake_inputs=False)
     state = {**dict(model.named_parameters()), **dict(model.named_buffers())}
     fake_state = {name: mode.from_tensor(t) for name, t in state.items()}
-    fake_args = pytree.tree_map_only(torch.Tensor, mode.from_tensor, args)
+    fake_args, fake_kwargs = pytree.tree_map_only(torch.Tensor, mode.from_tensor, (args, kwargs))
     with mode:
-        return torch.func.functional_call(model, fake_state, fake_args)
+        return torch.func.functional_call(model, fake_state, fake_args, fake_kwargs)
 
 
 EXPORT_FNS = {"torch": export_torch, "predispatch": export_pd, "pd-noreuse": export_pd_without_reuse,
@@ -242,6 +295,11 @@ def warm_up(exporters=EXPORTERS) -> None:
 
     models = [(LogitsOf(LlamaForCausalLM(tiny), "logits").train(), (torch.randint(0, 64, (2, 8)),)),
               region_stack(2, "no_grad"), region_stack(2, "autocast")]
+    ids = torch.randint(0, 64, (2, 8))  # and with dynamic shapes (sympy, the ShapeEnv)
+    seq = {0: torch.export.Dim("b", max=64), 1: torch.export.Dim("s", max=64)}
+    models.append((LlamaForCausalLM(tiny).train(), ExportInputs(
+        {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids},
+        {"input_ids": seq, "attention_mask": seq, "labels": seq})))
     for name in exporters:
         for model, args in models:
             EXPORT_FNS[name](model, args)
@@ -470,7 +528,8 @@ def run_case(case: Case, opts) -> Result:
     else:
         iters = opts.iters_regions if case.group == "regions" else opts.iters
         iters = iters if case.group in ("real", "regions") else 0
-        memory = not opts.no_memory and not (opts.quick and case.group == "regions")
+        memory = not opts.no_memory and not (opts.quick and case.group == "regions") \
+            and case.group not in ("masked", "dynamic")  # export time only
         measure_in_process(case, res, opts.repeat, memory, iters)
     print_case(res, time.perf_counter() - start)
     return res
@@ -640,7 +699,7 @@ def targets(results) -> list[str]:
                      if x is not None]
     med_ratio = statistics.median(export_ratios) if export_ratios else None
     floor_ratios = {r.case.name: ratio(r.median("predispatch"), r.median("floor"))
-                    for r in results if r.case.group != "regions"}
+                    for r in results if r.case.group not in ("regions", "dynamic")}
     floor_ratios = {k: v for k, v in floor_ratios.items() if v is not None}
     worst_floor = max(floor_ratios.items(), key=lambda kv: kv[1]) if floor_ratios else None
     _, region_worst = region_report(results)
@@ -681,6 +740,24 @@ def targets(results) -> list[str]:
     lines.append(check(f"run-time overhead per region (marginal, worst kind) "
                        f"= {fmt(run_region, '.2f')} us (<= 15 us)", run_region,
                        run_region is not None and run_region <= 15.0))
+    return lines + model_ratio_targets(results)
+
+
+def model_ratio_targets(results) -> list[str]:
+    """Issue 18: dynamic shapes at torch.export's speed, and every real model."""
+    def worst(groups):
+        ratios = {r.case.name: ratio(r.median("predispatch"), r.median("torch"))
+                  for r in results if r.case.group in groups}
+        ratios = {k: v for k, v in ratios.items() if v is not None}
+        return max(ratios.items(), key=lambda kv: kv[1]) if ratios else None
+
+    lines = []
+    for label, groups in (("dynamic shapes", ("dynamic",)),
+                          ("every real model", ("real", "layered", "masked", "dynamic", "meta"))):
+        w = worst(groups)
+        lines.append(check(f"{label}: worst export ratio predispatch/torch.export "
+                           + (f"{w[0]} {w[1]:.2f}" if w else "-") + " (<= 1.0)", w,
+                           w is not None and w[1] <= 1.0))
     return lines
 
 
