@@ -234,18 +234,36 @@ def keep_history_pass(gm: torch.fx.GraphModule, replacements, analyze,
                 may_grad_off = analyze(modes)
             may_grad = analyze(None)
     detach_no_grad_view_replays(graph, may_grad)
-    drop_historyless_own_reads(graph, may_grad)
+    drop_historyless_own_reads(graph, lambda: analyze(None))
     return kept
 
 
-def drop_historyless_own_reads(graph: torch.fx.Graph, may_grad: set) -> None:
+def drop_historyless_own_reads(graph: torch.fx.Graph, analyze) -> None:
     """A detached alias's read of its own history (see the recorder's
     ``_mutate_detached_alias``) where that history cannot require grad (the
-    update's operands did not): the read is the value itself."""
+    update's operands did not): the read is the value itself, or, where the
+    value may require grad through another tensor sharing its memory (a
+    set_() to a parameter), the value detached. (``analyze()``: the nodes
+    that may require grad, asked again after a detach: a later read's own
+    history may have lost its history with it.)"""
+    detached = True
+    while detached:
+        detached = _drop_historyless_own_reads_once(graph, analyze())
+
+
+def _drop_historyless_own_reads_once(graph: torch.fx.Graph, may_grad: set) -> bool:
+    detached = False
     for node in [n for n in graph.nodes if n.meta.get(OWN_HISTORY_READ) and n.target is KEEP_HISTORY]:
         if node.args[0] not in may_grad:
-            node.replace_all_uses_with(node.args[1])
+            value = node.args[1]
+            if value in may_grad:
+                with graph.inserting_before(node):
+                    value = graph.call_function(torch.ops.aten.detach.default, (value,))
+                value.meta.update({k: v for k, v in node.meta.items() if k in ("val", "stack_trace")})
+                detached = True
+            node.replace_all_uses_with(value)
             graph.erase_node(node)
+    return detached
 
 
 def _before_view_replays(node: torch.fx.Node) -> torch.fx.Node:

@@ -1,6 +1,6 @@
 """Bugs found by the differential fuzzer (tools/fuzz), each as the minimal
 module it shrank to, with the diagnosis. Open ones are xfail(strict=True):
-remove the marker with the fix. Fixed: 1-27, 29-37, 41, 42, 44-47 (4b's nested
+remove the marker with the fix. Fixed: 1-27, 29-37, 41, 42, 44-48 (4b's nested
 autocast(enabled=False) case by the refusal reading autocast nesting, 10 by
 marking no_grad view replays, 15 and 16 by noting grad-mode views at no_grad
 entries; 7 and 22, once refusals, are exported since the eighth session).
@@ -1486,3 +1486,49 @@ def test_a_tensor_set_to_another_shape_then_updated_keeps_its_history():
 def test_a_saved_value_updated_through_a_swap_in_a_library_call_is_refused():
     with pytest.raises(predispatch.ExportError, match="set_\\(\\) made shared"):
         predispatch.export_predispatch(SavedValueUpdatedInALibraryCall(), inputs((3, 4)))
+
+
+# --------------------------------------------------------------------------
+# 48. (seeds 9601, 9603, 9604, ninth session) A tensor without a history set_
+# to a parameter under no_grad, then read (directly, through a view, after a
+# copy_ or an update through a detached alias): its own history is none, but
+# dropping that empty history read the value, which carried the parameter's
+# history (the program's output required grad, eager's did not). Fixed: such
+# a read is the value detached, and reads of it lose their history in turn.
+
+class HistorylessSetToAParameter(nn.Module):
+    def __init__(self, after):
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.w = nn.Parameter(torch.randn(4, 4, generator=g))
+        self.bias = nn.Parameter(torch.randn(4, generator=g))
+        self.register_buffer("b", torch.randn(3, 4, generator=g))
+        self.after = after
+
+    def forward(self, x):
+        v0 = self.b * 2.0
+        with torch.no_grad():
+            v0.set_(self.w)
+        return self.after(self, v0)
+
+
+def _through_a_detached_alias(m, v0):
+    v1 = v0.detach()
+    v1.mul_(v1)
+    return v0[0]
+
+
+def _copied_then_viewed(m, v0):
+    v0.copy_(v0)
+    return v0.t()
+
+
+def _zeroed_then_assigned(m, v0):
+    v0.mul_(0)
+    v0[:, 0] = m.bias
+    return v0
+
+
+@pytest.mark.parametrize("after", [_through_a_detached_alias, _copied_then_viewed, _zeroed_then_assigned])
+def test_a_historyless_tensor_set_to_a_parameter_has_no_history(after):
+    assert_sound(HistorylessSetToAParameter(after), inputs((3, 4)), inputs_require_grad=True)
