@@ -104,7 +104,9 @@ def write_back_layout(target: torch.Tensor, value: torch.Tensor, source, layout:
     size, stride, offset = layout["size"], layout["stride"], layout["offset"]
     if size is None:  # symbolic at export
         size, stride, offset = value.size(), value.stride(), 0
-    with torch.no_grad():
+    # eager changed the layout before anything the program saved for backward read the
+    # tensor (a view of it passed as another input: f(y, y[1])): no version bump here
+    with torch.no_grad(), _torch.preserve_version_counter(target):
         if layout["storage"] == "other":
             return target.set_(source.untyped_storage(), source.storage_offset() + offset, size, stride)
         if layout["storage"] == "value":

@@ -1,6 +1,6 @@
 """Bugs found by the differential fuzzer (tools/fuzz), each as the minimal
 module it shrank to, with the diagnosis. Open ones are xfail(strict=True):
-remove the marker with the fix. Fixed: 1-27, 29-37, 41, 42, 44-48 (4b's nested
+remove the marker with the fix. Fixed: 1-27, 29-37, 41, 42, 44-49 (4b's nested
 autocast(enabled=False) case by the refusal reading autocast nesting, 10 by
 marking no_grad view replays, 15 and 16 by noting grad-mode views at no_grad
 entries; 7 and 22, once refusals, are exported since the eighth session).
@@ -1532,3 +1532,25 @@ def _zeroed_then_assigned(m, v0):
 @pytest.mark.parametrize("after", [_through_a_detached_alias, _copied_then_viewed, _zeroed_then_assigned])
 def test_a_historyless_tensor_set_to_a_parameter_has_no_history(after):
     assert_sound(HistorylessSetToAParameter(after), inputs((3, 4)), inputs_require_grad=True)
+
+
+# --------------------------------------------------------------------------
+# 49. (seed 9604, ninth session) f(y, y[1]) where the forward relays y
+# (y.t_()) and then uses the view input in an op that saves it: eager's t_()
+# bumped the version before the op saved the view; the program's layout
+# write-back bumped it after, and backward raised "modified by an inplace
+# operation". Fixed: a layout write-back keeps the version counter.
+
+class RelaidInputBesideItsView(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4, 4, generator=torch.Generator().manual_seed(0)))
+
+    def forward(self, y, z):
+        y.t_()
+        return z @ self.w
+
+
+def test_a_relaid_input_beside_its_view_saved_for_backward():
+    y = inputs((3, 4))[0]
+    assert_sound(RelaidInputBesideItsView(), (y, y[1]), inputs_require_grad=False)
