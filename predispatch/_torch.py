@@ -926,31 +926,49 @@ def saves_its_result(op) -> bool:
     """Does ``op``'s backward read its own output (``relu``, ``exp``: their
     formulas in the derivatives.yaml torch ships)? True where unknown (a
     composite, a higher-order op, an op of another library)."""
+    saved = _saved_for_backward().get(_overload_key(op))
+    return True if saved is None else saved[1]
+
+
+def saves_its_input(op, position: int | None) -> bool:
+    """Does ``op``'s backward read the tensor it takes at positional
+    ``position`` (``mul`` its factors; ``add`` none)? True where unknown."""
+    saved = _saved_for_backward().get(_overload_key(op))
+    schema = getattr(op, "_schema", None)
+    if saved is None or position is None or schema is None or position >= len(schema.arguments):
+        return True
+    return schema.arguments[position].name in saved[0]
+
+
+def _overload_key(op) -> str | None:
     name = getattr(op, "_schema", None) and op._schema.name.removeprefix("aten::")
     overload = getattr(op, "_overloadname", "")
-    key = f"{name}.{overload}" if overload and overload != "default" else name
-    return _derivative_formulas().get(key, True)
+    return f"{name}.{overload}" if overload and overload != "default" else name
 
 
 @functools.cache
-def _derivative_formulas() -> dict[str, bool]:
-    """aten overload name -> whether a backward formula of it reads ``result``."""
-    import re
+def _saved_for_backward() -> dict[str, tuple[frozenset, bool]]:
+    """aten overload name -> (the inputs its backward saves, whether it
+    saves its result), from the derivatives.yaml torch ships, as torchgen
+    reads it for torch's own autograd code."""
     from pathlib import Path
 
     import torchgen
+    from torchgen.packaged.autograd.load_derivatives import load_derivatives
 
-    path = Path(torchgen.__file__).parent / "packaged" / "autograd" / "derivatives.yaml"
-    formulas: dict[str, bool] = {}
-    name = None
-    for line in path.read_text().splitlines() if path.exists() else ():
-        if line.startswith("- name: "):
-            name = line[len("- name: "):].split("(")[0].strip()
-            formulas[name] = False
-        elif name and (m := re.match(r"\s+(\w[\w, ]*):\s*(.*)", line)) and m.group(1) not in (
-                "result", "output_differentiability", "dispatch") and re.search(r"\bresult\d*\b", m.group(2)):
-            formulas[name] = True
-    return formulas
+    root = Path(torchgen.__file__).parent / "packaged"
+    paths = (root / "autograd" / "derivatives.yaml", root / "ATen" / "native" / "native_functions.yaml",
+             root / "ATen" / "native" / "tags.yaml")
+    if not all(p.exists() for p in paths):
+        return {}
+    infos, _ = load_derivatives(*map(str, paths))
+    saved = {}
+    for schema, by_key in infos.items():
+        info = by_key.get("Default")
+        if info is not None:
+            saved[str(schema.name)] = (frozenset(a.nctype.name for a in info.all_saved_inputs),
+                                       bool(info.all_saved_outputs))
+    return saved
 
 
 # --- DTensor / torch.distributed (predispatch.sharding), imported on first use:

@@ -113,7 +113,7 @@ def subgraph(fn, fake_inputs: list, names: list[str], autocast_cache: bool):
     )
 
     from .capture import history_nodes
-    from .copy_pass import replace_copies
+    from .copy_pass import replace_writes
     from .export import keep_histories, refuse_remaining_mutations
     from .functional_trace import functional_trace
     from .region_pass import replace_blocks_with_regions
@@ -137,7 +137,7 @@ def subgraph(fn, fake_inputs: list, names: list[str], autocast_cache: bool):
                       for o in outputs])
     keep_histories(SimpleNamespace(gm=gm, signature=signature, record=record), body)
     gm.graph.eliminate_dead_code()
-    replace_copies(gm)
+    replace_writes(gm)
     replace_blocks_with_regions(gm)
     refuse_remaining_mutations(gm)
     gm.recompile()

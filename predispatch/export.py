@@ -3,7 +3,7 @@
     capture   -> a flat functional pre-dispatch graph + what the trace saw
     history   -> values mutated under no_grad keep their autograd history
     dead code -> replaced values the history stage did not need go
-    copies    -> functionalized copies written with differentiable ops
+    writes    -> functionalized writes written with differentiable ops
     regions   -> grad/autocast blocks become higher-order ops
     signature -> output renames, write-back modes, the autocast policy
     program   -> a PredispatchProgram (a torch.export.ExportedProgram)
@@ -16,7 +16,7 @@ from torch.export.graph_signature import InputKind, OutputSpec, TensorArgument
 from . import _torch, input_aliasing
 from .autocast_policy import AutocastPolicy
 from .capture import Captured, capture
-from .copy_pass import replace_copies
+from .copy_pass import replace_writes
 from .errors import ExportError, node_location
 from .keep_history import (drop_unseen_leaves, keep_history_pass, may_require_grad,
                            refuse_updates_of_saved_values)
@@ -54,7 +54,7 @@ def export_predispatch(module, args, kwargs=None, *, dynamic_shapes=None, op_pol
         captured = capture(module, args, kwargs, dynamic_shapes, op_policy)
         keep_histories(captured, module)
         eliminate_dead_code(captured)  # what the history stage did not need
-        replace_copies(captured.gm)  # after: the trace's record names the copy nodes
+        replace_writes(captured.gm)  # after: the trace's record names the copy nodes
         replace_blocks_with_regions(captured.gm)
         refuse_remaining_mutations(captured.gm)
         sync_output_names(captured)

@@ -15,6 +15,7 @@ history in grad mode, ``old``'s under no_grad.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
@@ -113,16 +114,17 @@ def _refuse_reshaped_history(old: torch.fx.Node, new: torch.fx.Node, later: list
 
 def _differentiated(readers: list, modes) -> bool:
     """Does a path from ``readers`` reach the output outside no_grad spans
-    (``modes``: see :func:`grad_modes`; None: any mode)?"""
+    (``modes``: see :func:`grad_modes`; None: any mode)? A kept history
+    passes a gradient in any mode, to its old value only."""
     seen, todo = set(), list(readers)
     while todo:
         node = todo.pop()
-        if node in seen or (modes is not None and modes.get(node) is False):
+        if node in seen or (modes is not None and modes.get(node) is False and node.target not in _KEEPS):
             continue
         seen.add(node)
         if node.op == "output":
             return True
-        todo.extend(node.users)
+        todo.extend(u for u in node.users if u.target is not KEEP_HISTORY or u.args[0] is node)
     return False
 
 
@@ -133,15 +135,16 @@ def _same_elements_broadcast(old: tuple, new: tuple) -> bool:
     return all(o == n or o == 1 for o, n in zip(reversed(old), reversed(new)))
 
 
-def _insert_keep_history(graph, old, new, after, position, target=None,
-                         needed=False, modes=None) -> torch.fx.Node | None:
+def _insert_keep_history(graph, old, new, after, position, reshapes: list, target=None,
+                         needed=False) -> torch.fx.Node | None:
     """``keep_history(old, new)`` right after ``after``; later uses of ``new``
     read it. None if nothing reads ``new`` later (no node, no region output),
-    unless ``needed`` (a later keep's history starts from it)."""
+    unless ``needed`` (a later keep's history starts from it). ``reshapes``
+    gets (old, new, later readers), checked once every history is kept."""
     after_at = position.get(after, len(position))
     if not needed and not any(position.get(u, after_at + 1) > after_at for u in new.users):
         return None
-    _refuse_reshaped_history(old, new, [u for u in new.users if position.get(u, after_at + 1) > after_at], modes)
+    reshapes.append((old, new, [u for u in new.users if position.get(u, after_at + 1) > after_at]))
     with graph.inserting_after(after):
         kept = graph.create_node("call_function", target or KEEP_HISTORY, (old, new), name="keep_history")
     kept.meta.update({k: v for k, v in new.meta.items() if k in ("val", "stack_trace", "nn_module_stack")})
@@ -153,6 +156,32 @@ def _insert_keep_history(graph, old, new, after, position, target=None,
         elif user.args[0] is new and new.meta.get(SWAPPED_HISTORY):
             user.args = (kept, *user.args[1:])  # a set_() target's history is new's, kept
     return kept
+
+
+def _replayed_bases(old: torch.fx.Node, new: torch.fx.Node, exit, position, live) -> tuple[torch.fx.Node, torch.fx.Node]:
+    """A value that is the same view of two bases and is not read after
+    ``exit`` by anything ``live`` (functionalization keeps a tensor given a
+    new layout in place, ``unsqueeze_``, as a view of its old value,
+    replayed from the base at every read): the bases were replaced, and
+    later reads replay from the new one."""
+    at = position.get(exit, len(position))
+    while (old.op == new.op == "call_function" and old.target is new.target
+           and getattr(old.target, "is_view", False) and old.args[0] is not new.args[0]
+           and old.args[1:] == new.args[1:] and old.kwargs == new.kwargs
+           and not any(position.get(u, at + 1) > at and u in live for u in new.users)):
+        old, new = old.args[0], new.args[0]
+    return old, new
+
+
+def _live_nodes(graph: torch.fx.Graph) -> set:
+    """The nodes the output depends on."""
+    live, todo = set(), [graph.output_node()]
+    while todo:
+        node = todo.pop()
+        if node not in live:
+            live.add(node)
+            todo.extend(node.all_input_nodes)
+    return live
 
 
 def _alive(node: torch.fx.Node, graph: torch.fx.Graph) -> bool:
@@ -189,16 +218,22 @@ def keep_history_pass(gm: torch.fx.GraphModule, replacements, analyze,
     history_of = {}  # a replaced value -> the node whose autograd history it carries
     # a caller's-mode update whose history no later read showed: (its old, its segment's end)
     deferred: dict[torch.fx.Node, tuple[torch.fx.Node, torch.fx.Node]] = {}
-    kept = []
+    kept, reshapes, done, live = [], [], set(), _live_nodes(graph)
     for r in replacements:
         if not (_alive(r.old, graph) and _alive(r.new, graph) and _alive(r.exit, graph)):
             continue
+        if not r.in_grad_mode:
+            r = dataclasses.replace(r, **dict(zip(("old", "new"), _replayed_bases(r.old, r.new, r.exit, position,
+                                                                                   live))))
+            if (r.old, r.new, r.exit) in done:
+                continue
+            done.add((r.old, r.new, r.exit))
         if r.old in deferred and not r.in_grad_mode:
             # a hidden or no_grad update keeps the history the caller's mode gave the value:
             # the update's under grad mode, the first old one's under no_grad
             first, exit = deferred.pop(r.old)
-            node = _insert_keep_history(graph, first, r.old, exit, position, KEEP_HISTORY_IF_NO_GRAD,
-                                        needed=True, modes=modes)
+            node = _insert_keep_history(graph, first, r.old, exit, position, reshapes,
+                                        KEEP_HISTORY_IF_NO_GRAD, needed=True)
             history_of[r.old] = node
             kept.append(node)
             position = {n: i for i, n in enumerate(graph.nodes)}
@@ -215,16 +250,16 @@ def keep_history_pass(gm: torch.fx.GraphModule, replacements, analyze,
                 continue  # inside a grad block: the update's history, as the graph has it
             if not (old in may_grad_off or old in kept) or not _same_dtype(old, r.new):
                 continue
-            if not _read_later_where_history_shows(r.new, r.exit, position, modes, graph, output_kinds):
+            if not _read_later_where_history_shows(old, r.new, r.exit, position, modes, graph, output_kinds):
                 history_of[r.new] = old  # a later update in the caller's mode chains to it
                 deferred[r.new] = (old, r.exit)
                 continue
-            node = _insert_keep_history(graph, old, r.new, r.exit, position, KEEP_HISTORY_IF_NO_GRAD,
-                                        modes=modes)
+            node = _insert_keep_history(graph, old, r.new, r.exit, position, reshapes,
+                                        KEEP_HISTORY_IF_NO_GRAD)
         else:
             if not (old in may_grad or old in kept) or not _same_dtype(old, r.new):
                 continue
-            node = _insert_keep_history(graph, old, r.new, r.exit, position, modes=modes)
+            node = _insert_keep_history(graph, old, r.new, r.exit, position, reshapes)
         history_of[r.new] = old if node is None else node  # None: no later use needs it
         if node is not None:
             kept.append(node)
@@ -233,6 +268,9 @@ def keep_history_pass(gm: torch.fx.GraphModule, replacements, analyze,
                 modes[node] = modes.get(r.exit)
                 may_grad_off = analyze(modes)
             may_grad = analyze(None)
+    final_modes = modes if modes is not None else grad_modes(graph)
+    for old, new, later in reshapes:  # a gradient reaches a history kept later too
+        _refuse_reshaped_history(old, new, later, final_modes)
     detach_no_grad_view_replays(graph, may_grad)
     drop_historyless_own_reads(graph, lambda: analyze(None))
     return kept
@@ -326,18 +364,19 @@ def detach_no_grad_view_replays(graph: torch.fx.Graph, may_grad: set) -> None:
             node.replace_input_with(base, detached[base])
 
 
-def _read_later_where_history_shows(new, after, position, modes, graph, output_kinds) -> bool:
+def _read_later_where_history_shows(old, new, after, position, modes, graph, output_kinds) -> bool:
     """Under a no_grad caller, does a use of ``new`` after ``after`` see its
     history: a use inside a grad block (enable_grad, or a no_grad block that
-    updates it again), or a user output that is not also the new value of a
-    mutated input, parameter or buffer (the write-back returns the tensor itself)?"""
+    updates it again), or an output, unless ``old`` is a graph input and
+    ``new`` its written-back value only (the write-back returns the tensor
+    itself, whose history is its own; one computed in the graph is not)?"""
     at = position[after]
     output = graph.output_node()
     for user in new.users:
         if position.get(user, at + 1) <= at:
             continue
         if user is output:
-            if _is_user_output_only(new, output.args[0], output_kinds):
+            if old.op != "placeholder" or _is_user_output_only(new, output.args[0], output_kinds):
                 return True
         elif modes.get(user) is not None:
             return True
@@ -382,16 +421,18 @@ def drop_unseen_leaves(gm: torch.fx.GraphModule, requiring: set, requiring_witho
 
 
 def refuse_updates_of_saved_values(updates: list, may_grad: set) -> None:
-    """``updates``: (value, read by an op by then, where) of in-place updates,
-    through a ``set_()`` target, of the memory it shares with another tensor.
-    set_ does not share autograd's version counter, so where an op
-    differentiating that value made or read it before (and may have saved it),
-    eager's backward silently uses the updated memory, which a functional
-    program cannot reproduce."""
-    for value, read, where in updates:
-        # the op making a value may save it (relu, exp); so may the ops reading it
+    """``updates``: (value, [(op, argument)] reading it by then, where) of
+    in-place updates, through a ``set_()`` target, of the memory it shares
+    with another tensor. set_ does not share autograd's version counter, so
+    where an op differentiated saved that value for its backward (the op
+    that made it, ``relu``; one that read it, ``mul``: per torch's
+    derivative formulas), eager's backward silently uses the updated memory,
+    which a functional program cannot reproduce."""
+    for value, readers, where in updates:
         made_saving = value.op == "call_function" and _torch.saves_its_result(value.target)
-        if value in may_grad and (made_saving or read):
+        read_saving = any(op in may_grad and _torch.saves_its_input(op, op.args.index(arg) if arg in op.args else None)
+                          for op, arg in readers)
+        if value in may_grad and (made_saving or read_saving):
             raise ExportError(
                 f"an in-place update at {where} writes memory that set_() made shared with a tensor "
                 "that requires grad and was already used: set_ does not share autograd's version "

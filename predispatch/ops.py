@@ -61,6 +61,12 @@ def _autograd_kernel(op_name: str, new_history_in_grad_mode: bool):
     def kernel(keyset, old, new):
         op = getattr(torch.ops.predispatch, op_name).default
         of_old = not (new_history_in_grad_mode and torch.is_grad_enabled())
+        # the history not taken must not make the result require grad (as a
+        # Function's input would): eager's tensor requires grad as its history does
+        if of_old and not old.requires_grad and new.requires_grad:
+            new = new.detach()
+        elif not of_old and not new.requires_grad and old.requires_grad:
+            old = old.detach()
         return _recording(_History.apply, old, new, op, keyset, of_old)
     return kernel
 

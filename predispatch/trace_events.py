@@ -432,6 +432,11 @@ class _Recorder(_torch.TorchFunctionMode):
             if not torch.is_grad_enabled():
                 return func(*args, **kwargs)  # new values; the history eager keeps is read as before
             return self._update_own_history(func, args, kwargs, alias, detached)
+        if (torch.is_grad_enabled() and _torch.layout(detached) != _torch.layout(base)
+                and getattr(func, "__name__", None) not in _METADATA_UPDATES
+                and _takes_a_float_tensor(args[1:], kwargs)):
+            # the base's new value is not the alias's: the update's history is traced on a copy
+            return self._update_own_history(func, args, kwargs, alias, detached)
         old = self._current_node(base)
         call = functools.partial(func, *args, **kwargs)
         out = self._call_reading_through(func, args, kwargs, call, read_written=True) if self._any_leaf \
@@ -454,15 +459,19 @@ class _Recorder(_torch.TorchFunctionMode):
         a history of its own (an earlier update's, or the one ``set_`` kept):
         eager's update computes from that history, so the part it does not
         write keeps it. The op is traced on a copy of the alias's value that
-        carries the history (``keep_history``), through the same view; the
+        carries the history (``keep_history``; a plain copy for a first update
+        of an alias of part of its base), through the same view; the
         copy's new value becomes the alias's history, and its values are
         written to the alias's memory without it."""
-        own = self._read_through(detached, replayed_later=True)[1][0]
-        value = self._current_node(detached)
-        copy = ops.KEEP_HISTORY(detached, detached)
-        node = _torch.current_node(copy)
-        node.args = (own, value)
-        node.meta[OWN_HISTORY_READ] = True
+        through = self._read_through(detached, replayed_later=True)
+        if through is None:  # a first update: the alias has no history of its own yet
+            copy = torch.clone(detached)
+        else:
+            own, value = through[1][0], self._current_node(detached)
+            copy = ops.KEEP_HISTORY(detached, detached)
+            node = _torch.current_node(copy)
+            node.args = (own, value)
+            node.meta[OWN_HISTORY_READ] = True
         if getattr(func, "__name__", None) in _METADATA_UPDATES:  # a new layout, the same values
             if alias is detached:
                 func(copy, *args[1:], **kwargs)
@@ -479,6 +488,7 @@ class _Recorder(_torch.TorchFunctionMode):
         if old is not None and (new := self._current_node(base)) is not None and new is not old:
             self.record.replacements.append(Replacement(old, new, new, user_location()))  # as above
         setattr(detached, _OWN_HISTORY, updated)
+        self._any_leaf = True  # reads go through _read_through from now on
         for view in list(self._detached_views):
             if view is not detached and self._descends(view, detached):
                 setattr(view, _OWN_HISTORY, _ViewOfUpdate(updated, detached, view, user_location()))
@@ -566,7 +576,7 @@ class _Recorder(_torch.TorchFunctionMode):
         for storage in {_torch.storage_of(t) for t in tensors} & self._swapped.keys():
             for owner in self._swapped[storage]:
                 if (node := self._current_node(owner)) is not None:
-                    self.record.swap_updates.append((node, _read_by_an_op(node), user_location()))
+                    self.record.swap_updates.append((node, _readers(node), user_location()))
 
     def end_grad_mode_segment(self) -> None:
         """At a grad-mode marker in grad mode, or at the forward's end: the
@@ -758,17 +768,18 @@ class _ViewOfUpdate:
 _METADATA_UPDATES = {"t_", "transpose_", "swapdims_", "swapaxes_", "unsqueeze_", "squeeze_", "as_strided_"}
 
 
-def _read_by_an_op(node: torch.fx.Node) -> bool:
-    """Is ``node``'s value (or a view of it) read by an op other than a view?"""
+def _readers(node: torch.fx.Node) -> list[tuple[torch.fx.Node, torch.fx.Node]]:
+    """(op, the argument it reads) of the ops other than views reading
+    ``node``'s value (or a view of it)."""
+    found = []
     for user in node.users:
         if user.op != "call_function":
             continue
         if getattr(user.target, "is_view", False):
-            if _read_by_an_op(user):
-                return True
+            found += _readers(user)
         elif user.target not in (ops.KEEP_HISTORY, ops.KEEP_HISTORY_IF_NO_GRAD):
-            return True
-    return False
+            found.append((user, node))
+    return found
 
 
 def _reshaped_history_differs(node: torch.fx.Node) -> bool:
@@ -778,6 +789,12 @@ def _reshaped_history_differs(node: torch.fx.Node) -> bool:
     while node.op == "call_function" and node.target in (ops.KEEP_HISTORY, ops.KEEP_HISTORY_IF_NO_GRAD):
         node = node.args[0]
     return node.op != "call_function" or _torch.may_return_a_view(node.target)
+
+
+def _takes_a_float_tensor(args, kwargs) -> bool:
+    """Can an in-place op's operands give the tensor it writes a history?"""
+    return any(isinstance(t, torch.Tensor) and (t.is_floating_point() or t.is_complex())
+               for t in pytree.tree_leaves((args, kwargs)))
 
 
 def _update_of(alias, base, old: torch.fx.Node, new: torch.fx.Node) -> torch.fx.Node | None:

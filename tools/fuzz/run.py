@@ -54,7 +54,7 @@ def _tail(text: str, lines: int) -> str:
     return "\n".join(text.rstrip().splitlines()[-lines:])
 
 
-def report(results, elapsed: float, *, error_lines: int, minimized: dict) -> None:
+def report(results, elapsed: float, *, error_lines: int, minimized: dict, refusals: int = 0) -> None:
     outcomes = [o for _, o in results]
     by_status = collections.Counter(o.status for o in outcomes)
     valid = len(outcomes) - by_status[INVALID]
@@ -72,6 +72,10 @@ def report(results, elapsed: float, *, error_lines: int, minimized: dict) -> Non
         print(f"FAILURE {i + 1}/{len(failures)}: {o.reason}")
         print(p.source)
         print(_tail(o.detail, error_lines))
+    for i, (p, o) in enumerate([(p, o) for p, o in results if o.status == REJECTED][:refusals]):
+        print("-" * 78)
+        print(f"REFUSED {i + 1}: {o.detail.strip() or o.reason}")
+        print(p.source)
     for reason, p in minimized.items():
         print("-" * 78)
         print(f"MINIMAL program for: {reason}")
@@ -105,6 +109,8 @@ def main(argv=None) -> int:
     parser.add_argument("--error-lines", type=int, default=12,
                         help="traceback lines printed per failure (default 12)")
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    parser.add_argument("--show-refusals", type=int, default=0, metavar="N",
+                        help="print the first N refused programs with their error")
     parser.add_argument("--replay", metavar="FILE",
                         help="check the program in FILE (a printed failure) instead of fuzzing")
     args = parser.parse_args(argv)
@@ -131,7 +137,7 @@ def main(argv=None) -> int:
                 reason = o.reason
                 minimized[reason] = minimize(
                     p, lambda c, r=reason: (lambda oc: oc.status == FAILURE and oc.reason == r)(check(c)))
-    report(results, elapsed, error_lines=args.error_lines, minimized=minimized)
+    report(results, elapsed, error_lines=args.error_lines, minimized=minimized, refusals=args.show_refusals)
     return 1 if any(o.status == FAILURE for _, o in results) else 0
 
 
