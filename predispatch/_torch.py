@@ -1051,6 +1051,28 @@ def state_table(owner: torch.nn.Module, name: str) -> dict:
     return owner._parameters if name in owner._parameters else owner._buffers
 
 
+def forward_hooks_of(module: torch.nn.Module) -> tuple[list, list]:
+    """(forward pre-hooks, forward hooks) registered on ``module`` itself."""
+    return list(module._forward_pre_hooks.values()), list(module._forward_hooks.values())
+
+
+@contextlib.contextmanager
+def module_call_wrapped(module: torch.nn.Module, wrap):
+    """Until exit, ``module(...)`` — its hooks, then its forward — runs
+    ``wrap(call)(...)``, ``call`` being what it ran before: nn.Module's
+    ``__call__`` looks ``_call_impl`` up on the instance."""
+    call = module._call_impl
+    had_own = "_call_impl" in module.__dict__
+    module._call_impl = wrap(call)
+    try:
+        yield
+    finally:
+        if had_own:
+            module._call_impl = call
+        else:
+            del module._call_impl
+
+
 # FSDP2's record of a fully_shard-ed module (torch.distributed.fsdp._fully_shard)
 
 def fsdp_param_groups(module: torch.nn.Module) -> list:

@@ -26,6 +26,13 @@ An input DTensor moves inside an op (DTensor's implicit redistribution: a
 row-wise linear's Replicate bias made Partial) is such a boundary too.
 ``fully_shard`` (FSDP2) is lowered by :mod:`predispatch.fsdp`.
 
+The parallel styles' hooks (``ColwiseParallel``'s input ``from_local``,
+``PrepareModuleInput`` / ``PrepareModuleOutput``) are the module's own
+code: they run inside the lowering, the exported module's own hooks too (the
+lowering wraps its whole call, not only its forward). A module whose state
+is not sharded but whose parallel styles make DTensors of its activations
+is lowered as well.
+
 What is not lowered is refused with an ExportError naming it: a value made
 inside an op that DTensor moves, a placement or redistribution the rules do
 not lower, a DTensor with no process group, a DTensor output.
@@ -35,6 +42,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import inspect
+import os
 
 import torch
 import torch.utils._pytree as pytree
@@ -121,6 +130,32 @@ def sharded_state(module: torch.nn.Module) -> dict:
     return {name: t for name, t in state.items() if isinstance(t, _torch.DTensor)}
 
 
+_DTENSOR_DIR = os.path.join(os.path.dirname(torch.__file__), "distributed", "tensor", "")
+
+
+def _is_dtensor_hook(hook) -> bool:
+    """A hook torch.distributed.tensor registered: a parallel style's
+    (``PrepareModuleInput``, ...) or ``distribute_module``'s, which make
+    DTensors of activations."""
+    code = getattr(getattr(hook, "__func__", hook), "__code__", None)
+    return code is not None and code.co_filename.startswith(_DTENSOR_DIR)
+
+
+def _dtensor_hooks(module: torch.nn.Module):
+    """The forward hooks torch.distributed.tensor registered in the module tree."""
+    for sub in module.modules():
+        pre, post = _torch.forward_hooks_of(sub)
+        yield from filter(_is_dtensor_hook, pre + post)
+
+
+def _styles_on(module: torch.nn.Module) -> list:
+    """The class names of the parallel styles whose forward hooks sit on the
+    module itself (such a hook, a lambda, holds its style in its closure)."""
+    _pre, post = _torch.forward_hooks_of(module)
+    styles = [inspect.getclosurevars(hook).nonlocals.get("self") for hook in filter(_is_dtensor_hook, post)]
+    return [type(style).__name__ for style in styles if style is not None]
+
+
 def refuse_unlowered(module: torch.nn.Module) -> None:
     """A DTensor without a process group, what the FSDP2 lowering does not
     express: ExportError."""
@@ -137,10 +172,12 @@ def lowered(module: torch.nn.Module, args: tuple, kwargs: dict | None):
     """While the module is exported: its DTensor parameters and buffers are
     their local shards, and its forward lowers DTensor (see the module
     docstring). Yields name -> :class:`Layout` (empty for a module that is
-    not sharded, whose export is untouched)."""
+    not sharded, whose export is untouched; one whose state is not sharded
+    but whose parallel styles make DTensors of its activations is lowered
+    too)."""
     refuse_unlowered(module)
     sharded = sharded_state(module)
-    if not sharded:
+    if not sharded and not any(_dtensor_hooks(module)):
         yield {}
         return
     try:
@@ -149,7 +186,7 @@ def lowered(module: torch.nn.Module, args: tuple, kwargs: dict | None):
         raise ExportError(f"sharded parameter or buffer: {e}") from None
     gradients = _boundary_gradients(module, args, kwargs or {})
     # FSDP's hooks run around the module's forward: replaced for the whole export
-    with _local_state(module, sharded), _lowering_forward(module, sharded, gradients), \
+    with _local_state(module, sharded), _lowering_call(module, sharded, gradients), \
             fsdp.hooks_replaced(module, _all_gathered):
         yield layouts
 
@@ -179,42 +216,38 @@ def _local_state(module, sharded: dict):
             table[leaf] = value
 
 
-@contextlib.contextmanager
-def _lowering_forward(module, sharded: dict, gradients: list):
-    """The module's forward, while traced, sees its sharded state as DTensors
-    around the traced shards and runs DTensor above the trace."""
-    forward = module.forward
+def _lowering_call(module, sharded: dict, gradients: list):
+    """Each call of the module while traced — its forward and the forward
+    hooks on it, such as a parallel style applied to the module itself
+    (``PrepareModuleInput`` / ``PrepareModuleOutput``) — sees its sharded
+    state as DTensors around the traced shards and runs DTensor above the
+    trace (a context manager: restored on exit)."""
     by_fsdp = fsdp.managed_names(module)  # FSDP's hooks all-gather them from the local shard
     specs = {name: _torch.dtensor_spec(t) for name, t in sharded.items() if name not in by_fsdp}
 
-    @functools.wraps(forward)
-    def lowering_forward(*args, **kwargs):
-        boundaries = iter(gradients)
-        with _as_dtensors(module, specs), _boundaries_lowered(boundaries), _LocalOps():
-            out = forward(*args, **kwargs)
-        missed = next(boundaries, None)
-        if missed is not None:
-            raise ExportError(
-                f"the module's fake eager run met DTensor.{missed.call} (to {missed.placements}) "
-                "where its trace met none: the forward moves DTensors differently from run to run; "
-                "cannot be exported soundly")
-        for leaf in pytree.tree_leaves(out):
-            if isinstance(leaf, _torch.DTensor):
+    def wrap(call):
+        @functools.wraps(call)
+        def lowering_call(*args, **kwargs):
+            boundaries = iter(gradients)
+            with _as_dtensors(module, specs), _boundaries_lowered(boundaries), _LocalOps():
+                out = call(*args, **kwargs)
+            missed = next(boundaries, None)
+            if missed is not None:
                 raise ExportError(
-                    f"the sharded module's forward ({user_location()}) returns a DTensor: a "
-                    "rank's program returns local tensors; return out.to_local() or "
-                    "out.full_tensor() (or a parallel style with use_local_output=True)")
-        return out
+                    f"the module's fake eager run met DTensor.{missed.call} (to {missed.placements}) "
+                    "where its trace met none: the forward moves DTensors differently from run to run; "
+                    "cannot be exported soundly")
+            for leaf in pytree.tree_leaves(out):
+                if isinstance(leaf, _torch.DTensor):
+                    styles = "".join(f", through its {name}" for name in _styles_on(module))
+                    raise ExportError(
+                        f"the sharded module's forward ({user_location()}{styles}) returns a DTensor: "
+                        "a rank's program returns local tensors; return out.to_local() or "
+                        "out.full_tensor() (or a parallel style with use_local_output=True)")
+            return out
+        return lowering_call
 
-    had_own = "forward" in module.__dict__
-    module.forward = lowering_forward
-    try:
-        yield
-    finally:
-        if had_own:
-            module.forward = forward
-        else:
-            del module.forward
+    return _torch.module_call_wrapped(module, wrap)
 
 
 @contextlib.contextmanager
@@ -286,8 +319,8 @@ def _boundaries_lowered(boundaries):
         seen = next(boundaries, None)
         if seen is None or (seen.call, seen.placements) != (call, dst):
             raise ExportError(
-                f"DTensor.{call} at {user_location()} (to {', '.join(dst)}) is not the call the "
-                f"module's fake eager run met at this point ({seen and f'{seen.call} to {seen.placements}'}): "
+                f"{_by_style('DTensor.' + call)} at {user_location()} (to {', '.join(dst)}) is not the call "
+                f"the module's fake eager run met at this point ({seen and f'{seen.call} to {seen.placements}'}): "
                 "the forward moves DTensors differently from run to run; cannot be exported soundly")
         return seen.gradient if seen.gradient is not None else tuple(_grad_text(p) for p in dst)
 
@@ -304,7 +337,7 @@ def _boundaries_lowered(boundaries):
             src = tuple(placement_text(p) for p in placements)
             seen = next_gradient("from_local", src)
             grad = tuple(placement_text(p) for p in grad_placements) if grad_placements else seen
-            local = _moved(local_tensor, mesh, src, src, grad, "DTensor.from_local")
+            local = _moved(local_tensor, mesh, src, src, grad, _by_style("DTensor.from_local"))
             spec = DTensorSpec(mesh, placements, tensor_meta=TensorMeta(torch.Size(shape), tuple(stride),
                                                                          local_tensor.dtype))
             return _torch.make_dtensor(local, spec, local.requires_grad)
@@ -321,7 +354,7 @@ def _boundaries_lowered(boundaries):
             src = tuple(placement_text(p) for p in self.placements)
             dst = tuple(placement_text(p) for p in placements)
             local = _moved(_torch.local_tensor(self), mesh, src, dst, next_gradient("redistribute", dst),
-                           "DTensor.redistribute")
+                           _by_style("DTensor.redistribute"))
             spec = DTensorSpec(mesh, placements, tensor_meta=_torch.dtensor_spec(self).tensor_meta)
             return _torch.make_dtensor(local, spec, local.requires_grad)
         return call
@@ -340,6 +373,22 @@ def _boundaries_lowered(boundaries):
     with patched(DTensor, "from_local", from_local), patched(DTensor, "redistribute", redistribute), \
             patched(DTensor, "to_local", to_local), patched(DTensor, "full_tensor", full_tensor):
         yield
+
+
+_STYLE_FILE = os.path.join(_DTENSOR_DIR, "parallel", "style.py")
+
+
+def _by_style(call: str) -> str:
+    """``call`` named by the parallel style whose hook makes it
+    (``"PrepareModuleInput's DTensor.redistribute"``), when one does: the
+    user's line is then the call of the module the style is applied to."""
+    frame = inspect.currentframe()
+    while frame is not None:
+        style = frame.f_locals.get("self") if frame.f_code.co_filename == _STYLE_FILE else None
+        if style is not None:
+            return f"{type(style).__name__}'s {call}"
+        frame = frame.f_back
+    return call
 
 
 class _LocalOps(_torch.TorchFunctionMode):

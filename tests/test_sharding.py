@@ -2,11 +2,14 @@
 
 Structure on torch's fake process group (one process, world size 4: the
 collectives do nothing, the graphs are each rank's); numbers on 2 gloo CPU
-processes, each rank's program against the sharded eager module on that rank
-(outputs, input and local parameter gradients, buffers, compile_training).
+processes (tensor parallel, parallel styles, a Llama's TP plan, FSDP2) and on
+4 (FSDP x TP on a 2 x 2 mesh), each rank's program against the sharded eager
+module on that rank (outputs, input and local parameter gradients, buffers,
+compile_training).
 """
 from __future__ import annotations
 
+import operator
 import os
 import socket
 import tempfile
@@ -17,7 +20,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
-from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, PrepareModuleOutput,
+                                               RowwiseParallel, SequenceParallel, parallelize_module)
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 import predispatch
@@ -63,12 +67,54 @@ class NormMLP(torch.nn.Module):
 def sequence_parallel_mlp(mesh) -> NormMLP:
     """The norm on sequence shards, gathered for the column-wise linear, the
     row-wise one's output reduce-scattered back to sequence shards."""
-    from torch.distributed.tensor.parallel import SequenceParallel
-
     torch.manual_seed(0)
     return parallelize_module(NormMLP(), mesh, {
         "norm": SequenceParallel(), "up": ColwiseParallel(input_layouts=Shard(1)),
         "down": RowwiseParallel(output_layouts=Shard(1))})
+
+
+class PreNormBlock(torch.nn.Module):
+    """A pre-norm residual block around the MLP (a transformer block's half)."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(8)
+        self.mlp = MLP()
+
+    def forward(self, x):
+        return x + self.mlp(self.norm(x))
+
+
+def prepared_block(mesh, use_local_output: bool) -> PreNormBlock:
+    """Sequence parallel as torchtitan plans it: the norm on sequence shards,
+    ``PrepareModuleInput`` gathering the MLP's input (``Shard(1)`` ->
+    ``Replicate``, handed on as a local tensor or as a DTensor), the row-wise
+    output reduce-scattered back to sequence shards."""
+    torch.manual_seed(0)
+    return parallelize_module(PreNormBlock(), mesh, {
+        "norm": SequenceParallel(),
+        "mlp": PrepareModuleInput(input_layouts=Shard(1), desired_input_layouts=Replicate(),
+                                  use_local_output=use_local_output),
+        "mlp.up": ColwiseParallel(), "mlp.down": RowwiseParallel(output_layouts=Shard(1))})
+
+
+class ScaledMLP(MLP):
+    def forward(self, x, *, scale):
+        return super().forward(x) * scale
+
+
+def prepared_mlp(mesh, use_local_output: bool = True) -> ScaledMLP:
+    """``PrepareModuleInput`` / ``PrepareModuleOutput`` on the module itself:
+    its batch-sharded input gathered, its keyword input made a Replicate
+    DTensor, its Replicate DTensor output scattered back to batch shards."""
+    torch.manual_seed(0)
+    module = parallelize_module(ScaledMLP(), mesh, {
+        "up": ColwiseParallel(), "down": RowwiseParallel(use_local_output=False)})
+    parallelize_module(module, mesh, PrepareModuleInput(
+        input_layouts=Shard(0), desired_input_layouts=Replicate(),
+        input_kwarg_layouts={"scale": Replicate()}, desired_input_kwarg_layouts={"scale": Replicate()}))
+    return parallelize_module(module, mesh, PrepareModuleOutput(
+        output_layouts=Replicate(), desired_output_layouts=Shard(0), use_local_output=use_local_output))
 
 
 class Block(torch.nn.Module):
@@ -144,6 +190,28 @@ def collective_nodes(gm):
     return [n for g in all_graphs(gm) for n in g.graph.nodes
             if n.op == "call_function" and getattr(n.target, "namespace", None) == "_c10d_functional"
             and n.target is not _c10d.wait_tensor.default]
+
+
+def collectives_by_boundary(ep) -> str:
+    """Each boundary op of the program in order, the value it moves, and the
+    collectives of its forward and of its backward: where shards move."""
+    def value(n: torch.fx.Node) -> str:
+        while n.target is operator.getitem:
+            n = n.args[0]
+        return n.name if n.op == "placeholder" else "a boundary's output" if n.target is AUTOGRAD_FUNCTION \
+            else str(n.target).split(".")[-2]
+
+    def collectives(g: torch.fx.Graph) -> str:
+        found = [str(n.target).split(".")[-2] for n in g.nodes if n.op == "call_function"
+                 and getattr(n.target, "namespace", None) == "_c10d_functional"
+                 and n.target is not _c10d.wait_tensor.default]
+        return " + ".join(found) or "local"
+
+    return "\n".join(
+        f"{value(n.args[2])}: {collectives(getattr(g, n.args[0].target).graph)}; "
+        f"backward: {collectives(getattr(g, n.args[1].target).graph)}"
+        for g in all_graphs(ep.graph_module) for n in g.graph.nodes
+        if n.op == "call_function" and n.target is AUTOGRAD_FUNCTION)
 
 
 class FakeWorld(GraphTestCase):
@@ -253,6 +321,140 @@ autocast policy: backward_pass_autocast='same_as_forward', on_backward_autocast_
         assert sorted(fwd, key=str) == sorted([_c10d.all_gather_into_tensor.default,
                                                _c10d.reduce_scatter_tensor.default], key=str)
         assert sorted(bwd, key=str) == sorted(fwd, key=str)
+
+    def test_prepare_module_input_gathers_the_sequence_for_the_mlp(self):
+        """The MLP's input arrives as a DTensor: the gradient reaching the
+        gather is the column-wise linear's partial sum, reduce-scattered."""
+        ep = predispatch.export_predispatch(prepared_block(self.mesh, use_local_output=False),
+                                            (torch.randn(2, 1, 8),))
+        assert_invariants(ep)
+        self.assertGraphExpectedInline(ep, """\
+def forward(p_norm_weight: f32[8], p_norm_bias: f32[8], p_mlp_up_weight: f32[4, 8], p_mlp_up_bias: f32[4], p_mlp_down_weight: f32[8, 4], p_mlp_down_bias: f32[8], b_mlp_seen: f32[], x: f32[2, 1, 8]):
+    layer_norm = aten.layer_norm.default(x, [8], p_norm_weight, p_norm_bias, 1e-05, False)
+    redistribute_0 = predispatch_autograd_function(self.redistribute_0_fwd, self.redistribute_0_bwd, layer_norm, name='Redistribute', num_outputs=1, grad_outputs=[0], grad_inputs=[0])
+    getitem = redistribute_0[0]
+    no_grad_0 = wrap_with_set_grad_enabled(False, self.no_grad_0, b_mlp_seen)
+    getitem_1 = no_grad_0[0]
+    linear = aten.linear.default(getitem, p_mlp_up_weight, p_mlp_up_bias)
+    relu = aten.relu.default(linear)
+    redistribute_1 = predispatch_autograd_function(self.redistribute_1_fwd, self.redistribute_1_bwd, p_mlp_down_bias, name='Redistribute', num_outputs=1, grad_outputs=[0], grad_inputs=[0])
+    getitem_2 = redistribute_1[0]
+    linear_1 = aten.linear.default(relu, p_mlp_down_weight, getitem_2)
+    redistribute_2 = predispatch_autograd_function(self.redistribute_2_fwd, self.redistribute_2_bwd, linear_1, name='Redistribute', num_outputs=1, grad_outputs=[0], grad_inputs=[0])
+    getitem_3 = redistribute_2[0]
+    mul = aten.mul.Tensor(getitem_3, 2)
+    add = aten.add.Tensor(x, mul)
+    return (getitem_1, add)
+def redistribute_0_fwd(layer_norm: f32[2, 1, 8]):
+    all_gather_into_tensor = _c10d_functional.all_gather_into_tensor.default(layer_norm, 4, '0')
+    wait_tensor = _c10d_functional.wait_tensor.default(all_gather_into_tensor)
+    split = aten.split.Tensor(wait_tensor, 2)
+    getitem = split[0]
+    getitem_1 = split[1]
+    getitem_2 = split[2]
+    getitem_3 = split[3]
+    cat = aten.cat.default([getitem, getitem_1, getitem_2, getitem_3], 1)
+    return (cat,)
+def redistribute_0_bwd(grad: f32[2, 4, 8]):
+    split = aten.split.Tensor(grad, 1, 1)
+    getitem = split[0]
+    getitem_1 = split[1]
+    getitem_2 = split[2]
+    getitem_3 = split[3]
+    cat = aten.cat.default([getitem, getitem_1, getitem_2, getitem_3])
+    reduce_scatter_tensor = _c10d_functional.reduce_scatter_tensor.default(cat, 'sum', 4, '0')
+    wait_tensor = _c10d_functional.wait_tensor.default(reduce_scatter_tensor)
+    return (wait_tensor,)
+def no_grad_0(b_mlp_seen: f32[]):
+    add = aten.add.Tensor(b_mlp_seen, 1)
+    return (add,)
+def redistribute_1_fwd(p_mlp_down_bias: f32[8]):
+    div = aten.div.Tensor(p_mlp_down_bias, 4)
+    return (div,)
+def redistribute_1_bwd(grad: f32[8]):
+    clone = aten.clone.default(grad)
+    return (clone,)
+def redistribute_2_fwd(linear_1: f32[2, 4, 8]):
+    split = aten.split.Tensor(linear_1, 1, 1)
+    getitem = split[0]
+    getitem_1 = split[1]
+    getitem_2 = split[2]
+    getitem_3 = split[3]
+    cat = aten.cat.default([getitem, getitem_1, getitem_2, getitem_3])
+    reduce_scatter_tensor = _c10d_functional.reduce_scatter_tensor.default(cat, 'sum', 4, '0')
+    wait_tensor = _c10d_functional.wait_tensor.default(reduce_scatter_tensor)
+    return (wait_tensor,)
+def redistribute_2_bwd(grad: f32[2, 1, 8]):
+    all_gather_into_tensor = _c10d_functional.all_gather_into_tensor.default(grad, 4, '0')
+    wait_tensor = _c10d_functional.wait_tensor.default(all_gather_into_tensor)
+    split = aten.split.Tensor(wait_tensor, 2)
+    getitem = split[0]
+    getitem_1 = split[1]
+    getitem_2 = split[2]
+    getitem_3 = split[3]
+    cat = aten.cat.default([getitem, getitem_1, getitem_2, getitem_3], 1)
+    return (cat,)
+inputs:
+    p_norm_weight: PARAMETER -> norm.weight
+    p_norm_bias: PARAMETER -> norm.bias
+    p_mlp_up_weight: PARAMETER -> mlp.up.weight
+    p_mlp_up_bias: PARAMETER -> mlp.up.bias
+    p_mlp_down_weight: PARAMETER -> mlp.down.weight
+    p_mlp_down_bias: PARAMETER -> mlp.down.bias
+    b_mlp_seen: BUFFER -> mlp.seen
+    x: USER_INPUT
+outputs:
+    getitem_1: BUFFER_MUTATION -> mlp.seen
+    add: USER_OUTPUT
+autocast policy: backward_pass_autocast='same_as_forward', on_backward_autocast_mismatch='error'
+""")
+
+    def test_prepare_module_input_with_local_output(self):
+        """The MLP's input arrives as a local tensor, made a DTensor again by
+        the column-wise linear: its gradient all-reduced there, the gather's
+        backward a local chunk (eager's collectives, the same sums)."""
+        ep = predispatch.export_predispatch(prepared_block(self.mesh, use_local_output=True),
+                                            (torch.randn(2, 1, 8),))
+        assert_invariants(ep)
+        self.assertExpectedInline(collectives_by_boundary(ep), """\
+layer_norm: all_gather_into_tensor; backward: local
+a boundary's output: local; backward: all_reduce
+p_mlp_down_bias: local; backward: local
+linear: reduce_scatter_tensor; backward: all_gather_into_tensor""")
+
+    def test_prepare_module_input_and_output_on_the_module_itself(self):
+        """Parallel styles on the exported module run inside the lowering too:
+        the batch gathered in front, the keyword input a Replicate DTensor (no
+        move), the output scattered back to the batch shards."""
+        ep = predispatch.export_predispatch(prepared_mlp(self.mesh), (torch.randn(2, 8),),
+                                            {"scale": torch.randn(8)})
+        assert_invariants(ep)
+        self.assertExpectedInline(collectives_by_boundary(ep), """\
+x: all_gather_into_tensor; backward: reduce_scatter_tensor
+p_down_bias: local; backward: local
+linear: all_reduce; backward: local
+mul: local; backward: all_gather_into_tensor""")
+
+    def test_prepare_module_output_returning_a_dtensor_is_refused(self):
+        module = prepared_mlp(self.mesh, use_local_output=False)
+        with pytest.raises(predispatch.ExportError, match=r"test_sharding.py.*through its PrepareModuleOutput\) "
+                           r"returns a DTensor.*use_local_output=True"):
+            predispatch.export_predispatch(module, (torch.randn(2, 8),), {"scale": torch.randn(8)})
+
+    def test_prepare_module_input_all_to_all_is_refused_naming_the_style(self):
+        class Resharded(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.inner = torch.nn.Identity()
+
+            def forward(self, x):
+                return self.inner(x) * 2
+
+        module = parallelize_module(Resharded(), self.mesh, {"inner": PrepareModuleInput(
+            input_layouts=Shard(1), desired_input_layouts=Shard(0), use_local_output=True)})
+        with pytest.raises(predispatch.ExportError, match=r"PrepareModuleInput's DTensor.redistribute at "
+                           r".*test_sharding.py:\d+ in forward: return self.inner\(x\).*S\(1\) -> S\(0\)"):
+            predispatch.export_predispatch(module, (torch.randn(4, 4, 8),))
 
     def test_llama_with_its_tensor_parallel_plan(self):
         model, plan = tiny_llama(init_device_mesh("cpu", (4,)), 4)
@@ -410,35 +612,75 @@ def _max_differences(module, program, args, kwargs, seed: int) -> dict:
     return {k: difference(eager[k], ours[k]) for k in eager}
 
 
-def _rank_main(rank: int, world: int, port: int, out_dir: str) -> None:
+def _compared(module, args, kwargs=None, *, seed: int, training: bool = False) -> dict:
+    """The module exported on this rank, its program (or compile_training of
+    it) against the module: :func:`_max_differences`."""
+    kwargs = kwargs or {}
+    ep = predispatch.export_predispatch(module, args, kwargs)
+    program = predispatch.compile_training(ep) if training else ep.module()
+    return _max_differences(module, program, args, kwargs, seed=seed)
+
+
+def _two_ranks_cases(rank: int, world: int) -> dict:
+    """Case -> differences, on a 1-D mesh of the 2 ranks."""
+    mesh = init_device_mesh("cpu", (world,))
+    results = {}
+    torch.manual_seed(1)
+    x = torch.randn(3, 8)
+    module = tensor_parallel_mlp(mesh)
+    results["mlp"] = _compared(module, (x,), seed=2)
+    results["mlp compile_training"] = _compared(module, (x,), seed=3, training=True)
+    torch.manual_seed(8)
+    x = torch.randn(2, 4, 8).chunk(world, 1)[rank].contiguous()  # this rank's sequence shard
+    results["sequence parallel"] = _compared(sequence_parallel_mlp(mesh), (x,), seed=9)
+    for local in (False, True):
+        results[f"PrepareModuleInput use_local_output={local}"] = _compared(
+            prepared_block(mesh, use_local_output=local), (x,), seed=12)
+    torch.manual_seed(13)
+    x = torch.randn(4, 8).chunk(world, 0)[rank].contiguous()  # this rank's batch shard
+    results["PrepareModuleInput/Output on the module"] = _compared(
+        prepared_mlp(mesh), (x,), {"scale": torch.randn(8)}, seed=14)
+    model, _plan = tiny_llama(mesh, world)
+    ids = torch.randint(0, 64, (2, 6), generator=torch.Generator().manual_seed(15))
+    results["llama tensor parallel"] = _compared(model, (ids,), {"use_cache": False}, seed=16)
+    torch.manual_seed(6 + rank)  # each rank its own batch, as in data parallel training
+    x = torch.randn(3, 8)
+    for reshard in (True, False):
+        module = fully_sharded_blocks(mesh, reshard_after_forward=reshard)
+        results[f"fully_shard reshard_after_forward={reshard}"] = _compared(module, (x,), seed=7)
+    results["fully_shard compile_training"] = _compared(module, (x,), seed=11, training=True)
+    return results
+
+
+def _four_ranks_cases(rank: int, world: int) -> dict:
+    """Case -> differences, FSDP x TP on a 2 x 2 mesh: an MLP, and a 1-layer
+    Llama with its TP plan on "tp" and fully_shard per decoder layer and at
+    the root on "dp"."""
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    dp_rank = mesh.get_coordinate()[0]
+    results = {}
+    torch.manual_seed(10 + dp_rank)  # one batch per data-parallel rank
+    x = torch.randn(3, 8)
+    module = fsdp_times_tp_mlp(mesh)
+    results["mlp"] = _compared(module, (x,), seed=2)
+    results["mlp compile_training"] = _compared(module, (x,), seed=3, training=True)
+    model, _plan = tiny_llama(mesh["tp"], 2)
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=mesh["dp"])
+    fully_shard(model, mesh=mesh["dp"])
+    ids = torch.randint(0, 64, (2, 6), generator=torch.Generator().manual_seed(4 + dp_rank))
+    results["llama"] = _compared(model, (ids,), {"use_cache": False}, seed=5)
+    return results
+
+
+def _rank_main(rank: int, world: int, port: int, out_dir: str, cases) -> None:
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        mesh = init_device_mesh("cpu", (world,))
-        results = {}
-        torch.manual_seed(1)
-        x = torch.randn(3, 8)
-        module = tensor_parallel_mlp(mesh)
-        ep = predispatch.export_predispatch(module, (x,))
-        results["mlp"] = _max_differences(module, ep.module(), (x,), {}, seed=2)
-        train = predispatch.compile_training(ep)
-        results["mlp compile_training"] = _max_differences(module, train, (x,), {}, seed=3)
-        torch.manual_seed(8)
-        x = torch.randn(2, 4, 8).chunk(world, 1)[rank].contiguous()  # this rank's sequence shard
-        module = sequence_parallel_mlp(mesh)
-        ep = predispatch.export_predispatch(module, (x,))
-        results["sequence parallel"] = _max_differences(module, ep.module(), (x,), {}, seed=9)
-        torch.manual_seed(6 + rank)  # each rank its own batch, as in data parallel training
-        x = torch.randn(3, 8)
-        for reshard in (True, False):
-            module = fully_sharded_blocks(mesh, reshard_after_forward=reshard)
-            ep = predispatch.export_predispatch(module, (x,))
-            results[f"fully_shard reshard_after_forward={reshard}"] = _max_differences(
-                module, ep.module(), (x,), {}, seed=7)
-        results["fully_shard compile_training"] = _max_differences(
-            module, predispatch.compile_training(ep), (x,), {}, seed=11)
-        torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
+        torch.save(cases(rank, world), os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
 
@@ -449,61 +691,54 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def two_gloo_ranks():
+def _on_gloo_ranks(world: int, cases) -> list:
+    """``cases(rank, world)`` on ``world`` gloo CPU processes, one process
+    group for all of them; each rank's results."""
     with tempfile.TemporaryDirectory() as out_dir:
-        mp.spawn(_rank_main, args=(2, _free_port(), out_dir), nprocs=2)
-        yield [torch.load(os.path.join(out_dir, f"rank{r}.pt")) for r in range(2)]
+        mp.start_processes(_rank_main, args=(world, _free_port(), out_dir, cases), nprocs=world,
+                           start_method=_start_method())
+        return [torch.load(os.path.join(out_dir, f"rank{r}.pt")) for r in range(world)]
 
 
-@pytest.mark.parametrize("case", ["mlp", "mlp compile_training", "sequence parallel",
-                                  "fully_shard reshard_after_forward=True",
-                                  "fully_shard reshard_after_forward=False", "fully_shard compile_training"])
-def test_each_rank_matches_its_sharded_eager_module(two_gloo_ranks, case):
-    for rank, results in enumerate(two_gloo_ranks):
+def _start_method() -> str:
+    """forkserver where the platform has it: one clean process imports
+    torch, predispatch, this module and the Llama model code once, and the
+    ranks are forked from it (4 processes importing them on 2 cores take
+    ~10 s; forked from the test process, they would inherit its state, its
+    process-group names among it). spawn elsewhere."""
+    if "forkserver" not in mp.get_all_start_methods():
+        return "spawn"
+    mp.get_context("forkserver").set_forkserver_preload([__name__, "transformers.models.llama.modeling_llama"])
+    return "forkserver"
+
+
+def _assert_each_rank_matches(ranks: list, case: str) -> None:
+    for rank, results in enumerate(ranks):
         differences = results[case]
         assert any(k.startswith("grad ") for k in differences)
         worst = {k: d for k, d in differences.items() if d > 1e-5}
         assert not worst, f"rank {rank}, {case}: {worst}"
 
 
-def _four_ranks_main(rank: int, world: int, port: int, out_dir: str) -> None:
-    """FSDP x TP on a 2 x 2 mesh: an MLP, and a Llama with its TP plan on
-    "tp" and fully_shard per decoder layer and at the root on "dp"."""
-    from torch.distributed.fsdp import fully_shard
-
-    torch.set_num_threads(1)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
-        dp_rank = mesh.get_coordinate()[0]
-        results = {}
-        torch.manual_seed(10 + dp_rank)  # one batch per data-parallel rank
-        x = torch.randn(3, 8)
-        module = fsdp_times_tp_mlp(mesh)
-        ep = predispatch.export_predispatch(module, (x,))
-        results["mlp"] = _max_differences(module, ep.module(), (x,), {}, seed=2)
-        model, _plan = tiny_llama(mesh["tp"], 2)
-        for layer in model.model.layers:
-            fully_shard(layer, mesh=mesh["dp"])
-        fully_shard(model, mesh=mesh["dp"])
-        ids = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(4 + dp_rank))
-        ep = predispatch.export_predispatch(model, (ids,), {"use_cache": False})
-        results["llama"] = _max_differences(model, ep.module(), (ids,), {"use_cache": False}, seed=5)
-        torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
-    finally:
-        dist.destroy_process_group()
+@pytest.fixture(scope="module")
+def two_gloo_ranks():
+    return _on_gloo_ranks(2, _two_ranks_cases)
 
 
-@pytest.mark.skipif(os.environ.get("PREDISPATCH_GLOO_4") != "1",
-                    reason="4 gloo processes take ~50 s on 2 cores: PREDISPATCH_GLOO_4=1 runs them")
-def test_fsdp_times_tensor_parallel_on_4_gloo_ranks():
-    with tempfile.TemporaryDirectory() as out_dir:
-        mp.spawn(_four_ranks_main, args=(4, _free_port(), out_dir), nprocs=4)
-        ranks = [torch.load(os.path.join(out_dir, f"rank{r}.pt")) for r in range(4)]
-    for rank, results in enumerate(ranks):
-        for case, differences in results.items():
-            assert any(k.startswith("grad ") for k in differences)
-            worst = {k: d for k, d in differences.items() if d > 1e-5}
-            assert not worst, f"rank {rank}, {case}: {worst}"
+@pytest.fixture(scope="module")
+def four_gloo_ranks():
+    return _on_gloo_ranks(4, _four_ranks_cases)
+
+
+@pytest.mark.parametrize("case", [
+    "mlp", "mlp compile_training", "sequence parallel", "PrepareModuleInput use_local_output=False",
+    "PrepareModuleInput use_local_output=True", "PrepareModuleInput/Output on the module",
+    "llama tensor parallel", "fully_shard reshard_after_forward=True",
+    "fully_shard reshard_after_forward=False", "fully_shard compile_training"])
+def test_each_of_2_ranks_matches_its_sharded_eager_module(two_gloo_ranks, case):
+    _assert_each_rank_matches(two_gloo_ranks, case)
+
+
+@pytest.mark.parametrize("case", ["mlp", "mlp compile_training", "llama"])
+def test_fsdp_times_tensor_parallel_on_4_gloo_ranks(four_gloo_ranks, case):
+    _assert_each_rank_matches(four_gloo_ranks, case)
