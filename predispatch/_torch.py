@@ -926,13 +926,18 @@ def saves_its_result(op) -> bool:
     """Does ``op``'s backward read its own output (``relu``, ``exp``: their
     formulas in the derivatives.yaml torch ships)? True where unknown (a
     composite, a higher-order op, an op of another library)."""
+    if getattr(op, "namespace", None) == "predispatch":
+        return False  # its own ops save nothing
     saved = _saved_for_backward().get(_overload_key(op))
     return True if saved is None else saved[1]
 
 
 def saves_its_input(op, position: int | None) -> bool:
     """Does ``op``'s backward read the tensor it takes at positional
-    ``position`` (``mul`` its factors; ``add`` none)? True where unknown."""
+    ``position`` (``mul`` its factors; ``add`` none; predispatch's ops
+    none)? True where unknown."""
+    if getattr(op, "namespace", None) == "predispatch":
+        return False  # its own ops save nothing
     saved = _saved_for_backward().get(_overload_key(op))
     schema = getattr(op, "_schema", None)
     if saved is None or position is None or schema is None or position >= len(schema.arguments):

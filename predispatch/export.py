@@ -109,7 +109,8 @@ def keep_histories(captured: Captured, module: torch.nn.Module) -> None:
     keep_history_pass(gm, captured.record.replacements,
                       lambda modes: may_require_grad(gm, sig, requiring, modes),
                       [s.kind.name for s in sig.output_specs])
-    refuse_updates_of_saved_values(captured.record.swap_updates, may_require_grad(gm, sig, requiring))
+    refuse_updates_of_saved_values(captured.record.swap_updates, may_require_grad(gm, sig, requiring), gm.graph,
+                                   [s.kind.name for s in sig.output_specs])
     drop_unseen_leaves(gm, may_require_grad(gm, sig, requiring),
                        may_require_grad(gm, sig, requiring, leaves=False, inputs=False))
 

@@ -112,6 +112,26 @@ def _refuse_reshaped_history(old: torch.fx.Node, new: torch.fx.Node, later: list
             "which a program cannot reproduce; change the shape of a copy instead")
 
 
+def _differentiable_ancestors(graph: torch.fx.Graph, output_kinds: list[str]) -> set:
+    """The nodes a gradient from an output can reach (a parameter's new
+    value is written back without one): not through a no_grad span's
+    inputs, nor to a kept history's new value."""
+    modes = grad_modes(graph)
+    outputs = graph.output_node().args[0]
+    kinds = output_kinds if len(output_kinds) == len(outputs) else ["USER_OUTPUT"] * len(outputs)
+    todo = [o for o, k in zip(outputs, kinds) if isinstance(o, torch.fx.Node) and k != "PARAMETER_MUTATION"]
+    seen = set()
+    while todo:
+        node = todo.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        if modes.get(node) is False and node.target not in _KEEPS:
+            continue
+        todo.extend([node.args[0]] if node.target is KEEP_HISTORY else node.all_input_nodes)
+    return seen
+
+
 def _differentiated(readers: list, modes) -> bool:
     """Does a path from ``readers`` reach the output outside no_grad spans
     (``modes``: see :func:`grad_modes`; None: any mode)? A kept history
@@ -420,18 +440,24 @@ def drop_unseen_leaves(gm: torch.fx.GraphModule, requiring: set, requiring_witho
     gm.recompile()
 
 
-def refuse_updates_of_saved_values(updates: list, may_grad: set) -> None:
-    """``updates``: (value, [(op, argument)] reading it by then, where) of
+def refuse_updates_of_saved_values(updates: list, may_grad: set, graph: torch.fx.Graph,
+                                   output_kinds: list[str]) -> None:
+    """``updates``: (value, [(op, argument position)] reading it by then, where) of
     in-place updates, through a ``set_()`` target, of the memory it shares
     with another tensor. set_ does not share autograd's version counter, so
     where an op differentiated saved that value for its backward (the op
     that made it, ``relu``; one that read it, ``mul``: per torch's
     derivative formulas), eager's backward silently uses the updated memory,
-    which a functional program cannot reproduce."""
+    which a functional program cannot reproduce. (Differentiated: a gradient
+    can reach it from an output other than a parameter's new value.)"""
+    if not updates:
+        return
+    differentiated = _differentiable_ancestors(graph, output_kinds)
     for value, readers, where in updates:
-        made_saving = value.op == "call_function" and _torch.saves_its_result(value.target)
-        read_saving = any(op in may_grad and _torch.saves_its_input(op, op.args.index(arg) if arg in op.args else None)
-                          for op, arg in readers)
+        made_saving = (value.op == "call_function" and _torch.saves_its_result(value.target)
+                       and value in differentiated)
+        read_saving = any(op in may_grad and op in differentiated and _torch.saves_its_input(op.target, position)
+                          for op, position in readers)
         if value in may_grad and (made_saving or read_saving):
             raise ExportError(
                 f"an in-place update at {where} writes memory that set_() made shared with a tensor "

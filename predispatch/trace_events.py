@@ -144,9 +144,12 @@ class _Recorder(_torch.TorchFunctionMode):
         self._hidden_blocks: list[tuple[object, bool, str]] = []
         self._any_leaf = False  # a tensor was made to require grad in the forward
         self._swapped: dict = {}  # storage a set_() made shared -> the tensors sharing it
+        self._call_start = None  # the graph's last node before the user's torch call running
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         previous, self._call = self._call, (args, kwargs)
+        if previous is None and self._swapped and (tracer := _torch.current_tracer()) is not None:
+            self._call_start = _torch.last_node(tracer.graph)  # what the graph held before this call
         try:
             return self._handle(func, args, kwargs or {})
         finally:
@@ -570,13 +573,20 @@ class _Recorder(_torch.TorchFunctionMode):
 
     def _note_swap_updates(self, func, tensors) -> None:
         """A write (not a layout change) to memory a set_() made shared: each
-        sharer's value before it (see :func:`keep_history.refuse_updates_of_saved_values`)."""
+        other sharer's value before it and the ops that read it before the
+        call (see :func:`keep_history.refuse_updates_of_saved_values`). A
+        sharer with the writer's version counter (itself, its views) is
+        eager's own check's business."""
         if torch.Tag.inplace_view in getattr(func, "tags", ()):
             return
+        before = _nodes_up_to(self._call_start)
         for storage in {_torch.storage_of(t) for t in tensors} & self._swapped.keys():
             for owner in self._swapped[storage]:
+                if any(_counter_owner(owner) is _counter_owner(t) for t in tensors):
+                    continue
                 if (node := self._current_node(owner)) is not None:
-                    self.record.swap_updates.append((node, _readers(node), user_location()))
+                    readers = [(op, i) for op, i in _readers(node) if op in before]
+                    self.record.swap_updates.append((node, readers, user_location()))
 
     def end_grad_mode_segment(self) -> None:
         """At a grad-mode marker in grad mode, or at the forward's end: the
@@ -768,9 +778,9 @@ class _ViewOfUpdate:
 _METADATA_UPDATES = {"t_", "transpose_", "swapdims_", "swapaxes_", "unsqueeze_", "squeeze_", "as_strided_"}
 
 
-def _readers(node: torch.fx.Node) -> list[tuple[torch.fx.Node, torch.fx.Node]]:
-    """(op, the argument it reads) of the ops other than views reading
-    ``node``'s value (or a view of it)."""
+def _readers(node: torch.fx.Node) -> list[tuple[torch.fx.Node, int | None]]:
+    """(op, the position of the argument it reads, None if not positional)
+    of the ops other than views reading ``node``'s value (or a view of it)."""
     found = []
     for user in node.users:
         if user.op != "call_function":
@@ -778,7 +788,25 @@ def _readers(node: torch.fx.Node) -> list[tuple[torch.fx.Node, torch.fx.Node]]:
         if getattr(user.target, "is_view", False):
             found += _readers(user)
         elif user.target not in (ops.KEEP_HISTORY, ops.KEEP_HISTORY_IF_NO_GRAD):
-            found.append((user, node))
+            found.append((user, user.args.index(node) if node in user.args else None))
+    return found
+
+
+def _counter_owner(t):
+    """The tensor whose autograd version counter ``t`` shares: its view
+    chain's root, stopping at a set_() target (set_ keeps its own)."""
+    while not getattr(t, _SWAPPED, False) and (source := getattr(t, _SOURCE, None)) is not None:
+        t = source
+    return t
+
+
+def _nodes_up_to(mark: torch.fx.Node | None) -> set:
+    if mark is None:
+        return set()
+    found, node = set(), mark
+    while node.op != "root":
+        found.add(node)
+        node = node.prev
     return found
 
 
@@ -865,6 +893,11 @@ def _set_calls_to_aliases(on_swap):
         def call(self, source=None, *args, **kwargs):
             if not (_torch.is_traced(self) and _torch.is_traced(source)) or args or kwargs or _UNOBSERVED:
                 return set_(self, *(() if source is None else (source,)), *args, **kwargs)
+            if _torch.storage_of(self) == _torch.storage_of(source):
+                # the memory it has (set_ to itself, to its view): a new layout at most, as eager
+                # gives it; functionalization's set_ would freeze the storage its views share
+                layout = _torch.layout(source)
+                return self if _torch.layout(self) == layout else self.as_strided_(*layout)
             before = _torch.current_node(self)
             out = set_(self, _alias_in_grad_mode(source))
             _torch.sync_wrapper_layout(self)

@@ -1,6 +1,6 @@
 """Bugs found by the differential fuzzer (tools/fuzz), each as the minimal
 module it shrank to, with the diagnosis. Open ones are xfail(strict=True):
-remove the marker with the fix. Fixed: 1-27, 29-39, 41-55 (4b's nested
+remove the marker with the fix. Fixed: 1-27, 29-39, 41-57 (4b's nested
 autocast(enabled=False) case by the refusal reading autocast nesting, 10 by
 marking no_grad view replays, 15 and 16 by noting grad-mode views at no_grad
 entries; 7 and 22, once refusals, are exported since the eighth session).
@@ -1756,3 +1756,86 @@ class InputSwappedThenReadByARelaidOutput(nn.Module):
 def test_a_reshaped_input_reached_through_a_later_kept_history_is_refused():
     with pytest.raises(predispatch.ExportError, match=r"given another shape \(4,\) under no_grad"):
         predispatch.export_predispatch(InputSwappedThenReadByARelaidOutput(), inputs((3, 4)))
+
+
+# --------------------------------------------------------------------------
+# 56-57. (seeds 9901-9903, tenth session) Refusals that were not needed:
+# 56. an update through a set_() target of memory an op had read was refused
+#     for any reading op; only one whose backward saves that operand (per
+#     torch's derivative formulas: mul saves its factors, add and clone
+#     nothing, predispatch's own ops nothing) and that a gradient reaches
+#     from an output matters; a sharer with the writer's version counter is
+#     eager's own check's business. (The update's own ops were counted as
+#     readers too.)
+# 57. set_() to the memory the tensor has (itself: `v.float()` of a float32
+#     tensor is the tensor; a view of itself) froze its storage in
+#     functionalization, so a later update was refused; it is a new layout at
+#     most, traced as as_strided_ (nothing where the layout is the same).
+
+class SharedMemoryReadBeforeTheUpdate(nn.Module):
+    def __init__(self, forward):
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.w = nn.Parameter(torch.randn(4, 4, generator=g))
+        self.p = nn.Parameter(torch.randn(3, 4, generator=g))
+        self.q = nn.Parameter(torch.randn(3, 4, generator=g))
+        self.lin = nn.Linear(4, 4)
+        self.register_buffer("b", torch.randn(3, 4, generator=g))
+        self.body = forward
+
+    def forward(self, x):
+        return self.body(self, x)
+
+
+def _saved_by_an_op_no_output_differentiates(m, x):
+    v0 = m.p[1:]
+    v1 = m.lin(v0)  # saves v0 for the weight's gradient, which nothing asks for
+    with torch.no_grad():
+        v1.set_(v0)
+    v1.sub_(v1)
+    return x * 2
+
+
+def _read_by_ops_that_save_nothing(m, x):
+    v3 = m.q + x
+    v2 = x.clone()
+    with torch.no_grad():
+        v2.set_(x)
+    v2[0] = 0.0
+    return v3, x
+
+
+def _read_as_a_leaf(m, x):
+    v1 = m.w.detach().requires_grad_()
+    v2 = v1.unsqueeze(0)
+    h = m.b * 1.0
+    with torch.no_grad():
+        h.set_(m.w)
+    h.copy_(torch.full_like(h, 2.0))
+    return v2
+
+
+def _set_to_a_view_of_itself(m, x):
+    v0 = m.b.sin()
+    v1 = v0.view(-1)
+    with torch.no_grad():
+        v0.set_(v1)
+    torch.nn.init.zeros_(v0)
+    return v1 + 1.0
+
+
+def _set_back_to_itself(m, x):
+    v1 = x @ m.w
+    v1.mul_(0.9).add_(x, alpha=0.1)
+    v0 = torch.sigmoid(m.b)
+    with torch.no_grad():
+        v0.set_(v1)
+        v1.set_(v0)
+    v0.mul_(0)
+    return v1.unsqueeze(0), v1
+
+
+@pytest.mark.parametrize("body", [_saved_by_an_op_no_output_differentiates, _read_by_ops_that_save_nothing,
+                                  _read_as_a_leaf, _set_to_a_view_of_itself, _set_back_to_itself])
+def test_updates_of_shared_memory_eager_runs_soundly(body):
+    assert_sound(SharedMemoryReadBeforeTheUpdate(body), inputs((3, 4)), inputs_require_grad=False)
