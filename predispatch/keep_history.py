@@ -84,7 +84,8 @@ def may_require_grad(gm: torch.fx.GraphModule, signature, params_requiring_grad:
     return result
 
 
-def _refuse_reshaped_history(old: torch.fx.Node, new: torch.fx.Node, later: list, modes) -> None:
+def _refuse_reshaped_history(old: torch.fx.Node, new: torch.fx.Node, later: list, modes,
+                             output_kinds: list[str] | None = None) -> None:
     """A tensor given another shape under no_grad (``set_``, ``resize_``,
     ``t_()``) keeps its history, of the old shape. Autograd checks a gradient
     of the new shape against that history (reducing it, or raising), for
@@ -92,7 +93,8 @@ def _refuse_reshaped_history(old: torch.fx.Node, new: torch.fx.Node, later: list
     (eager's ``.grad`` takes the new shape) or a view's (eager regenerates it
     from the base through the new layout): refused there, where a gradient
     can reach it, unless nothing is lost (size-1 dimensions in front:
-    ``unsqueeze_(0)``). An input returned as it is is the caller's tensor."""
+    ``unsqueeze_(0)``). A leaf's value written back as a mutation is the
+    caller's tensor, whose history is its own."""
     va, vb = old.meta.get("val"), new.meta.get("val")
     if _same_elements_broadcast(tuple(va.shape), tuple(vb.shape)):
         return
@@ -103,11 +105,15 @@ def _refuse_reshaped_history(old: torch.fx.Node, new: torch.fx.Node, later: list
     if not leaf and not _torch.may_return_a_view(origin.target):
         return  # eager's history reduces the gradient as the program's does
     modes = modes if modes is not None else grad_modes(old.graph)
-    if _differentiated([u for u in later if u.op != "output" or old.op != "placeholder"], modes):
+    outputs = old.graph.output_node().args[0]
+    kinds = output_kinds if output_kinds is not None and len(output_kinds) == len(outputs) else None
+    shown = None if not leaf or kinds is None else {o for o, k in zip(outputs, kinds) if k == "USER_OUTPUT"}
+    if _differentiated([u for u in later if u.op != "output"], modes, shown) or any(
+            u.op == "output" and _outputs_as_shown(new, u, old, shown) for u in later):
         raise ExportError(
             f"a tensor ({old.name}, {tuple(va.shape)}) is given another shape {tuple(vb.shape)} under "
             f"no_grad (set_, resize_, t_(), ...) and keeps its history, at "
-            f"{node_location(new.meta.get('stack_trace'))}: eager then gives "
+            f"{_location(new, *later)}: eager then gives "
             f"{'the parameter or input a .grad of the new shape' if leaf else 'the view history it keeps gradients through the new layout'}, "
             "which a program cannot reproduce; change the shape of a copy instead")
 
@@ -132,19 +138,40 @@ def _differentiable_ancestors(graph: torch.fx.Graph, output_kinds: list[str]) ->
     return seen
 
 
-def _differentiated(readers: list, modes) -> bool:
+def _outputs_as_shown(new: torch.fx.Node, output: torch.fx.Node, old: torch.fx.Node, shown: set | None) -> bool:
+    """Is ``new`` (or its kept value) an output a gradient can come from? Any
+    output, where ``shown`` is None, unless an input's old value is returned
+    as it is (the caller's tensor)."""
+    if shown is None or old.op == "placeholder":
+        return old.op != "placeholder"
+    return any(o in shown and (o is new or (o.target in _KEEPS and o.args[1] is new))
+               for o in output.args[0] if isinstance(o, torch.fx.Node))
+
+
+def _location(*nodes: torch.fx.Node) -> str:
+    """The source line of the first of ``nodes`` that has one (a node the
+    trace made itself, a set_'s alias, has none)."""
+    for node in nodes:
+        if node.meta.get("stack_trace"):
+            return node_location(node.meta["stack_trace"])
+    return node_location(None)
+
+
+def _differentiated(readers: list, modes, shown: set | None = None) -> bool:
     """Does a path from ``readers`` reach the output outside no_grad spans
-    (``modes``: see :func:`grad_modes`; None: any mode)? A kept history
-    passes a gradient in any mode, to its old value only."""
+    (``modes``: see :func:`grad_modes`; None: any mode), as one of ``shown``
+    (None: any output value)? A kept history passes a gradient in any mode,
+    to its old value only."""
     seen, todo = set(), list(readers)
     while todo:
         node = todo.pop()
         if node in seen or (modes is not None and modes.get(node) is False and node.target not in _KEEPS):
             continue
         seen.add(node)
-        if node.op == "output":
+        if node.op == "output" or (shown is not None and node in shown):
             return True
-        todo.extend(u for u in node.users if u.target is not KEEP_HISTORY or u.args[0] is node)
+        todo.extend(u for u in node.users if (u.target is not KEEP_HISTORY or u.args[0] is node)
+                    and (shown is None or u.op != "output"))
     return False
 
 
@@ -179,18 +206,34 @@ def _insert_keep_history(graph, old, new, after, position, reshapes: list, targe
 
 
 def _replayed_bases(old: torch.fx.Node, new: torch.fx.Node, exit, position, live) -> tuple[torch.fx.Node, torch.fx.Node]:
-    """A value that is the same view of two bases and is not read after
-    ``exit`` by anything ``live`` (functionalization keeps a tensor given a
-    new layout in place, ``unsqueeze_``, as a view of its old value,
-    replayed from the base at every read): the bases were replaced, and
-    later reads replay from the new one."""
+    """A value that is the same view of two bases, the new one computed from
+    the old, and is not read after ``exit`` by anything ``live``
+    (functionalization keeps a tensor given a new layout in place,
+    ``unsqueeze_``, as a view of its old value, replayed from the base at
+    every read): the bases were replaced, and later reads replay from the
+    new one."""
     at = position.get(exit, len(position))
     while (old.op == new.op == "call_function" and old.target is new.target
            and getattr(old.target, "is_view", False) and old.args[0] is not new.args[0]
            and old.args[1:] == new.args[1:] and old.kwargs == new.kwargs
-           and not any(position.get(u, at + 1) > at and u in live for u in new.users)):
+           and not any(position.get(u, at + 1) > at and u in live for u in new.users)
+           and _depends_on(new.args[0], old.args[0])):
         old, new = old.args[0], new.args[0]
     return old, new
+
+
+def _depends_on(node: torch.fx.Node, ancestor: torch.fx.Node) -> bool:
+    """Is ``node`` computed from ``ancestor`` (the base's new value from its
+    old one; not another tensor's, as after a ``set_()``)?"""
+    seen, todo = set(), [node]
+    while todo:
+        n = todo.pop()
+        if n is ancestor:
+            return True
+        if n not in seen:
+            seen.add(n)
+            todo.extend(n.all_input_nodes)
+    return False
 
 
 def _live_nodes(graph: torch.fx.Graph) -> set:
@@ -290,7 +333,7 @@ def keep_history_pass(gm: torch.fx.GraphModule, replacements, analyze,
             may_grad = analyze(None)
     final_modes = modes if modes is not None else grad_modes(graph)
     for old, new, later in reshapes:  # a gradient reaches a history kept later too
-        _refuse_reshaped_history(old, new, later, final_modes)
+        _refuse_reshaped_history(old, new, later, final_modes, output_kinds)
     detach_no_grad_view_replays(graph, may_grad)
     drop_historyless_own_reads(graph, lambda: analyze(None))
     return kept

@@ -183,7 +183,8 @@ def fix_write_backs(gm: torch.fx.GraphModule | torch.fx.Graph, modes: dict[str, 
     ``torch.export.unflatten``) for the mode's function; ``target_name``: the
     mutated state's name (as in the output specs) from the copy's target node.
     A target whose layout or storage changed is written back last (it may
-    take the storage of another, written back before)."""
+    take the storage of another, written back before: the one that other
+    has before its own layout changes)."""
     graph = gm if isinstance(gm, torch.fx.Graph) else gm.graph
     layouts = layouts or {}
     relaid = []
@@ -198,8 +199,15 @@ def fix_write_backs(gm: torch.fx.GraphModule | torch.fx.Graph, modes: dict[str, 
                 node.target = _WRITE_BACK[mode]
             if mode == "grad":
                 _snapshot_reads(graph, *node.args)
+    # a source's storage as the call left it: relaid itself, it may move to another one
+    sources = {}
+    for _, layout, _ in relaid:
+        if layout["storage"] == "other" and layout["source"] not in sources:
+            with graph.inserting_before(graph.output_node()):
+                sources[layout["source"]] = graph.call_function(
+                    torch.ops.aten.alias.default, (_state_node(graph, layout["source"], target_name),))
     for node, layout, mode in relaid:
-        source = _state_node(graph, layout["source"], target_name) if layout["storage"] == "other" else None
+        source = sources.get(layout["source"]) if layout["storage"] == "other" else None
         with graph.inserting_before(graph.output_node()):
             last = graph.call_function(write_back_layout, (*node.args, source, layout, mode))
         last.meta.update(node.meta)

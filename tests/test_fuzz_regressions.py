@@ -1,6 +1,6 @@
 """Bugs found by the differential fuzzer (tools/fuzz), each as the minimal
 module it shrank to, with the diagnosis. Open ones are xfail(strict=True):
-remove the marker with the fix. Fixed: 1-27, 29-39, 41-57 (4b's nested
+remove the marker with the fix. Fixed: 1-27, 29-39, 41-59 (4b's nested
 autocast(enabled=False) case by the refusal reading autocast nesting, 10 by
 marking no_grad view replays, 15 and 16 by noting grad-mode views at no_grad
 entries; 7 and 22, once refusals, are exported since the eighth session).
@@ -1839,3 +1839,60 @@ def _set_back_to_itself(m, x):
                                   _read_as_a_leaf, _set_to_a_view_of_itself, _set_back_to_itself])
 def test_updates_of_shared_memory_eager_runs_soundly(body):
     assert_sound(SharedMemoryReadBeforeTheUpdate(body), inputs((3, 4)), inputs_require_grad=False)
+
+
+# --------------------------------------------------------------------------
+# 58. (seed 9901, tenth session; a regression of 54) A tensor set_() to one
+# parameter, then to another: the two swaps' values are the same view
+# (alias) of two parameters, and 54's rule lifted the replacement to them,
+# so later reads of the second parameter carried the first one's history.
+# Fixed: a replacement is lifted to the bases only where the new base is
+# computed from the old. (Exported then, not refused: a parameter or input
+# relaid under no_grad whose value reaches no output but its own write-back,
+# the caller's tensor with its own history.)
+
+class SwappedFromOneParameterToAnother(nn.Module):
+    def __init__(self):
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.w = nn.Parameter(torch.randn(3, 4, generator=g))
+        self.p = nn.Parameter(torch.randn(3, 4, generator=g))
+
+    def forward(self, x):
+        with torch.no_grad():
+            x.set_(self.w)
+        with torch.no_grad():
+            x.set_(self.p)
+        x.unsqueeze_(0)
+        with torch.no_grad():
+            x.set_(torch.zeros(2))
+        return self.p * 2
+
+
+def test_a_second_swap_does_not_give_one_parameter_anothers_history():
+    assert_sound(SwappedFromOneParameterToAnother(), inputs((3, 4)), inputs_require_grad=False)
+
+
+# --------------------------------------------------------------------------
+# 59. (seed 9903, tenth session; exported since 57-58) An input set_() to
+# another input that is then set_() to a buffer: eager leaves the first on
+# the second's original storage; ep.module() relaid the second before the
+# first took "its" storage, so the first ended on the buffer's. Fixed: a
+# layout write-back takes the source's storage as the call left it, before
+# any layout write-back.
+
+class SetToAnInputThatMovesOn(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("n", torch.zeros(()))
+
+    def forward(self, x, y):
+        x.unsqueeze_(0)
+        with torch.no_grad():
+            y.set_(x)
+            x.set_(self.n.detach())
+        return y * 2
+
+
+def test_an_input_keeps_the_storage_it_was_set_to_when_that_input_moves_on():
+    assert_sound(SetToAnInputThatMovesOn(), inputs((3, 4), (3, 4)), inputs_require_grad=False)
