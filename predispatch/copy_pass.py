@@ -12,7 +12,8 @@ a pre-dispatch graph, which runs above autograd:
   tensor laid out as dst, which ``where`` takes from its first tensor
   operand: a view replayed on the copy, ``t().view(...)``, needs dst's
   strides) and, as eager's CopyBackwards gives, the gradient of ``src`` for
-  src and a zero gradient for dst.
+  src and a zero gradient for dst (none, for the recorder's own write of a
+  detached alias's values to the memory it shares: ``VALUES_ONLY``).
 * a write through an ``as_strided`` view becomes ``aten.as_strided_scatter``,
   whose derivative for ``self`` is wrong in torch 2.13 (it passes the
   gradient of the written part, not of the rest: gradcheck fails). It is
@@ -27,6 +28,8 @@ from __future__ import annotations
 
 import torch
 import torch.fx
+
+from .trace_events import VALUES_ONLY
 
 aten = torch.ops.aten
 
@@ -43,6 +46,8 @@ def _copy_as_differentiable_ops(graph: torch.fx.Graph, node: torch.fx.Node) -> t
     if have.dtype != want.dtype or have.device != want.device:
         src = _node(graph, aten._to_copy.default, (src,), {"dtype": want.dtype, "device": want.device},
                     have.to(dtype=want.dtype, device=want.device))
+    if node.meta.get(VALUES_ONLY):  # the recorder's write of values: dst's history is not the memory's
+        dst = _node(graph, aten.detach.default, (dst,), {}, want)
     take_dst = _node(graph, aten.scalar_tensor.default, (False,), {"dtype": torch.bool, "device": want.device},
                      torch.zeros((), dtype=torch.bool, device="meta"))
     return _node(graph, aten.where.self, (take_dst, dst, src), {}, node.meta["val"])

@@ -22,7 +22,7 @@ from .keep_history import (drop_unseen_leaves, keep_history_pass, may_require_gr
                            refuse_updates_of_saved_values)
 from .op_policy import OpPolicy
 from .program import PredispatchProgram, module_order, set_program_meta
-from .region_pass import replace_blocks_with_regions
+from .region_pass import grad_modes, replace_blocks_with_regions
 from .region_utils import mutable_op_nodes
 
 
@@ -52,6 +52,7 @@ def export_predispatch(module, args, kwargs=None, *, dynamic_shapes=None, op_pol
 
     with _torch.lazy_codegen(), sharding_lowered(module, args, kwargs) as layouts:
         captured = capture(module, args, kwargs, dynamic_shapes, op_policy)
+        refuse_moved_covers(captured)
         keep_histories(captured, module)
         eliminate_dead_code(captured)  # what the history stage did not need
         replace_writes(captured.gm)  # after: the trace's record names the copy nodes
@@ -87,6 +88,24 @@ def sharding_lowered(module, args, kwargs):
     return sharding.lowered(module, args, kwargs)
 
 
+def refuse_moved_covers(captured: Captured) -> None:
+    """Inputs viewing another that moves to other memory (see
+    :func:`predispatch.input_aliasing.refuse_moved_covers`); the line is its
+    new value's."""
+    views = captured.record.input_views
+    if not views:
+        return
+    sig, outputs = captured.signature, captured.gm.graph.output_node().args[0]
+    values = {spec.target: out for spec, out in zip(sig.output_specs, outputs)
+              if spec.kind.name == "USER_INPUT_MUTATION"}
+    user_inputs = [s.arg.name for s in sig.input_specs if s.kind.name == "USER_INPUT"]
+    for cover in {v.of for v in views.values()}:
+        value = values.get(user_inputs[cover]) if cover < len(user_inputs) else None
+        where = node_location(value.meta.get("stack_trace")) if isinstance(value, torch.fx.Node) else "unknown location"
+        input_aliasing.refuse_moved_covers({k: v for k, v in views.items() if v.of == cover},
+                                           captured.record.layouts, where)
+
+
 def refuse_remaining_mutations(gm: torch.fx.GraphModule) -> None:
     """G1's safety net. Functionalization turns mutations of parameters,
     buffers, inputs and intermediates into data flow; an in-place op left in
@@ -111,8 +130,11 @@ def keep_histories(captured: Captured, module: torch.nn.Module) -> None:
                       [s.kind.name for s in sig.output_specs])
     refuse_updates_of_saved_values(captured.record.swap_updates, may_require_grad(gm, sig, requiring), gm.graph,
                                    [s.kind.name for s in sig.output_specs])
-    drop_unseen_leaves(gm, may_require_grad(gm, sig, requiring),
-                       may_require_grad(gm, sig, requiring, leaves=False, inputs=False))
+    off = grad_modes(gm.graph)  # a no_grad caller's: grad on inside the blocks that set it only
+    drop_unseen_leaves(gm, [
+        (may_require_grad(gm, sig, requiring), may_require_grad(gm, sig, requiring, leaves=False, inputs=False)),
+        (may_require_grad(gm, sig, requiring, off), may_require_grad(gm, sig, requiring, off, leaves=False,
+                                                                     inputs=False))])
 
 
 def eliminate_dead_code(captured: Captured) -> None:

@@ -453,15 +453,17 @@ def _is_user_output_only(new, outputs, kinds) -> bool:
     return as_kinds == {"USER_OUTPUT"}
 
 
-def drop_unseen_leaves(gm: torch.fx.GraphModule, requiring: set, requiring_without_leaves: set) -> None:
+def drop_unseen_leaves(gm: torch.fx.GraphModule, analyses: list[tuple[set, set]]) -> None:
     """Reads of one value as a leaf become one read. A tensor made to require
     grad whose history no output can show (every value it reaches requires
     grad anyway, like T5's position bias under gradient checkpointing) is
     read as itself: its own gradient is never seen, and a leaf changes a
     kernel's choice (sdpa given a mask that requires grad), so the layout the
-    trace assumed. Runs after the kept histories are in the graph: a value
-    updated without autograd seeing it is read through its keep, which
-    carries the old value's history, not the leaf's."""
+    trace assumed. ``analyses``: (what may require grad, what does without
+    the leaves) for a caller's grad mode on and for it off; unseen in both.
+    Runs after the kept histories are in the graph: a value updated without
+    autograd seeing it is read through its keep, which carries the old
+    value's history, not the leaf's."""
     first = {}  # a value read as a leaf twice is one leaf, as in eager
     for leaf in [n for n in gm.graph.nodes if n.target is REQUIRES_GRAD]:
         key = (leaf.target, leaf.args[0])
@@ -471,16 +473,20 @@ def drop_unseen_leaves(gm: torch.fx.GraphModule, requiring: set, requiring_witho
             first[key] = leaf
     outputs = set(gm.graph.output_node().all_input_nodes)
     for leaf in first.values():
-        reached, todo = {leaf}, [leaf]
-        while todo:  # the values whose history comes from the leaf alone
-            node = todo.pop()
-            for user in node.users:
-                if user not in reached and user in requiring and user not in requiring_without_leaves:
-                    reached.add(user)
-                    todo.append(user)
-        if not reached & outputs:
+        if not any(_shown_by_an_output(leaf, outputs, *analysis) for analysis in analyses):
             leaf.replace_all_uses_with(leaf.args[0])
     gm.recompile()
+
+
+def _shown_by_an_output(leaf, outputs: set, requiring: set, requiring_without_leaves: set) -> bool:
+    reached, todo = {leaf}, [leaf]
+    while todo:  # the values whose history comes from the leaf alone
+        node = todo.pop()
+        for user in node.users:
+            if user not in reached and user in requiring and user not in requiring_without_leaves:
+                reached.add(user)
+                todo.append(user)
+    return bool(reached & outputs)
 
 
 def refuse_updates_of_saved_values(updates: list, may_grad: set, graph: torch.fx.Graph,

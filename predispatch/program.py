@@ -192,13 +192,13 @@ def fix_write_backs(gm: torch.fx.GraphModule | torch.fx.Graph, modes: dict[str, 
         if node.op == "call_function" and node.target is torch.ops.aten.copy_.default:
             name = target_name(node.args[0])
             mode = modes.get(name)
+            if mode == "grad":
+                _snapshot_reads(graph, *node.args)
             if name in layouts:
                 relaid.append((node, layouts[name], mode))
                 continue
             if mode in _WRITE_BACK:
                 node.target = _WRITE_BACK[mode]
-            if mode == "grad":
-                _snapshot_reads(graph, *node.args)
     # a source's storage as the call left it: relaid itself, it may move to another one
     sources = {}
     for _, layout, _ in relaid:

@@ -73,6 +73,8 @@ _SWAPPED = "_predispatch_swapped"  # given another's storage by set_()
 # node.meta key: a keep_history read of a detached alias's own history (the value it
 # keeps is the update's, which a later keep of the base's history must not replace)
 OWN_HISTORY_READ = "predispatch_own_history_read"
+# a copy writing values only: the written tensor's history is not the memory's (copy_pass)
+VALUES_ONLY = "predispatch_values_only"
 # node.meta key: the value a set_() target had, whose history it keeps
 SWAPPED_HISTORY = "predispatch_swapped_history"
 
@@ -487,7 +489,11 @@ class _Recorder(_torch.TorchFunctionMode):
         updated = self._current_node(copy)
         base = self._base(alias)
         old = self._current_node(base)
+        mark = _torch.last_node(_torch.current_tracer().graph)
         detached.copy_(copy.detach())
+        for node in _torch.nodes_after(mark):  # the memory's new values, no history of the alias's
+            if node.target is torch.ops.aten.copy.default:
+                node.meta[VALUES_ONLY] = True
         if old is not None and (new := self._current_node(base)) is not None and new is not old:
             self.record.replacements.append(Replacement(old, new, new, user_location()))  # as above
         setattr(detached, _OWN_HISTORY, updated)

@@ -1,6 +1,6 @@
 """Bugs found by the differential fuzzer (tools/fuzz), each as the minimal
 module it shrank to, with the diagnosis. Open ones are xfail(strict=True):
-remove the marker with the fix. Fixed: 1-27, 29-39, 41-59 (4b's nested
+remove the marker with the fix. Fixed: 1-27, 29-39, 41-63 (4b's nested
 autocast(enabled=False) case by the refusal reading autocast nesting, 10 by
 marking no_grad view replays, 15 and 16 by noting grad-mode views at no_grad
 entries; 7 and 22, once refusals, are exported since the eighth session).
@@ -1896,3 +1896,90 @@ class SetToAnInputThatMovesOn(nn.Module):
 
 def test_an_input_keeps_the_storage_it_was_set_to_when_that_input_moves_on():
     assert_sound(SetToAnInputThatMovesOn(), inputs((3, 4), (3, 4)), inputs_require_grad=False)
+
+
+# --------------------------------------------------------------------------
+# 60-63. (seeds 9904, 9905, tenth session)
+# 60. An input relaid (unsqueeze_) and updated through a view taken before:
+#     ep.module()'s layout write-back wrote the data with the input's version
+#     bump while the program's saved views of it were still needed, and
+#     backward raised "modified by an inplace operation". Fixed: readers
+#     computing a relaid input's new value read a snapshot, as for others.
+# 61. A tensor set_() to a value, updated in grad mode through its own
+#     history: the recorder's write of the update's values to the shared
+#     memory kept a zero-gradient link to the tensor's history, whose shape
+#     is no longer the memory's, and the value's reader's backward raised.
+#     Fixed: that write carries the values only.
+# 62. A leaf made in the forward, read in an enable_grad block, under a
+#     no_grad caller: the leaf was dropped as unseen because with grad on
+#     what it reaches requires grad anyway. Fixed: unseen in both modes.
+# 63. f(y, y[1]) writing y[1] and then set_() of y to other memory: the
+#     view input kept the old memory and its update, which the program lost.
+#     Refused (ExportError naming the line); see input_aliasing.
+
+class RelaidInputUpdatedThroughAnEarlierView(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.bias = nn.Parameter(torch.randn(4, generator=torch.Generator().manual_seed(0)))
+
+    def forward(self, x):
+        v0 = x[1:]
+        v1 = x[:, 1:3]
+        x.unsqueeze_(0)
+        v0.mul_(self.bias)
+        return v1[0]
+
+
+class SwappedThenUpdatedFromItsHistory(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.bias = nn.Parameter(torch.randn(4, generator=torch.Generator().manual_seed(0)))
+        self.register_buffer("s", torch.randn(4, generator=torch.Generator().manual_seed(1)))
+
+    def forward(self, x):
+        with torch.enable_grad():
+            x.mul_(0.9).add_(self.bias, alpha=0.1)
+            v0 = self.s.relu()
+        with torch.no_grad():
+            x.set_(v0)
+        x.mul_(0.9).add_(v0, alpha=0.1)
+        return v0
+
+
+class LeafReadInAGradBlock(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4, 3, generator=torch.Generator().manual_seed(0)))
+
+    def forward(self, x):
+        v0 = self.w + self.w
+        v1 = v0.t()
+        v2 = v0.detach().requires_grad_()
+        with torch.enable_grad():
+            return v1 + v2.t()
+
+
+@pytest.mark.parametrize("module, require", [(RelaidInputUpdatedThroughAnEarlierView(), False),
+                                             (SwappedThenUpdatedFromItsHistory(), False),
+                                             (LeafReadInAGradBlock(), True)])
+def test_fuzz_60_to_62(module, require):
+    assert_sound(module, inputs((3, 4)), inputs_require_grad=require)
+
+
+class ViewInputWrittenThenCoverSwapped(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("n", torch.zeros(()))
+
+    def forward(self, y, z):
+        v2 = y + 1.0
+        z[1:] = self.n
+        with torch.no_grad():
+            y.set_(v2)
+        return z * 2
+
+
+def test_an_aliased_input_moved_to_other_memory_is_refused():
+    y = inputs((3, 4))[0]
+    with pytest.raises(predispatch.ExportError, match=r"other inputs of the call view.*y.set_\(v2\)"):
+        predispatch.export_predispatch(ViewInputWrittenThenCoverSwapped(), (y, y[1]))
