@@ -52,7 +52,6 @@ def export_predispatch(module, args, kwargs=None, *, dynamic_shapes=None, op_pol
 
     with _torch.lazy_codegen(), sharding_lowered(module, args, kwargs) as layouts:
         captured = capture(module, args, kwargs, dynamic_shapes, op_policy)
-        refuse_moved_covers(captured)
         keep_histories(captured, module)
         eliminate_dead_code(captured)  # what the history stage did not need
         replace_writes(captured.gm)  # after: the trace's record names the copy nodes
@@ -86,24 +85,6 @@ def sharding_lowered(module, args, kwargs):
     from . import sharding
 
     return sharding.lowered(module, args, kwargs)
-
-
-def refuse_moved_covers(captured: Captured) -> None:
-    """Inputs viewing another that moves to other memory (see
-    :func:`predispatch.input_aliasing.refuse_moved_covers`); the line is its
-    new value's."""
-    views = captured.record.input_views
-    if not views:
-        return
-    sig, outputs = captured.signature, captured.gm.graph.output_node().args[0]
-    values = {spec.target: out for spec, out in zip(sig.output_specs, outputs)
-              if spec.kind.name == "USER_INPUT_MUTATION"}
-    user_inputs = [s.arg.name for s in sig.input_specs if s.kind.name == "USER_INPUT"]
-    for cover in {v.of for v in views.values()}:
-        value = values.get(user_inputs[cover]) if cover < len(user_inputs) else None
-        where = node_location(value.meta.get("stack_trace")) if isinstance(value, torch.fx.Node) else "unknown location"
-        input_aliasing.refuse_moved_covers({k: v for k, v in views.items() if v.of == cover},
-                                           captured.record.layouts, where)
 
 
 def refuse_remaining_mutations(gm: torch.fx.GraphModule) -> None:

@@ -82,6 +82,8 @@ def functional_trace(mod: torch.nn.Module, args, kwargs, keep=frozenset, on_layo
             storages = [_torch.storage_of(f) for f in inputs]
             offsets = [_torch.storage_offset(f) for f in inputs]
             outputs = flat_fn(*inputs)
+        for cover in sorted({v.of for v in views.values()}):
+            input_aliasing.refuse_moved_cover(cover, trace_events.user_swap_location(inputs[n_state + cover]))
         # an input seen through another is written back through it
         new_values, done = [], {id(inputs[n_state + j]) for j, v in views.items()
                                 if inputs[n_state + j] is not inputs[n_state + v.of]}

@@ -94,19 +94,17 @@ def _group(i: int, tensors: dict) -> list[int]:
     return sorted(group)
 
 
-def refuse_moved_covers(views: dict[int, View], layouts: dict[str, dict], where: str) -> None:
-    """An input that others view, given another storage in the forward
-    (``set_()``): eager leaves what the forward wrote to its old memory there,
-    where the other inputs see it, and the program holds the old memory's
-    values nowhere once the input moved on."""
-    for cover in sorted({v.of for v in views.values()}):
-        change = layouts.get(f"input:{cover}")
-        if change is not None and change["storage"] != "own":
-            raise ExportError(
-                f"user input {cover}, which other inputs of the call view (f(x, x[0])), is given "
-                f"other memory (set_()) at {where}: the views keep its old memory and what the "
-                "forward wrote there, which the program cannot write back once the input moved "
-                "on; pass distinct tensors, or set_ a clone")
+def refuse_moved_cover(cover: int, where: str | None) -> None:
+    """An input that others view, given other memory by the module's
+    ``set_()`` (at ``where``; None: not): eager leaves what the forward wrote
+    to its old memory there, where the other inputs see it, and the program
+    holds the old memory's values nowhere once the input moved on."""
+    if where is not None:
+        raise ExportError(
+            f"user input {cover}, which other inputs of the call view (f(x, x[0])), is given "
+            f"other memory (set_()) at {where}: the views keep its old memory and what the "
+            "forward wrote there, which the program cannot write back once the input moved "
+            "on; pass distinct tensors, or set_ a clone")
 
 
 def to_json(views: dict[int, View]) -> dict:

@@ -70,6 +70,7 @@ _LEAF = "_predispatch_leaf"  # made to require grad in the forward: read through
 # view of a tensor made to require grad or of such a tensor
 _OWN_HISTORY = "_predispatch_own_history"
 _SWAPPED = "_predispatch_swapped"  # given another's storage by set_()
+_SWAPPED_AT = "_predispatch_swapped_at"  # where, last
 # node.meta key: a keep_history read of a detached alias's own history (the value it
 # keeps is the update's, which a later keep of the base's history must not replace)
 OWN_HISTORY_READ = "predispatch_own_history_read"
@@ -77,6 +78,12 @@ OWN_HISTORY_READ = "predispatch_own_history_read"
 VALUES_ONLY = "predispatch_values_only"
 # node.meta key: the value a set_() target had, whose history it keeps
 SWAPPED_HISTORY = "predispatch_swapped_history"
+
+
+def user_swap_location(t: torch.Tensor) -> str | None:
+    """Where the module's code last gave ``t`` other memory with ``set_()``
+    (None: it did not; predispatch's own write-backs are not the module's)."""
+    return getattr(t, _SWAPPED_AT, None)
 
 
 def mark_view(view: torch.Tensor, base: torch.Tensor) -> None:
@@ -412,6 +419,7 @@ class _Recorder(_torch.TorchFunctionMode):
         reads of ``t`` go through ``keep_history(before, value)``, ``before``
         of its first swap. (Given another shape where eager's history would
         not take it as autograd checks it, the history stage decides.)"""
+        setattr(t, _SWAPPED_AT, user_location())
         sharers = self._swapped.setdefault(_torch.storage_of(t), [])
         sharers += [s for s in (t, getattr(t, _SOURCE, None)) if s is not None and all(s is not o for o in sharers)]
         if getattr(t, _SWAPPED, False):
