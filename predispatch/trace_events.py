@@ -420,6 +420,8 @@ class _Recorder(_torch.TorchFunctionMode):
         of its first swap. (Given another shape where eager's history would
         not take it as autograd checks it, the history stage decides.)"""
         setattr(t, _SWAPPED_AT, user_location())
+        if self._watch is not None and id(t) in self._watch:
+            before = self._watch[id(t)][1]  # updated under this no_grad span: eager keeps the history before
         sharers = self._swapped.setdefault(_torch.storage_of(t), [])
         sharers += [s for s in (t, getattr(t, _SOURCE, None)) if s is not None and all(s is not o for o in sharers)]
         if getattr(t, _SWAPPED, False):

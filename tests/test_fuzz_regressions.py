@@ -1,10 +1,10 @@
 """Bugs found by the differential fuzzer (tools/fuzz), each as the minimal
 module it shrank to, with the diagnosis. Open ones are xfail(strict=True):
-remove the marker with the fix. Fixed: 1-27, 29-39, 41-63 (4b's nested
+remove the marker with the fix. Fixed: 1-27, 29-39, 41-64 (4b's nested
 autocast(enabled=False) case by the refusal reading autocast nesting, 10 by
 marking no_grad view replays, 15 and 16 by noting grad-mode views at no_grad
 entries; 7 and 22, once refusals, are exported since the eighth session).
-Open: 28, 40.
+Open: 28, 40, 65.
 
 A test passes when the program matches eager (outputs, gradients, states,
 G1/G3, G7) or, where ``refusal_ok``, when export refuses it with
@@ -1983,3 +1983,53 @@ def test_an_aliased_input_moved_to_other_memory_is_refused():
     y = inputs((3, 4))[0]
     with pytest.raises(predispatch.ExportError, match=r"other inputs of the call view.*y.set_\(v2\)"):
         predispatch.export_predispatch(ViewInputWrittenThenCoverSwapped(), (y, y[1]))
+
+
+# --------------------------------------------------------------------------
+# 64. (seed 9909, tenth session) A value updated under no_grad (nn.init in a
+# no_grad function) and then set_() to another tensor in the same span: its
+# kept history was the no_grad update's value, which has none. Fixed: a
+# set_() target keeps the history it had when grad mode went off.
+# 65. (seed 9909, OPEN) A view made in the caller's grad mode (p.t()), its
+# base updated through a set_() target inside an enable_grad block and the
+# view read there: under a no_grad caller eager's view has no history, the
+# program's replay inside the block has one.
+
+class UpdatedUnderNoGradThenSwapped(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.register_buffer("s", torch.zeros(4))
+
+    def forward(self, x):
+        v0 = self.lin(self.s)
+
+        @torch.set_grad_enabled(False)
+        def f1():
+            torch.nn.init.constant_(v0, 0.5)
+            v0.set_(self.lin.bias)
+        f1()
+        return v0
+
+
+def test_a_swapped_value_keeps_the_history_it_had_before_the_no_grad_span():
+    assert_sound(UpdatedUnderNoGradThenSwapped(), inputs((3, 4)), inputs_require_grad=True)
+
+
+class CallersModeViewReadInAGradBlock(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.p = nn.Parameter(torch.randn(3, 4, generator=torch.Generator().manual_seed(0)))
+        self.register_buffer("n", torch.zeros(()))
+
+    def forward(self, x):
+        v0 = self.p.t()
+        x.set_(self.p)
+        with torch.enable_grad():
+            x[0] = self.n
+            return torch.tanh(v0)
+
+
+@pytest.mark.xfail(strict=True, reason="open: fuzz bug 65, a caller's-mode view replayed in a grad block")
+def test_a_callers_mode_view_replayed_in_a_grad_block():
+    assert_sound(CallersModeViewReadInAGradBlock(), inputs((3, 4)), inputs_require_grad=False)
