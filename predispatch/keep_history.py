@@ -189,6 +189,7 @@ def _insert_keep_history(graph, old, new, after, position, reshapes: list, targe
     unless ``needed`` (a later keep's history starts from it). ``reshapes``
     gets (old, new, later readers), checked once every history is kept."""
     after_at = position.get(after, len(position))
+    _merge_replays(new, after_at, position)
     if not needed and not any(position.get(u, after_at + 1) > after_at for u in new.users):
         return None
     reshapes.append((old, new, [u for u in new.users if position.get(u, after_at + 1) > after_at]))
@@ -203,6 +204,30 @@ def _insert_keep_history(graph, old, new, after, position, reshapes: list, targe
         elif user.args[0] is new and new.meta.get(SWAPPED_HISTORY):
             user.args = (kept, *user.args[1:])  # a set_() target's history is new's, kept
     return kept
+
+
+def _written_hidden(old: torch.fx.Node, new: torch.fx.Node, hidden: dict) -> bool:
+    """Did writes through detached aliases alone (``hidden``: old -> new)
+    turn ``old`` into ``new``?"""
+    seen = set()
+    while old in hidden and old not in seen:
+        seen.add(old)
+        old = hidden[old]
+        if old is new:
+            return True
+    return False
+
+
+def _merge_replays(new: torch.fx.Node, after_at: int, position: dict) -> None:
+    """Later replays of the view ``new`` is (functionalization replays a
+    relaid tensor from its base at each read) read ``new`` itself, so they
+    see the history kept for it."""
+    if new.op != "call_function" or not getattr(new.target, "is_view", False) or not new.args:
+        return
+    for twin in list(new.args[0].users):
+        if (twin is not new and twin.target is new.target and twin.args == new.args
+                and twin.kwargs == new.kwargs and position.get(twin, -1) > after_at):
+            twin.replace_all_uses_with(new)
 
 
 def _replayed_bases(old: torch.fx.Node, new: torch.fx.Node, exit, position, live) -> tuple[torch.fx.Node, torch.fx.Node]:
@@ -282,8 +307,12 @@ def keep_history_pass(gm: torch.fx.GraphModule, replacements, analyze,
     # a caller's-mode update whose history no later read showed: (its old, its segment's end)
     deferred: dict[torch.fx.Node, tuple[torch.fx.Node, torch.fx.Node]] = {}
     kept, reshapes, done, live = [], [], set(), _live_nodes(graph)
+    # writes through a detached alias are hidden from autograd, also where grad mode is on
+    hidden = {r.old: r.new for r in replacements if r.detached_alias_at is not None}
     for r in replacements:
         if not (_alive(r.old, graph) and _alive(r.new, graph) and _alive(r.exit, graph)):
+            continue
+        if r.in_grad_mode and _written_hidden(r.old, r.new, hidden):
             continue
         if not r.in_grad_mode:
             r = dataclasses.replace(r, **dict(zip(("old", "new"), _replayed_bases(r.old, r.new, r.exit, position,

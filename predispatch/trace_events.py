@@ -796,13 +796,15 @@ _METADATA_UPDATES = {"t_", "transpose_", "swapdims_", "swapaxes_", "unsqueeze_",
 
 def _readers(node: torch.fx.Node) -> list[tuple[torch.fx.Node, int | None]]:
     """(op, the position of the argument it reads, None if not positional)
-    of the ops other than views reading ``node``'s value (or a view of it)."""
+    of the ops other than views reading ``node``'s value (or a view of it,
+    or it read through predispatch's ops: as a leaf, as a kept value)."""
     found = []
     for user in node.users:
         if user.op != "call_function":
             continue
-        if getattr(user.target, "is_view", False):
-            found += _readers(user)
+        if getattr(user.target, "is_view", False) or user.target is ops.REQUIRES_GRAD or (
+                user.target in (ops.KEEP_HISTORY, ops.KEEP_HISTORY_IF_NO_GRAD) and user.args[-1] is node):
+            found += _readers(user)  # the same values on: read through
         elif user.target not in (ops.KEEP_HISTORY, ops.KEEP_HISTORY_IF_NO_GRAD):
             found.append((user, user.args.index(node) if node in user.args else None))
     return found

@@ -1,6 +1,6 @@
 """Bugs found by the differential fuzzer (tools/fuzz), each as the minimal
 module it shrank to, with the diagnosis. Open ones are xfail(strict=True):
-remove the marker with the fix. Fixed: 1-27, 29-39, 41-64 (4b's nested
+remove the marker with the fix. Fixed: 1-27, 29-39, 41-64, 66-68 (4b's nested
 autocast(enabled=False) case by the refusal reading autocast nesting, 10 by
 marking no_grad view replays, 15 and 16 by noting grad-mode views at no_grad
 entries; 7 and 22, once refusals, are exported since the eighth session).
@@ -2030,6 +2030,108 @@ class CallersModeViewReadInAGradBlock(nn.Module):
             return torch.tanh(v0)
 
 
-@pytest.mark.xfail(strict=True, reason="open: fuzz bug 65, a caller's-mode view replayed in a grad block")
-def test_a_callers_mode_view_replayed_in_a_grad_block():
-    assert_sound(CallersModeViewReadInAGradBlock(), inputs((3, 4)), inputs_require_grad=False)
+class CallersModeViewReducedInAGradBlockThenSwapped(nn.Module):
+    """65 again (seed 9914): the view read inside the block by a reduction."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4, 4, generator=torch.Generator().manual_seed(0)) * 0.5)
+
+    def forward(self, x):
+        v0 = self.w[:, 1:3]
+        with torch.inference_mode(False):
+            v1 = v0.mean(-1, keepdim=True)
+        with torch.set_grad_enabled(True):
+            with torch.no_grad():
+                v1.set_(v0)
+            v1.mul_(0.9).add_(v1, alpha=0.1)
+        return v1
+
+
+@pytest.mark.parametrize("module, require", [
+    open_bug(CallersModeViewReadInAGradBlock(), False, reason="65: a caller's-mode view replayed in a grad block"),
+    open_bug(CallersModeViewReducedInAGradBlockThenSwapped(), True, reason="65: likewise, then swapped"),
+])
+def test_a_callers_mode_view_replayed_in_a_grad_block(module, require):
+    assert_sound(module, inputs((3, 4)), inputs_require_grad=require)
+
+
+# 66. (seed 9915) f(x, x): one updated through the other under no_grad, then
+# relaid (transpose_), then read in grad mode: the history kept for the
+# relaid value sat on one replay of it, the read replayed it again without
+# (the program's output required no grad). Fixed: later replays of the same
+# view read the kept one; then this is the leaf given another shape under
+# no_grad and differentiated (eager's .grad takes the new shape): refused.
+
+class SameInputTwiceUpdatedThenRelaid(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("n", torch.zeros(()))
+
+    def forward(self, x, y):
+        with torch.no_grad():
+            y[1:] = self.n
+            x.transpose_(0, 1)
+        return x[0]
+
+
+def test_the_same_input_twice_updated_then_relaid_is_refused():
+    x = inputs((3, 4))[0]
+    with pytest.raises(predispatch.ExportError, match=r"given another shape \(4, 3\) under no_grad.*transpose_"):
+        predispatch.export_predispatch(SameInputTwiceUpdatedThenRelaid(), (x, x))
+
+
+# 67. (seed 9915, tenth session; a regression of 56) A leaf made from an
+# input, read by linear (which saves it for the weight's gradient), then its
+# memory updated through a set_() target: the reader was not found through
+# the leaf's requires_grad op, and the weight's gradient came out other than
+# eager's (which reads the updated memory). Fixed: readers are found through
+# predispatch's own ops, as through views; refused again.
+
+class LeafSavedThenUpdatedThroughASwap(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x, y):
+        v0 = y.detach().requires_grad_()
+        y.sub_(-1.0)
+        v1 = self.lin(v0)
+        with torch.no_grad():
+            v1.set_(y)
+        v1.mul_(0.9).add_(x, alpha=0.1)
+        return v1, v0
+
+
+def test_a_leaf_saved_by_an_op_then_updated_through_a_swap_is_refused():
+    x = inputs((3, 4))[0]
+    with pytest.raises(predispatch.ExportError, match=r"set_\(\) made shared"):
+        predispatch.export_predispatch(LeafSavedThenUpdatedThroughASwap(), (x, x))
+
+
+# 68. (seed 9916, tenth session) An input that requires grad, updated in grad
+# mode through its detached alias (v0 = y.detach(); v0.mul_(...)) and then
+# under no_grad: the update was also noted as a grad-mode write of the input,
+# whose kept history (the update's, which has none) replaced the input's own.
+# Fixed: a grad-mode write that writes through detached aliases alone is
+# hidden from autograd, as eager's is.
+
+class InputUpdatedThroughItsDetachedAlias(nn.Module):
+    def __init__(self, chained):
+        super().__init__()
+        self.p = nn.Parameter(torch.randn(3, 4, generator=torch.Generator().manual_seed(0)))
+        self.chained = chained
+
+    def forward(self, y):
+        v0 = y.detach()
+        if self.chained:
+            v0.mul_(0.9).add_(v0, alpha=0.1)
+        else:
+            v0.mul_(0.9)
+        torch.nn.init.zeros_(v0)
+        return y + 1.0
+
+
+@pytest.mark.parametrize("chained", [False, True])
+def test_an_input_updated_through_its_detached_alias_keeps_its_history(chained):
+    assert_sound(InputUpdatedThroughItsDetachedAlias(chained), inputs((3, 4)), inputs_require_grad=True)
