@@ -445,10 +445,23 @@ def generate_code_with(gm: torch.fx.GraphModule, targets: dict) -> None:
 # Program: the tail of torch.export's _export_for_training, unchanged.
 
 
+def _lazy_program_graph_module(make):
+    """The program's GraphModule generates its Python code on first use:
+    ``ep.module()`` copies the graph into a module of its own, so an export
+    followed by ``module()`` never needs the program's code."""
+    @functools.wraps(make)
+    def run(root, graph):
+        return lazy_graph_module(root, graph, "GraphModule")
+    return run
+
+
 def build_exported_program(cls, module, artifact, signature, *, args, kwargs, dynamic_shapes,
                            state_dict, verify_additional_inputs):
     """An ``ExportedProgram`` (of class ``cls``) from a finished artifact."""
     from torch._export.verifier import TrainingIRVerifier
+    from torch.export import exported_program as _exported_program
+
+    from .patching import patched
 
     t = _export_trace
     t._EXPORT_MODULE_HIERARCHY = t._get_module_hierarchy(module)
@@ -457,13 +470,46 @@ def build_exported_program(cls, module, artifact, signature, *, args, kwargs, dy
     artifact.aten.gm.meta["inline_constraints"] = t._get_inline_constraints(artifact.fake_mode)
     range_constraints = t._get_range_constraints(module, artifact, args, kwargs, dynamic_shapes)
     gm, module_call_graph = t._get_module_call_graph(artifact, (), False, forward_arg_names)
-    ep = cls(
-        root=gm, graph=gm.graph, graph_signature=signature, state_dict=state_dict,
-        range_constraints=range_constraints, module_call_graph=module_call_graph,
-        example_inputs=(args, kwargs), constants=artifact.aten.constants,
-        verifiers=[TrainingIRVerifier])
+    with patched(_exported_program, "_create_graph_module_for_export", _lazy_program_graph_module):
+        ep = cls(
+            root=gm, graph=gm.graph, graph_signature=signature, state_dict=state_dict,
+            range_constraints=range_constraints, module_call_graph=module_call_graph,
+            example_inputs=(args, kwargs), constants=artifact.aten.constants,
+            verifiers=[TrainingIRVerifier])
     verify_additional_inputs(ep)
     return ep
+
+
+def _has_unbacked_symbols(shape_env) -> bool:
+    from torch.utils._sympy.symbol import SymT, symbol_is_type
+
+    return any(symbol_is_type(s, (SymT.UNBACKED_INT, SymT.UNBACKED_FLOAT))
+               for s in shape_env.var_to_range)
+
+
+def _unbacked_bindings_recomputed_where_any(recompute):
+    """torch.export's pass recomputing each node's unbacked bindings; where
+    the shape environment has no unbacked symbol every node's comes out
+    empty, so it only drops the old ones (instead of walking every value's
+    sizes and strides: a tenth of an export's passes on a large model)."""
+    from torch._export.utils import _get_shape_env_from_gm
+
+    @functools.wraps(recompute)
+    def run(gm):
+        shape_env = _get_shape_env_from_gm(gm)
+        if shape_env is None or _has_unbacked_symbols(shape_env):
+            return recompute(gm)
+        for node in gm.graph.nodes:
+            node.meta.pop("unbacked_bindings", None)
+    return run
+
+
+def produce_aten_artifact(**kwargs):
+    """torch.export's ``_produce_aten_artifact`` (its passes after the trace)."""
+    from .patching import patched
+
+    with patched(_export_trace, "_replace_unbacked_bindings", _unbacked_bindings_recomputed_where_any):
+        return _export_trace._produce_aten_artifact(**kwargs)
 
 
 preserve_version_counter = torch.autograd._unsafe_preserve_version_counter
@@ -1091,10 +1137,15 @@ def trace_suspended():
 
 
 def storage_counters(t: FunctionalTensor) -> tuple:
-    """What changes when ``t``'s (functional) storage or layout is mutated."""
+    """What changes when ``t``'s (functional) storage or layout is mutated
+    (a symbolic size as its node: compared by identity, not by sympy)."""
     return (torch._functionalize_mutation_counter(t.elem),
             torch._functionalize_storage_changed_counter(t.elem),
-            has_metadata_mutation(t), tuple(t.elem.size()), tuple(t.elem.stride()), t.elem.storage_offset())
+            has_metadata_mutation(t), *map(_dim_identity, (*t.elem.size(), *t.elem.stride(), t.elem.storage_offset())))
+
+
+def _dim_identity(value):
+    return value.node if isinstance(value, torch.SymInt) else value
 
 
 def inner_value(t: FunctionalTensor) -> torch.Tensor:
