@@ -512,6 +512,36 @@ def produce_aten_artifact(**kwargs):
         return _export_trace._produce_aten_artifact(**kwargs)
 
 
+@contextlib.contextmanager
+def module_stacks_renamed_once():
+    """torch.export's wrapper renames every node's module stack after the
+    trace (its root stripped), through a pytree map per node: a tenth of an
+    export's time outside the trace on a large model. In this block, the
+    stacks of the graph module given to the function it yields are held back
+    from that renaming, and renamed on exit by the same functions once per
+    distinct stack, each node given its own dict in its place among the
+    node's metadata."""
+    held = {}
+
+    def hold(gm):
+        for node in gm.graph.nodes:
+            if "nn_module_stack" in node.meta:
+                position = list(node.meta).index("nn_module_stack")
+                held[node] = (node.meta.pop("nn_module_stack"), position)
+
+    yield hold
+    renamed = {}
+    for node, (stack, position) in held.items():
+        key = tuple(stack.items())
+        if key not in renamed:
+            renamed[key] = {_export_trace._fixup_key(k): v
+                            for k, v in torch.utils._pytree.tree_map(_export_trace._strip_root, stack).items()}
+        items = list(node.meta.items())
+        items.insert(position, ("nn_module_stack", dict(renamed[key])))
+        node.meta.clear()
+        node.meta.update(items)
+
+
 preserve_version_counter = torch.autograd._unsafe_preserve_version_counter
 
 
@@ -1136,6 +1166,22 @@ def trace_suspended():
             torch._C._push_on_torch_function_stack(mode)
 
 
+def copy_node(graph: torch.fx.Graph, node: torch.fx.Node, arg_transform) -> torch.fx.Node:
+    """``graph.node_copy(node, arg_transform)``, made without its arguments and
+    given them after: ``create_node`` walks every argument looking for raw
+    symbolic values (a warning), which a copy of a node made by the tracer
+    cannot hold; the node is the same."""
+    args = torch.fx.node.map_arg(node.args, arg_transform)
+    kwargs = torch.fx.node.map_arg(node.kwargs, arg_transform)
+    hooks = getattr(graph.owning_module, "_create_node_hooks", None)
+    if kwargs or hooks:  # one update of both (the users' order), or hooks that read them
+        return graph.node_copy(node, arg_transform)
+    copy = graph.create_node(node.op, node.target, (), {}, node.name, node.type)
+    copy.args = args
+    copy.meta = dict(node.meta)  # as node_copy: a shallow copy
+    return copy
+
+
 def storage_counters(t: FunctionalTensor) -> tuple:
     """What changes when ``t``'s (functional) storage or layout is mutated
     (a symbolic size as its node: compared by identity, not by sympy)."""
@@ -1167,10 +1213,10 @@ def fresh_like(t: torch.Tensor, requires_grad: bool) -> torch.Tensor | None:
     """A new (fake) tensor with ``t``'s metadata, made out of the trace, with
     an autograd history when ``requires_grad`` (as an op's output has); None
     when its layout cannot be made so."""
-    from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
-
-    with torch._C.DisableTorchFunction(), disable_proxy_modes_tracing(), \
-            contextlib.contextmanager(_disable_infra_mode)(torch._C._TorchDispatchModeKey.FUNCTIONAL):
+    # the pre-dispatch modes (functionalization, the proxy) skipped rather than
+    # popped: pushing one back clears every op's dispatch cache
+    with torch._C.DisableTorchFunction(), torch._C._ExcludeDispatchKeyGuard(
+            torch._C.DispatchKeySet(torch._C.DispatchKey.PreDispatch)):
         out = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=t.device,
                                   requires_grad=requires_grad)
         if requires_grad:

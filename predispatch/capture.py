@@ -78,6 +78,7 @@ def _aten_stage(policy: OpPolicy, record: TraceRecord):
                     on_layout_change=lambda key, change: record.layouts.__setitem__(
                         _strip_key(key), {**change.to_json(), "source": change.source and _strip_key(change.source)}),
                     on_retrace=record.clear)
+                hold_module_stacks(gm)
                 return gm, signature
 
         with contextlib.ExitStack() as stack:
@@ -88,7 +89,8 @@ def _aten_stage(policy: OpPolicy, record: TraceRecord):
             stack.enter_context(_torch.compiling_state_context())
             stack.enter_context(torch.enable_grad())
             stack.enter_context(_torch.decompose_by(policy.should_decompose))
-            gm, graph_signature = transform(trace)(stack, mod, fake_args, kwargs=fake_kwargs)
+            with _torch.module_stacks_renamed_once() as hold_module_stacks:
+                gm, graph_signature = transform(trace)(stack, mod, fake_args, kwargs=fake_kwargs)
 
         if produce_guards_callback is not None:
             try:

@@ -109,9 +109,9 @@ def keep_histories(captured: Captured, module: torch.nn.Module) -> None:
     keep_history_pass(gm, captured.record.replacements,
                       lambda modes: may_require_grad(gm, sig, requiring, modes),
                       [s.kind.name for s in sig.output_specs])
-    refuse_updates_of_saved_values(captured.record.swap_updates, may_require_grad(gm, sig, requiring))
-    drop_unseen_leaves(gm, may_require_grad(gm, sig, requiring),
-                       may_require_grad(gm, sig, requiring, leaves=False, inputs=False))
+    refuse_updates_of_saved_values(captured.record.swap_updates, lambda: may_require_grad(gm, sig, requiring))
+    drop_unseen_leaves(gm, lambda: (may_require_grad(gm, sig, requiring),
+                                    may_require_grad(gm, sig, requiring, leaves=False, inputs=False)))
 
 
 def eliminate_dead_code(captured: Captured) -> None:

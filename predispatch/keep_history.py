@@ -184,6 +184,10 @@ def keep_history_pass(gm: torch.fx.GraphModule, replacements, analyze,
         replay_in_grad_mode(graph, [n for n in replays if modes.get(n) is None
                                     and modes.get(n.meta[GRAD_VIEW_REPLAY]) is True])
         modes = grad_modes(graph)
+    if not replacements:  # nothing replaced: no analysis unless a pass below needs one
+        detach_no_grad_view_replays(graph, lambda: analyze(None))
+        drop_historyless_own_reads(graph, lambda: analyze(None))
+        return []
     may_grad, may_grad_off = analyze(None), (analyze(modes) if modes is not None else set())
     position = {n: i for i, n in enumerate(graph.nodes)}
     history_of = {}  # a replaced value -> the node whose autograd history it carries
@@ -233,7 +237,7 @@ def keep_history_pass(gm: torch.fx.GraphModule, replacements, analyze,
                 modes[node] = modes.get(r.exit)
                 may_grad_off = analyze(modes)
             may_grad = analyze(None)
-    detach_no_grad_view_replays(graph, may_grad)
+    detach_no_grad_view_replays(graph, lambda: may_grad)
     drop_historyless_own_reads(graph, lambda: analyze(None))
     return kept
 
@@ -246,7 +250,7 @@ def drop_historyless_own_reads(graph: torch.fx.Graph, analyze) -> None:
     set_() to a parameter), the value detached. (``analyze()``: the nodes
     that may require grad, asked again after a detach: a later read's own
     history may have lost its history with it.)"""
-    detached = True
+    detached = any(n.meta.get(OWN_HISTORY_READ) for n in graph.nodes)
     while detached:
         detached = _drop_historyless_own_reads_once(graph, analyze())
 
@@ -305,15 +309,16 @@ def _runs(nodes: list[torch.fx.Node]) -> list[list[torch.fx.Node]]:
     return runs
 
 
-def detach_no_grad_view_replays(graph: torch.fx.Graph, may_grad: set) -> None:
+def detach_no_grad_view_replays(graph: torch.fx.Graph, analyze) -> None:
     """A view made under no_grad, and every view of it, has no history in
     eager. Functionalization may replay one from its base in grad mode (when
     it is read, or returned); the replay reads the base's value, which may
-    have a history: it reads ``detach(base)``."""
+    have a history: it reads ``detach(base)``. (``analyze()``: the nodes
+    that may require grad, asked where there is a replay.)"""
     detached = {}
-    for node in list(graph.nodes):
-        if not node.meta.get(NO_GRAD_VIEW_REPLAY):
-            continue
+    replays = [node for node in graph.nodes if node.meta.get(NO_GRAD_VIEW_REPLAY)]
+    may_grad = analyze() if replays else set()
+    for node in replays:
         for base in node.all_input_nodes:
             if base.meta.get(NO_GRAD_VIEW_REPLAY) or base not in may_grad:
                 continue
@@ -351,7 +356,7 @@ def _is_user_output_only(new, outputs, kinds) -> bool:
     return as_kinds == {"USER_OUTPUT"}
 
 
-def drop_unseen_leaves(gm: torch.fx.GraphModule, requiring: set, requiring_without_leaves: set) -> None:
+def drop_unseen_leaves(gm: torch.fx.GraphModule, analyze) -> None:
     """Reads of one value as a leaf become one read. A tensor made to require
     grad whose history no output can show (every value it reaches requires
     grad anyway, like T5's position bias under gradient checkpointing) is
@@ -359,7 +364,9 @@ def drop_unseen_leaves(gm: torch.fx.GraphModule, requiring: set, requiring_witho
     kernel's choice (sdpa given a mask that requires grad), so the layout the
     trace assumed. Runs after the kept histories are in the graph: a value
     updated without autograd seeing it is read through its keep, which
-    carries the old value's history, not the leaf's."""
+    carries the old value's history, not the leaf's. (``analyze()``: the
+    nodes that may require grad, and those that may without the leaves,
+    asked where there is a leaf.)"""
     first = {}  # a value read as a leaf twice is one leaf, as in eager
     for leaf in [n for n in gm.graph.nodes if n.target is REQUIRES_GRAD]:
         key = (leaf.target, leaf.args[0])
@@ -367,6 +374,9 @@ def drop_unseen_leaves(gm: torch.fx.GraphModule, requiring: set, requiring_witho
             leaf.replace_all_uses_with(first[key])
         else:
             first[key] = leaf
+    if not first:
+        return
+    requiring, requiring_without_leaves = analyze()
     outputs = set(gm.graph.output_node().all_input_nodes)
     for leaf in first.values():
         reached, todo = {leaf}, [leaf]
@@ -381,13 +391,14 @@ def drop_unseen_leaves(gm: torch.fx.GraphModule, requiring: set, requiring_witho
     gm.recompile()
 
 
-def refuse_updates_of_saved_values(updates: list, may_grad: set) -> None:
+def refuse_updates_of_saved_values(updates: list, analyze) -> None:
     """``updates``: (value, read by an op by then, where) of in-place updates,
     through a ``set_()`` target, of the memory it shares with another tensor.
     set_ does not share autograd's version counter, so where an op
     differentiating that value made or read it before (and may have saved it),
     eager's backward silently uses the updated memory, which a functional
-    program cannot reproduce."""
+    program cannot reproduce. (``analyze()``: the nodes that may require grad.)"""
+    may_grad = analyze() if updates else set()
     for value, read, where in updates:
         # the op making a value may save it (relu, exp); so may the ops reading it
         made_saving = value.op == "call_function" and _torch.saves_its_result(value.target)

@@ -524,7 +524,7 @@ class LayerReuse:
         counts = tracer.torch_fn_counts
         stacks, traces = {}, {}  # this call's, per distinct stack and stack trace of the template's
         for node in template.nodes:
-            copy = graph.node_copy(node, lambda a: env.get(a, a))  # a symbolic size made before: shared
+            copy = _torch.copy_node(graph, node, lambda a: env.get(a, a))  # a symbolic size made before: shared
             env[node] = copy
             meta = copy.meta
             if "nn_module_stack" in meta:
