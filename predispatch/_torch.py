@@ -534,12 +534,24 @@ def module_stacks_renamed_once():
     for node, (stack, position) in held.items():
         key = tuple(stack.items())
         if key not in renamed:
-            renamed[key] = {_export_trace._fixup_key(k): v
-                            for k, v in torch.utils._pytree.tree_map(_export_trace._strip_root, stack).items()}
-        items = list(node.meta.items())
+            renamed[key] = {_export_trace._fixup_key(k): v for k, v in _stack_unrooted(stack).items()}
+        meta = node.meta
+        if position == len(meta):
+            meta["nn_module_stack"] = dict(renamed[key])
+            continue
+        items = list(meta.items())
         items.insert(position, ("nn_module_stack", dict(renamed[key])))
-        node.meta.clear()
-        node.meta.update(items)
+        meta.clear()
+        meta.update(items)
+
+
+def _stack_unrooted(stack: dict) -> dict:
+    """``pytree.tree_map(_strip_root, stack)``, directly where every entry is
+    a plain (path, class) tuple, as the tracer makes them."""
+    strip = _export_trace._strip_root
+    if all(type(v) is tuple and all(type(x) is str or isinstance(x, type) for x in v) for v in stack.values()):
+        return {k: tuple(strip(x) for x in v) for k, v in stack.items()}
+    return torch.utils._pytree.tree_map(strip, stack)
 
 
 preserve_version_counter = torch.autograd._unsafe_preserve_version_counter
@@ -1151,17 +1163,20 @@ def trace_suspended():
     Python dispatcher, the thread's patches (:mod:`predispatch.patching`) serving as the originals."""
     from .patching import patches_suspended
 
-    from torch.utils._python_dispatch import _disable_current_modes
-
-    popped = []
+    popped, dispatch_modes = [], []
     try:
         while torch._C._len_torch_function_stack() > 0:
             popped.append(torch._C._pop_torch_function_stack())
-        with contextlib.contextmanager(_disable_infra_mode)(torch._C._TorchDispatchModeKey.FUNCTIONAL), \
-                contextlib.contextmanager(_disable_infra_mode)(torch._C._TorchDispatchModeKey.PROXY), \
-                _disable_current_modes(), torch._C._DisablePythonDispatcher(), patches_suspended():
+        while torch._C._len_torch_dispatch_stack() > 0:  # fake, and any other
+            dispatch_modes.append(torch._C._pop_torch_dispatch_stack(None))
+        # the pre-dispatch modes (the trace's functionalization and proxy) skipped
+        # rather than popped: pushing one back clears every op's dispatch cache
+        with torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(torch._C.DispatchKey.PreDispatch)), \
+                torch._C._DisablePythonDispatcher(), patches_suspended():
             yield
     finally:
+        for mode in reversed(dispatch_modes):
+            torch._C._push_on_torch_dispatch_stack(mode)
         for mode in reversed(popped):
             torch._C._push_on_torch_function_stack(mode)
 

@@ -630,8 +630,7 @@ def _copyable(nodes, in_nodes: set, depth: int) -> bool:
             return False
         if len(node.meta.get("nn_module_stack", ())) < depth:
             return False
-        if not _is_size_query(node) and any(a not in made and a not in in_nodes and not _is_symbolic(a)
-                                            for a in node.all_input_nodes):
+        if any(a not in made and a not in in_nodes and not _is_symbolic(a) for a in node.all_input_nodes):
             return False
         made.add(node)
     return True
@@ -643,18 +642,6 @@ def _is_functional_op(target) -> bool:
 
 def _is_symbolic(node) -> bool:
     return isinstance(node.meta.get("val"), (torch.SymInt, torch.SymFloat, torch.SymBool))
-
-
-_SIZE_QUERIES = frozenset({torch.ops.aten.sym_size.int, torch.ops.aten.sym_stride.int,
-                           torch.ops.aten.sym_numel.default, torch.ops.aten.sym_storage_offset.default})
-
-
-def _is_size_query(node) -> bool:
-    """A symbolic size of a tensor made before the call: make_fx makes the
-    node when the size is first used, not where the tensor was made. A copy
-    makes it again; the program's runtime-assertion pass (torch's) binds every
-    symbolic expression to its first node, so the program is the same."""
-    return node.target in _SIZE_QUERIES and _is_symbolic(node)
 
 
 def _is_size_arithmetic(target) -> bool:
