@@ -445,10 +445,23 @@ def generate_code_with(gm: torch.fx.GraphModule, targets: dict) -> None:
 # Program: the tail of torch.export's _export_for_training, unchanged.
 
 
+def _lazy_program_graph_module(make):
+    """The program's GraphModule generates its Python code on first use:
+    ``ep.module()`` copies the graph into a module of its own, so an export
+    followed by ``module()`` never needs the program's code."""
+    @functools.wraps(make)
+    def run(root, graph):
+        return lazy_graph_module(root, graph, "GraphModule")
+    return run
+
+
 def build_exported_program(cls, module, artifact, signature, *, args, kwargs, dynamic_shapes,
                            state_dict, verify_additional_inputs):
     """An ``ExportedProgram`` (of class ``cls``) from a finished artifact."""
     from torch._export.verifier import TrainingIRVerifier
+    from torch.export import exported_program as _exported_program
+
+    from .patching import patched
 
     t = _export_trace
     t._EXPORT_MODULE_HIERARCHY = t._get_module_hierarchy(module)
@@ -457,13 +470,88 @@ def build_exported_program(cls, module, artifact, signature, *, args, kwargs, dy
     artifact.aten.gm.meta["inline_constraints"] = t._get_inline_constraints(artifact.fake_mode)
     range_constraints = t._get_range_constraints(module, artifact, args, kwargs, dynamic_shapes)
     gm, module_call_graph = t._get_module_call_graph(artifact, (), False, forward_arg_names)
-    ep = cls(
-        root=gm, graph=gm.graph, graph_signature=signature, state_dict=state_dict,
-        range_constraints=range_constraints, module_call_graph=module_call_graph,
-        example_inputs=(args, kwargs), constants=artifact.aten.constants,
-        verifiers=[TrainingIRVerifier])
+    with patched(_exported_program, "_create_graph_module_for_export", _lazy_program_graph_module):
+        ep = cls(
+            root=gm, graph=gm.graph, graph_signature=signature, state_dict=state_dict,
+            range_constraints=range_constraints, module_call_graph=module_call_graph,
+            example_inputs=(args, kwargs), constants=artifact.aten.constants,
+            verifiers=[TrainingIRVerifier])
     verify_additional_inputs(ep)
     return ep
+
+
+def _has_unbacked_symbols(shape_env) -> bool:
+    from torch.utils._sympy.symbol import SymT, symbol_is_type
+
+    return any(symbol_is_type(s, (SymT.UNBACKED_INT, SymT.UNBACKED_FLOAT))
+               for s in shape_env.var_to_range)
+
+
+def _unbacked_bindings_recomputed_where_any(recompute):
+    """torch.export's pass recomputing each node's unbacked bindings; where
+    the shape environment has no unbacked symbol every node's comes out
+    empty, so it only drops the old ones (instead of walking every value's
+    sizes and strides: a tenth of an export's passes on a large model)."""
+    from torch._export.utils import _get_shape_env_from_gm
+
+    @functools.wraps(recompute)
+    def run(gm):
+        shape_env = _get_shape_env_from_gm(gm)
+        if shape_env is None or _has_unbacked_symbols(shape_env):
+            return recompute(gm)
+        for node in gm.graph.nodes:
+            node.meta.pop("unbacked_bindings", None)
+    return run
+
+
+def produce_aten_artifact(**kwargs):
+    """torch.export's ``_produce_aten_artifact`` (its passes after the trace)."""
+    from .patching import patched
+
+    with patched(_export_trace, "_replace_unbacked_bindings", _unbacked_bindings_recomputed_where_any):
+        return _export_trace._produce_aten_artifact(**kwargs)
+
+
+@contextlib.contextmanager
+def module_stacks_renamed_once():
+    """torch.export's wrapper renames every node's module stack after the
+    trace (its root stripped), through a pytree map per node: a tenth of an
+    export's time outside the trace on a large model. In this block, the
+    stacks of the graph module given to the function it yields are held back
+    from that renaming, and renamed on exit by the same functions once per
+    distinct stack, each node given its own dict in its place among the
+    node's metadata."""
+    held = {}
+
+    def hold(gm):
+        for node in gm.graph.nodes:
+            if "nn_module_stack" in node.meta:
+                position = list(node.meta).index("nn_module_stack")
+                held[node] = (node.meta.pop("nn_module_stack"), position)
+
+    yield hold
+    renamed = {}
+    for node, (stack, position) in held.items():
+        key = tuple(stack.items())
+        if key not in renamed:
+            renamed[key] = {_export_trace._fixup_key(k): v for k, v in _stack_unrooted(stack).items()}
+        meta = node.meta
+        if position == len(meta):
+            meta["nn_module_stack"] = dict(renamed[key])
+            continue
+        items = list(meta.items())
+        items.insert(position, ("nn_module_stack", dict(renamed[key])))
+        meta.clear()
+        meta.update(items)
+
+
+def _stack_unrooted(stack: dict) -> dict:
+    """``pytree.tree_map(_strip_root, stack)``, directly where every entry is
+    a plain (path, class) tuple, as the tracer makes them."""
+    strip = _export_trace._strip_root
+    if all(type(v) is tuple and all(type(x) is str or isinstance(x, type) for x in v) for v in stack.values()):
+        return {k: tuple(strip(x) for x in v) for k, v in stack.items()}
+    return torch.utils._pytree.tree_map(strip, stack)
 
 
 preserve_version_counter = torch.autograd._unsafe_preserve_version_counter
@@ -1120,26 +1208,50 @@ def trace_suspended():
     Python dispatcher, the thread's patches (:mod:`predispatch.patching`) serving as the originals."""
     from .patching import patches_suspended
 
-    from torch.utils._python_dispatch import _disable_current_modes
-
-    popped = []
+    popped, dispatch_modes = [], []
     try:
         while torch._C._len_torch_function_stack() > 0:
             popped.append(torch._C._pop_torch_function_stack())
-        with contextlib.contextmanager(_disable_infra_mode)(torch._C._TorchDispatchModeKey.FUNCTIONAL), \
-                contextlib.contextmanager(_disable_infra_mode)(torch._C._TorchDispatchModeKey.PROXY), \
-                _disable_current_modes(), torch._C._DisablePythonDispatcher(), patches_suspended():
+        while torch._C._len_torch_dispatch_stack() > 0:  # fake, and any other
+            dispatch_modes.append(torch._C._pop_torch_dispatch_stack(None))
+        # the pre-dispatch modes (the trace's functionalization and proxy) skipped
+        # rather than popped: pushing one back clears every op's dispatch cache
+        with torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(torch._C.DispatchKey.PreDispatch)), \
+                torch._C._DisablePythonDispatcher(), patches_suspended():
             yield
     finally:
+        for mode in reversed(dispatch_modes):
+            torch._C._push_on_torch_dispatch_stack(mode)
         for mode in reversed(popped):
             torch._C._push_on_torch_function_stack(mode)
 
 
+def copy_node(graph: torch.fx.Graph, node: torch.fx.Node, arg_transform) -> torch.fx.Node:
+    """``graph.node_copy(node, arg_transform)``, made without its arguments and
+    given them after: ``create_node`` walks every argument looking for raw
+    symbolic values (a warning), which a copy of a node made by the tracer
+    cannot hold; the node is the same."""
+    args = torch.fx.node.map_arg(node.args, arg_transform)
+    kwargs = torch.fx.node.map_arg(node.kwargs, arg_transform)
+    hooks = getattr(graph.owning_module, "_create_node_hooks", None)
+    if kwargs or hooks:  # one update of both (the users' order), or hooks that read them
+        return graph.node_copy(node, arg_transform)
+    copy = graph.create_node(node.op, node.target, (), {}, node.name, node.type)
+    copy.args = args
+    copy.meta = dict(node.meta)  # as node_copy: a shallow copy
+    return copy
+
+
 def storage_counters(t: FunctionalTensor) -> tuple:
-    """What changes when ``t``'s (functional) storage or layout is mutated."""
+    """What changes when ``t``'s (functional) storage or layout is mutated
+    (a symbolic size as its node: compared by identity, not by sympy)."""
     return (torch._functionalize_mutation_counter(t.elem),
             torch._functionalize_storage_changed_counter(t.elem),
-            has_metadata_mutation(t), tuple(t.elem.size()), tuple(t.elem.stride()), t.elem.storage_offset())
+            has_metadata_mutation(t), *map(_dim_identity, (*t.elem.size(), *t.elem.stride(), t.elem.storage_offset())))
+
+
+def _dim_identity(value):
+    return value.node if isinstance(value, torch.SymInt) else value
 
 
 def inner_value(t: FunctionalTensor) -> torch.Tensor:
@@ -1161,10 +1273,10 @@ def fresh_like(t: torch.Tensor, requires_grad: bool) -> torch.Tensor | None:
     """A new (fake) tensor with ``t``'s metadata, made out of the trace, with
     an autograd history when ``requires_grad`` (as an op's output has); None
     when its layout cannot be made so."""
-    from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
-
-    with torch._C.DisableTorchFunction(), disable_proxy_modes_tracing(), \
-            contextlib.contextmanager(_disable_infra_mode)(torch._C._TorchDispatchModeKey.FUNCTIONAL):
+    # the pre-dispatch modes (functionalization, the proxy) skipped rather than
+    # popped: pushing one back clears every op's dispatch cache
+    with torch._C.DisableTorchFunction(), torch._C._ExcludeDispatchKeyGuard(
+            torch._C.DispatchKeySet(torch._C.DispatchKey.PreDispatch)):
         out = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=t.device,
                                   requires_grad=requires_grad)
         if requires_grad:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 
 import torch
 
@@ -77,6 +78,7 @@ def _aten_stage(policy: OpPolicy, record: TraceRecord):
                     on_layout_change=lambda key, change: record.layouts.__setitem__(
                         _strip_key(key), {**change.to_json(), "source": change.source and _strip_key(change.source)}),
                     on_retrace=record.clear)
+                hold_module_stacks(gm)
                 return gm, signature
 
         with contextlib.ExitStack() as stack:
@@ -87,7 +89,8 @@ def _aten_stage(policy: OpPolicy, record: TraceRecord):
             stack.enter_context(_torch.compiling_state_context())
             stack.enter_context(torch.enable_grad())
             stack.enter_context(_torch.decompose_by(policy.should_decompose))
-            gm, graph_signature = transform(trace)(stack, mod, fake_args, kwargs=fake_kwargs)
+            with _torch.module_stacks_renamed_once() as hold_module_stacks:
+                gm, graph_signature = transform(trace)(stack, mod, fake_args, kwargs=fake_kwargs)
 
         if produce_guards_callback is not None:
             try:
@@ -95,7 +98,7 @@ def _aten_stage(policy: OpPolicy, record: TraceRecord):
             except (_torch.ConstraintViolationError, _torch.ValueRangeError) as e:
                 raise _torch.UserError(_torch.UserErrorType.CONSTRAINT_VIOLATION, str(e)) from e
 
-        return t._produce_aten_artifact(
+        return _torch.produce_aten_artifact(
             gm=gm, mod=mod, constant_attrs=constant_attrs, graph_signature=graph_signature,
             pre_dispatch=False,  # torch's region passes are replaced by ours
             fake_args=fake_args, fake_kwargs=fake_kwargs, fake_params_buffers=fake_params_buffers)
@@ -127,7 +130,7 @@ def capture(module, args, kwargs, dynamic_shapes, policy: OpPolicy) -> Captured:
     original_state_dict = t._get_original_state_dict(module)
     record = TraceRecord()
     with (_data_dependence_as_export_error(),
-          _functionalization_errors_as_export_errors()):
+          _functionalization_errors_as_export_errors(), _garbage_collection_paused()):
         artifact = t._non_strict_export(
             mod=module, args=args, kwargs=kwargs, dynamic_shapes=dynamic_shapes,
             preserve_module_call_signature=(), orig_in_spec=orig_in_spec,
@@ -135,6 +138,21 @@ def capture(module, args, kwargs, dynamic_shapes, policy: OpPolicy) -> Captured:
             _to_aten_func=_aten_stage(policy, record))
     return Captured(artifact, record, args, kwargs, dynamic_shapes,
                     original_state_dict, verify_additional_inputs)
+
+
+@contextlib.contextmanager
+def _garbage_collection_paused():
+    """Python's cycle collector waits until the trace ends: the finalizers it
+    runs are not the module's code, yet their torch calls would be traced (an
+    abandoned generator decorated with ``torch.no_grad()`` enters and leaves
+    the block as it is collected: a grad-mode block in the graph)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 @contextlib.contextmanager

@@ -109,13 +109,16 @@ def keep_histories(captured: Captured, module: torch.nn.Module) -> None:
     keep_history_pass(gm, captured.record.replacements,
                       lambda modes: may_require_grad(gm, sig, requiring, modes),
                       [s.kind.name for s in sig.output_specs])
-    refuse_updates_of_saved_values(captured.record.swap_updates, may_require_grad(gm, sig, requiring), gm.graph,
-                                   [s.kind.name for s in sig.output_specs])
-    off = grad_modes(gm.graph)  # a no_grad caller's: grad on inside the blocks that set it only
-    drop_unseen_leaves(gm, [
-        (may_require_grad(gm, sig, requiring), may_require_grad(gm, sig, requiring, leaves=False, inputs=False)),
-        (may_require_grad(gm, sig, requiring, off), may_require_grad(gm, sig, requiring, off, leaves=False,
-                                                                     inputs=False))])
+    refuse_updates_of_saved_values(captured.record.swap_updates, lambda: may_require_grad(gm, sig, requiring),
+                                   gm.graph, [s.kind.name for s in sig.output_specs])
+
+    def leaf_analyses():
+        off = grad_modes(gm.graph)  # a no_grad caller's: grad on inside the blocks that set it only
+        return [(may_require_grad(gm, sig, requiring), may_require_grad(gm, sig, requiring, leaves=False,
+                                                                        inputs=False)),
+                (may_require_grad(gm, sig, requiring, off), may_require_grad(gm, sig, requiring, off, leaves=False,
+                                                                             inputs=False))]
+    drop_unseen_leaves(gm, leaf_analyses)
 
 
 def eliminate_dead_code(captured: Captured) -> None:

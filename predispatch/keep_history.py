@@ -301,6 +301,10 @@ def keep_history_pass(gm: torch.fx.GraphModule, replacements, analyze,
         replay_in_grad_mode(graph, [n for n in replays if modes.get(n) is None
                                     and modes.get(n.meta[GRAD_VIEW_REPLAY]) is True])
         modes = grad_modes(graph)
+    if not replacements:  # nothing replaced: no analysis unless a pass below needs one
+        detach_no_grad_view_replays(graph, lambda: analyze(None))
+        drop_historyless_own_reads(graph, lambda: analyze(None))
+        return []
     may_grad, may_grad_off = analyze(None), (analyze(modes) if modes is not None else set())
     position = {n: i for i, n in enumerate(graph.nodes)}
     history_of = {}  # a replaced value -> the node whose autograd history it carries
@@ -363,7 +367,7 @@ def keep_history_pass(gm: torch.fx.GraphModule, replacements, analyze,
     final_modes = modes if modes is not None else grad_modes(graph)
     for old, new, later in reshapes:  # a gradient reaches a history kept later too
         _refuse_reshaped_history(old, new, later, final_modes, output_kinds)
-    detach_no_grad_view_replays(graph, may_grad)
+    detach_no_grad_view_replays(graph, lambda: may_grad)
     drop_historyless_own_reads(graph, lambda: analyze(None))
     return kept
 
@@ -376,7 +380,7 @@ def drop_historyless_own_reads(graph: torch.fx.Graph, analyze) -> None:
     set_() to a parameter), the value detached. (``analyze()``: the nodes
     that may require grad, asked again after a detach: a later read's own
     history may have lost its history with it.)"""
-    detached = True
+    detached = any(n.meta.get(OWN_HISTORY_READ) for n in graph.nodes)
     while detached:
         detached = _drop_historyless_own_reads_once(graph, analyze())
 
@@ -435,15 +439,16 @@ def _runs(nodes: list[torch.fx.Node]) -> list[list[torch.fx.Node]]:
     return runs
 
 
-def detach_no_grad_view_replays(graph: torch.fx.Graph, may_grad: set) -> None:
+def detach_no_grad_view_replays(graph: torch.fx.Graph, analyze) -> None:
     """A view made under no_grad, and every view of it, has no history in
     eager. Functionalization may replay one from its base in grad mode (when
     it is read, or returned); the replay reads the base's value, which may
-    have a history: it reads ``detach(base)``."""
+    have a history: it reads ``detach(base)``. (``analyze()``: the nodes
+    that may require grad, asked where there is a replay.)"""
     detached = {}
-    for node in list(graph.nodes):
-        if not node.meta.get(NO_GRAD_VIEW_REPLAY):
-            continue
+    replays = [node for node in graph.nodes if node.meta.get(NO_GRAD_VIEW_REPLAY)]
+    may_grad = analyze() if replays else set()
+    for node in replays:
         for base in node.all_input_nodes:
             if base.meta.get(NO_GRAD_VIEW_REPLAY) or base not in may_grad:
                 continue
@@ -482,17 +487,18 @@ def _is_user_output_only(new, outputs, kinds) -> bool:
     return as_kinds == {"USER_OUTPUT"}
 
 
-def drop_unseen_leaves(gm: torch.fx.GraphModule, analyses: list[tuple[set, set]]) -> None:
+def drop_unseen_leaves(gm: torch.fx.GraphModule, analyze) -> None:
     """Reads of one value as a leaf become one read. A tensor made to require
     grad whose history no output can show (every value it reaches requires
     grad anyway, like T5's position bias under gradient checkpointing) is
     read as itself: its own gradient is never seen, and a leaf changes a
     kernel's choice (sdpa given a mask that requires grad), so the layout the
-    trace assumed. ``analyses``: (what may require grad, what does without
-    the leaves) for a caller's grad mode on and for it off; unseen in both.
-    Runs after the kept histories are in the graph: a value updated without
-    autograd seeing it is read through its keep, which carries the old
-    value's history, not the leaf's."""
+    trace assumed. ``analyze()`` (asked where there is a leaf): (what may
+    require grad, what does without the leaves) for a caller's grad mode on
+    and for it off; a leaf unseen in both goes. Runs after the kept
+    histories are in the graph: a value updated without autograd seeing it
+    is read through its keep, which carries the old value's history, not
+    the leaf's."""
     first = {}  # a value read as a leaf twice is one leaf, as in eager
     for leaf in [n for n in gm.graph.nodes if n.target is REQUIRES_GRAD]:
         key = (leaf.target, leaf.args[0])
@@ -500,6 +506,9 @@ def drop_unseen_leaves(gm: torch.fx.GraphModule, analyses: list[tuple[set, set]]
             leaf.replace_all_uses_with(first[key])
         else:
             first[key] = leaf
+    if not first:
+        return
+    analyses = analyze()
     outputs = set(gm.graph.output_node().all_input_nodes)
     for leaf in first.values():
         if not any(_shown_by_an_output(leaf, outputs, *analysis) for analysis in analyses):
@@ -518,7 +527,7 @@ def _shown_by_an_output(leaf, outputs: set, requiring: set, requiring_without_le
     return bool(reached & outputs)
 
 
-def refuse_updates_of_saved_values(updates: list, may_grad: set, graph: torch.fx.Graph,
+def refuse_updates_of_saved_values(updates: list, analyze, graph: torch.fx.Graph,
                                    output_kinds: list[str]) -> None:
     """``updates``: (value, [(op, argument position)] reading it by then, where) of
     in-place updates, through a ``set_()`` target, of the memory it shares
@@ -527,9 +536,11 @@ def refuse_updates_of_saved_values(updates: list, may_grad: set, graph: torch.fx
     that made it, ``relu``; one that read it, ``mul``: per torch's
     derivative formulas), eager's backward silently uses the updated memory,
     which a functional program cannot reproduce. (Differentiated: a gradient
-    can reach it from an output other than a parameter's new value.)"""
+    can reach it from an output other than a parameter's new value.
+    ``analyze()``: the nodes that may require grad.)"""
     if not updates:
         return
+    may_grad = analyze()
     differentiated = _differentiable_ancestors(graph, output_kinds)
     for value, readers, where in updates:
         made_saving = (value.op == "call_function" and _torch.saves_its_result(value.target)

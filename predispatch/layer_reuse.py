@@ -102,6 +102,10 @@ def _tensor_meta(t: torch.Tensor) -> tuple:
     return (_dims(t.shape), _dims(t.stride()), t.dtype, t.device.type, t.requires_grad)
 
 
+_SCALARS = frozenset({int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout,
+                      torch.memory_format})
+
+
 def _constant(v, keep: list):
     """A non-tensor value as compared between calls."""
     if isinstance(v, _PLAIN):
@@ -154,6 +158,11 @@ class _CallLog(_torch.TorchFunctionMode):
 
     def encode(self, x, new: bool):
         """Arguments or results as compared (meta tensors: sizes are ints)."""
+        kind = type(x)
+        if kind in _SCALARS:  # the common cases first: as _constant has them
+            return (kind, x)
+        if kind is tuple or kind is list:
+            return (kind, *[self.encode(v, new) for v in x])
         if isinstance(x, torch.Tensor):
             if new:
                 return self._register(x)
@@ -170,24 +179,33 @@ class _CallLog(_torch.TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        called = self.encode(args, new=False), self.encode(kwargs, new=False), _ambient()
-        if self.guide is not None:
-            step = len(self.calls)
-            if step < len(self.guide) and self.guide[step][0] == func and self.guide[step][1] == called:
-                result = self.guide[step][2]
-                if (isinstance(result[0], int) and result[0] == len(self.alive) and result[3] == 0
-                        and result[6:] == (torch.strided, False, False)):
-                    _, size, stride, _, dtype, requires_grad, *_ = result
-                    out = torch.empty_strided(size, stride, dtype=dtype, device="meta",
-                                              requires_grad=requires_grad)
-                    self._register(out)
-                    self.calls.append((func, called, result))
+        with torch._C.DisableTorchFunction():  # the log's own reads: no mode below sees them
+            called = self.encode(args, new=False), self.encode(kwargs, new=False), _ambient()
+            if self.guide is not None:
+                out = self._as_guided(func, called)
+                if out is not None:
                     return out
-            else:
-                self.guide = None  # another call: the guide says nothing about what follows
         out = func(*args, **kwargs)
-        self.calls.append((func, called, self.encode(out, new=True)))
+        with torch._C.DisableTorchFunction():
+            self.calls.append((func, called, self.encode(out, new=True)))
         return out
+
+    def _as_guided(self, func, called):
+        """The guide's new tensor for this call where it has the same call
+        here and its result is one; None where the call is to run."""
+        step = len(self.calls)
+        if step < len(self.guide) and self.guide[step][0] == func and self.guide[step][1] == called:
+            result = self.guide[step][2]
+            if (isinstance(result[0], int) and result[0] == len(self.alive) and result[3] == 0
+                    and result[6:] == (torch.strided, False, False)):
+                _, size, stride, _, dtype, requires_grad, *_ = result
+                out = torch.empty_strided(size, stride, dtype=dtype, device="meta", requires_grad=requires_grad)
+                self._register(out)
+                self.calls.append((func, called, result))
+                return out
+        else:
+            self.guide = None  # another call: the guide says nothing about what follows
+        return None
 
 
 def _ambient() -> tuple:
@@ -336,6 +354,7 @@ class _Template:
     increments: dict  # torch function -> how many calls the call made
     last_fn: object
     depth: int  # module-stack entries around the call (the layer's own included)
+    inner_stacks: dict  # node -> its module-stack entries inside the call (one tuple per distinct stack)
     module_calls: dict  # module path -> (calls before, after) of the modules the call called
     module_key: str
     module_path: str
@@ -474,7 +493,7 @@ class LayerReuse:
         return _Template(
             in_nodes, nodes, outputs, out_spec, offsets,
             {f: n - counts.get(f, 0) for f, n in tracer.torch_fn_counts.items() if n != counts.get(f, 0)},
-            tracer.torch_fn_metadata, depth, module_calls, module_key, module_path,
+            tracer.torch_fn_metadata, depth, _inner_stacks(nodes, depth), module_calls, module_key, module_path,
             self.stamper.call_site_text(caller) if self.stamper is not None else None)
 
     # -- a later call of the kind: the template's nodes copied
@@ -501,17 +520,26 @@ class LayerReuse:
                 raise Retrace()
         outer = {k: (fqn, _class_name(cls)) for k, (fqn, cls) in stack}
         call_site = self.stamper.call_site_text(caller) if self.stamper is not None else None
+        moved_site = call_site is not None and call_site != template.call_site
         counts = tracer.torch_fn_counts
+        stacks, traces = {}, {}  # this call's, per distinct stack and stack trace of the template's
         for node in template.nodes:
-            copy = graph.node_copy(node, lambda a: env.get(a, a))  # a symbolic size made before: shared
+            copy = _torch.copy_node(graph, node, lambda a: env.get(a, a))  # a symbolic size made before: shared
             env[node] = copy
             meta = copy.meta
             if "nn_module_stack" in meta:
-                meta["nn_module_stack"] = {**outer, **{
-                    _moved(k, template.module_key, module_key): (_moved(fqn, template.module_path, module_path), cls)
-                    for k, (fqn, cls) in list(node.meta["nn_module_stack"].items())[template.depth:]}}
-            if meta.get("stack_trace") and call_site is not None and call_site != template.call_site:
-                meta["stack_trace"] = call_site + meta["stack_trace"][len(template.call_site):]
+                inner = template.inner_stacks[node]
+                whole = stacks.get(id(inner))
+                if whole is None:
+                    whole = stacks[id(inner)] = {**outer, **{
+                        _moved(k, template.module_key, module_key): (_moved(fqn, template.module_path, module_path), cls)
+                        for k, (fqn, cls) in inner}}
+                meta["nn_module_stack"] = dict(whole)  # a node's own, as the tracer gives each
+            trace = meta.get("stack_trace")
+            if trace and moved_site:
+                if trace not in traces:
+                    traces[trace] = call_site + trace[len(template.call_site):]
+                meta["stack_trace"] = traces[trace]
             if node in template.torch_fns:
                 f, offset = template.torch_fns[node]
                 meta["torch_fn"] = (f"{f.__name__}_{counts.get(f, 0) + offset}", node.meta["torch_fn"][1])
@@ -540,6 +568,17 @@ class LayerReuse:
             changed = any([_torch.storage_counters(t) for t in s.tensors] != s.counters for s in self.stamped)
         if changed:
             raise Retrace()
+
+
+def _inner_stacks(nodes, depth: int) -> dict:
+    """node -> the module-stack entries inside the call (past ``depth``), as a
+    tuple shared by the nodes with the same stack (a copy moves each once)."""
+    distinct, inner = {}, {}
+    for node in nodes:
+        if "nn_module_stack" in node.meta:
+            entries = tuple(list(node.meta["nn_module_stack"].items())[depth:])
+            inner[node] = distinct.setdefault(entries, entries)
+    return inner
 
 
 def _moved(name: str, old: str, new: str) -> str:

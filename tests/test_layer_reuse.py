@@ -288,3 +288,34 @@ def test_replay_sees_tensors_as_the_trace_does():
     torch.manual_seed(0)
     ep, report = export_both(Stack(ByIndexAndLeaf), _x())
     assert (report.templates, report.stamped) == (2, 2)
+
+
+def test_dynamic_bert_is_stamped():
+    """BERT with batch and sequence dynamic: the first layer makes the mask's
+    and the inputs' sequence lengths one symbol, so its key differs from the
+    later layers'; the third and fourth are stamped from the second, and the
+    program is the one without reuse. (They were not: the check that the
+    second's outputs can be made fresh popped the trace's pre-dispatch modes
+    and pushed them back, after which its template read a size node made
+    from a tensor of the first layer, which a copy cannot reproduce.)"""
+    from torch.export import Dim
+    from transformers import BertConfig, BertForMaskedLM
+
+    torch.manual_seed(0)
+    model = BertForMaskedLM(BertConfig(hidden_size=48, num_attention_heads=12, intermediate_size=192,
+                                       num_hidden_layers=4, vocab_size=64, hidden_dropout_prob=0.0,
+                                       attention_probs_dropout_prob=0.0)).train()
+    ids = torch.randint(0, 64, (2, 8))
+    kwargs = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}
+    batch, seq = Dim("batch", min=1, max=64), Dim("seq", min=2, max=512)
+    dims = {name: {0: batch, 1: seq} for name in kwargs}
+    with layer_reuse.reuse_layers(False):
+        plain = predispatch.export_predispatch(model, (), kwargs, dynamic_shapes=dims)
+    with layer_reuse.reuse_layers(True):
+        reused = predispatch.export_predispatch(model, (), kwargs, dynamic_shapes=dims)
+        report = layer_reuse.last_report
+    assert _canonical(plain) == _canonical(reused)
+    assert (report.templates, report.stamped) == (2, 2)
+    ids = torch.randint(0, 64, (3, 11))
+    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}
+    torch.testing.assert_close(reused.module()(**inputs).loss, model(**inputs).loss)

@@ -252,7 +252,7 @@ def export_pd(model, args):
 def export_pd_without_reuse(model, args):
     """Every layer traced (predispatch.layer_reuse off)."""
     with predispatch.reuse_layers(False):
-        return predispatch.export_predispatch(model, args)
+        return export_pd(model, args)
 
 
 def fake_forward(model, args):
@@ -433,14 +433,18 @@ def rotated(seq, k):
     return list(seq[k:]) + list(seq[:k])
 
 
-def measure_in_process(case: Case, res: Result, repeat: int, memory: bool, iters: int) -> None:
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+
+
+def measure_in_process(case: Case, res: Result, repeat: int, memory: bool, iters: int,
+                       clock=time.perf_counter) -> None:
     model, args = case.build()
     for r in range(repeat):
         for exporter in rotated(EXPORTERS, r):
             if exporter in res.errors:
                 continue
             try:
-                res.times[exporter].append(timed(EXPORT_FNS[exporter], model, args))
+                res.times[exporter].append(timed(EXPORT_FNS[exporter], model, args, clock=clock))
             except Exception as e:
                 res.errors[exporter] = summarize(e)
                 res.times[exporter] = []
@@ -530,7 +534,7 @@ def run_case(case: Case, opts) -> Result:
         iters = iters if case.group in ("real", "regions") else 0
         memory = not opts.no_memory and not (opts.quick and case.group == "regions") \
             and case.group not in ("masked", "dynamic")  # export time only
-        measure_in_process(case, res, opts.repeat, memory, iters)
+        measure_in_process(case, res, opts.repeat, memory, iters, CLOCKS[opts.clock])
     print_case(res, time.perf_counter() - start)
     return res
 
@@ -804,6 +808,9 @@ def parse_args(argv):
     p.add_argument("--iters", type=int, default=20, help="run-time steps, real models")
     p.add_argument("--iters-regions", type=int, default=100, help="run-time steps, region modules")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
+    p.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
+                   help="export time as wall time (default) or as this process's CPU time, which "
+                   "other jobs on a loaded machine skew less (in-process cases only)")
     p.add_argument("--from-json", default=None, metavar="PATH",
                    help="print the report of a --json file again, measure nothing")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
@@ -854,6 +861,7 @@ def main(argv=None) -> None:
         opts.iters, opts.iters_regions = min(opts.iters, 5), min(opts.iters_regions, 30)
     cases = select(opts)
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, repeat {opts.repeat}, "
+          f"clock {opts.clock}, "
           f"cases: {', '.join(c.name for c in cases)}", flush=True)
     print(load_line("at start"), flush=True)
     start = time.perf_counter()
