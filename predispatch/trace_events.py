@@ -400,13 +400,6 @@ class _Recorder(_torch.TorchFunctionMode):
         return t
 
     @staticmethod
-    def _descends(view, ancestor) -> bool:
-        while (view := getattr(view, _SOURCE, None)) is not None:
-            if view is ancestor:
-                return True
-        return False
-
-    @staticmethod
     def _base(t: torch.Tensor) -> torch.Tensor:
         while (source := getattr(t, _SOURCE, None)) is not None:
             t = source
@@ -463,7 +456,7 @@ class _Recorder(_torch.TorchFunctionMode):
             setattr(detached, _OWN_HISTORY, updated)
             self._any_leaf = True  # reads go through _read_through from now on
             for view in list(self._detached_views):
-                if view is not detached and self._descends(view, detached):
+                if view is not detached and self._detach_result(view) is detached:
                     setattr(view, _OWN_HISTORY, _ViewOfUpdate(updated, detached, view, user_location()))
         if old is not None and new is not None and new is not old:
             self.record.replacements.append(Replacement(old, new, new, user_location()))
@@ -509,7 +502,7 @@ class _Recorder(_torch.TorchFunctionMode):
         setattr(detached, _OWN_HISTORY, updated)
         self._any_leaf = True  # reads go through _read_through from now on
         for view in list(self._detached_views):
-            if view is not detached and self._descends(view, detached):
+            if view is not detached and self._detach_result(view) is detached:
                 setattr(view, _OWN_HISTORY, _ViewOfUpdate(updated, detached, view, user_location()))
         return alias
 

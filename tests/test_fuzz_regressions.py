@@ -1,6 +1,6 @@
 """Bugs found by the differential fuzzer (tools/fuzz), each as the minimal
 module it shrank to, with the diagnosis. Open ones are xfail(strict=True):
-remove the marker with the fix. Fixed: 1-27, 29-39, 41-64, 66-68 (4b's nested
+remove the marker with the fix. Fixed: 1-27, 29-39, 41-64, 66-69 (4b's nested
 autocast(enabled=False) case by the refusal reading autocast nesting, 10 by
 marking no_grad view replays, 15 and 16 by noting grad-mode views at no_grad
 entries; 7 and 22, once refusals, are exported since the eighth session).
@@ -1915,7 +1915,8 @@ def test_an_input_keeps_the_storage_it_was_set_to_when_that_input_moves_on():
 #     what it reaches requires grad anyway. Fixed: unseen in both modes.
 # 63. f(y, y[1]) writing y[1] and then set_() of y to other memory: the
 #     view input kept the old memory and its update, which the program lost.
-#     Refused (ExportError naming the line); see input_aliasing.
+#     Refused (ExportError naming the line) where the memory the view
+#     inputs see was written; see input_aliasing.
 
 class RelaidInputUpdatedThroughAnEarlierView(nn.Module):
     def __init__(self):
@@ -1977,6 +1978,19 @@ class ViewInputWrittenThenCoverSwapped(nn.Module):
         with torch.no_grad():
             y.set_(v2)
         return z * 2
+
+
+class ViewInputReadThenCoverSwapped(nn.Module):
+    def forward(self, y, z):
+        v2 = y + 1.0
+        with torch.no_grad():
+            y.set_(v2)
+        return z * 2, y * 3
+
+
+def test_an_aliased_input_moved_to_other_memory_exports_where_nothing_was_written_there():
+    y = inputs((3, 4))[0]
+    assert_sound(ViewInputReadThenCoverSwapped(), (y, y[1]), inputs_require_grad=False)
 
 
 def test_an_aliased_input_moved_to_other_memory_is_refused():
@@ -2135,3 +2149,30 @@ class InputUpdatedThroughItsDetachedAlias(nn.Module):
 @pytest.mark.parametrize("chained", [False, True])
 def test_an_input_updated_through_its_detached_alias_keeps_its_history(chained):
     assert_sound(InputUpdatedThroughItsDetachedAlias(chained), inputs((3, 4)), inputs_require_grad=True)
+
+
+# 69. (seed 9923, tenth session) A detach of a set_() target (itself a
+# detached alias with a history of its own), the target then updated in grad
+# mode: the detach was given the update's history, as a view of the target
+# is; eager's detach has none. Fixed: only views whose autograd base is the
+# updated alias regenerate its history.
+
+class DetachOfASwappedTensorAfterItsUpdate(nn.Module):
+    def __init__(self):
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.w = nn.Parameter(torch.randn(4, 4, generator=g))
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        v0 = self.lin.weight * 2.0
+        with torch.no_grad():
+            v0.set_(self.w)
+        v1 = v0.detach()
+        v0.sub_(self.lin.bias)
+        v1[:, 0] = 2.0
+        return v1
+
+
+def test_a_detach_of_a_swapped_tensor_has_no_history_after_its_update():
+    assert_sound(DetachOfASwappedTensorAfterItsUpdate(), inputs((3, 4)), inputs_require_grad=True)
