@@ -70,7 +70,6 @@ def functional_trace(mod: torch.nn.Module, args, kwargs, keep=frozenset, on_layo
                 wrapped[id(a)] = _torch.to_functional(a)
             return wrapped[id(a)]
 
-        made = {}  # a view input (not the same tensor twice) -> its node as made
         with mode:
             inputs = [None if i - n_state in views else wrap(i, a) for i, a in enumerate(flat)]
             for j, v in views.items():
@@ -80,13 +79,10 @@ def functional_trace(mod: torch.nn.Module, args, kwargs, keep=frozenset, on_layo
                     continue
                 inputs[n_state + j] = cover.as_strided(v.size, v.stride, v.offset)
                 trace_events.mark_view(inputs[n_state + j], cover)
-                made[j] = _torch.materialized_node(inputs[n_state + j])
             storages = [_torch.storage_of(f) for f in inputs]
             offsets = [_torch.storage_offset(f) for f in inputs]
             outputs = flat_fn(*inputs)
-            # a view input with another value now: the memory it views was written
-            written = {views[j].of for j in made if _torch.current_node(inputs[n_state + j]) is not made[j]}
-        for cover in sorted(written):
+        for cover in sorted({v.of for v in views.values()}):
             input_aliasing.refuse_moved_cover(cover, trace_events.user_swap_location(inputs[n_state + cover]))
         # an input seen through another is written back through it
         new_values, done = [], {id(inputs[n_state + j]) for j, v in views.items()

@@ -95,11 +95,10 @@ def _group(i: int, tensors: dict) -> list[int]:
 
 
 def refuse_moved_cover(cover: int, where: str | None) -> None:
-    """An input that others view, its memory written in the forward, given
-    other memory by the module's ``set_()`` (at ``where``; None: not): eager
-    leaves what the forward wrote to its old memory there, where the other
-    inputs see it, and the program holds the old memory's values nowhere once
-    the input moved on."""
+    """An input that others view, given other memory by the module's
+    ``set_()`` (at ``where``; None: not): eager leaves what the forward wrote
+    to its old memory there, where the other inputs see it, and the program
+    holds the old memory's values nowhere once the input moved on."""
     if where is not None:
         raise ExportError(
             f"user input {cover}, which other inputs of the call view (f(x, x[0])), is given "

@@ -1915,8 +1915,9 @@ def test_an_input_keeps_the_storage_it_was_set_to_when_that_input_moves_on():
 #     what it reaches requires grad anyway. Fixed: unseen in both modes.
 # 63. f(y, y[1]) writing y[1] and then set_() of y to other memory: the
 #     view input kept the old memory and its update, which the program lost.
-#     Refused (ExportError naming the line) where the memory the view
-#     inputs see was written; see input_aliasing.
+#     Refused (ExportError naming the line); see input_aliasing. (Refusing
+#     only where the memory the views see was written, judged by their
+#     values' nodes, let wrong programs through on seed 9922: not done.)
 
 class RelaidInputUpdatedThroughAnEarlierView(nn.Module):
     def __init__(self):
@@ -1978,19 +1979,6 @@ class ViewInputWrittenThenCoverSwapped(nn.Module):
         with torch.no_grad():
             y.set_(v2)
         return z * 2
-
-
-class ViewInputReadThenCoverSwapped(nn.Module):
-    def forward(self, y, z):
-        v2 = y + 1.0
-        with torch.no_grad():
-            y.set_(v2)
-        return z * 2, y * 3
-
-
-def test_an_aliased_input_moved_to_other_memory_exports_where_nothing_was_written_there():
-    y = inputs((3, 4))[0]
-    assert_sound(ViewInputReadThenCoverSwapped(), (y, y[1]), inputs_require_grad=False)
 
 
 def test_an_aliased_input_moved_to_other_memory_is_refused():
