@@ -30,6 +30,7 @@ from .trace_events import (
     GRAD_BLOCK,
     GRAD_VIEW_REPLAY,
     OWN_HISTORY_READ,
+    REPLAY_OF,
     SWAPPED_HISTORY,
     NO_GRAD_VIEW_REPLAY,
 )
@@ -302,6 +303,7 @@ def keep_history_pass(gm: torch.fx.GraphModule, replacements, analyze,
                                     and modes.get(n.meta[GRAD_VIEW_REPLAY]) is True])
         modes = grad_modes(graph)
     if not replacements:  # nothing replaced: no analysis unless a pass below needs one
+        keep_callers_mode_view_histories(graph)
         detach_no_grad_view_replays(graph, lambda: analyze(None))
         drop_historyless_own_reads(graph, lambda: analyze(None))
         return []
@@ -346,6 +348,7 @@ def keep_history_pass(gm: torch.fx.GraphModule, replacements, analyze,
                 continue  # inside a grad block: the update's history, as the graph has it
             if not (old in may_grad_off or old in kept) or not _same_dtype(old, r.new):
                 continue
+            _merge_replays(r.new, position[r.exit], position)  # a relaid value is read through its replays
             if not _read_later_where_history_shows(old, r.new, r.exit, position, modes, graph, output_kinds):
                 history_of[r.new] = old  # a later update in the caller's mode chains to it
                 deferred[r.new] = (old, r.exit)
@@ -367,7 +370,8 @@ def keep_history_pass(gm: torch.fx.GraphModule, replacements, analyze,
     final_modes = modes if modes is not None else grad_modes(graph)
     for old, new, later in reshapes:  # a gradient reaches a history kept later too
         _refuse_reshaped_history(old, new, later, final_modes, output_kinds)
-    detach_no_grad_view_replays(graph, lambda: may_grad)
+    keep_callers_mode_view_histories(graph)
+    detach_no_grad_view_replays(graph, lambda: analyze(None))
     drop_historyless_own_reads(graph, lambda: analyze(None))
     return kept
 
@@ -437,6 +441,59 @@ def _runs(nodes: list[torch.fx.Node]) -> list[list[torch.fx.Node]]:
         else:
             runs.append([node])
     return runs
+
+
+def keep_callers_mode_view_histories(graph: torch.fx.Graph) -> None:
+    """A view made in the caller's grad mode, replayed inside a grad block
+    (its base's memory was written since): where no write changed the base's
+    history (each was out of autograd's sight, the base's value a kept
+    history), eager's view keeps the history it was made with, none under a
+    no_grad caller, and the replay reads ``keep_history(view as made,
+    replay)``. (After a write autograd saw, eager regenerates the view's
+    history from its base's, as the replay does, or under a no_grad caller
+    raises.)"""
+    replays = [n for n in graph.nodes if REPLAY_OF in n.meta]
+    modes = grad_modes(graph) if replays else {}
+    for replay in replays:
+        made = replay.meta[REPLAY_OF]
+        if not (_alive(made, graph) and modes.get(replay) is True):
+            continue
+        made, replay = _callers_mode_part(made, replay, modes)
+        if made is None or made is replay or not getattr(made.target, "is_view", False) or not (
+                _same_meta(made, replay) and _history_root(made) is _history_root(replay)):
+            continue
+        with graph.inserting_after(replay):
+            kept = graph.call_function(KEEP_HISTORY, (made, replay))
+        kept.meta.update({k: v for k, v in replay.meta.items() if k in ("val", "stack_trace", "nn_module_stack")})
+        replay.replace_all_uses_with(kept, delete_user_cb=lambda user: user is not kept)
+
+
+def _callers_mode_part(made: torch.fx.Node, replay: torch.fx.Node, modes: dict):
+    """The outermost view of the chain ``made`` (a view of a view ...) made in
+    the caller's mode, and its replay in ``replay``'s chain; (None, None) if
+    none was."""
+    while True:
+        if modes.get(made) is None:
+            return made, replay
+        if not (made.op == replay.op == "call_function" and made.target is replay.target and made.args
+                and getattr(made.target, "is_view", False) and made.args[1:] == replay.args[1:]
+                and isinstance(made.args[0], torch.fx.Node) and isinstance(replay.args[0], torch.fx.Node)):
+            return None, None
+        made, replay = made.args[0], replay.args[0]
+
+
+def _history_root(node: torch.fx.Node) -> torch.fx.Node:
+    """The node whose history ``node``'s is, through views and kept histories."""
+    while node.op == "call_function" and node.args and (
+            node.target is KEEP_HISTORY or getattr(node.target, "is_view", False)):
+        node = node.args[0]
+    return node
+
+
+def _same_meta(a: torch.fx.Node, b: torch.fx.Node) -> bool:
+    va, vb = a.meta.get("val"), b.meta.get("val")
+    return (isinstance(va, torch.Tensor) and isinstance(vb, torch.Tensor)
+            and va.shape == vb.shape and va.dtype == vb.dtype)
 
 
 def detach_no_grad_view_replays(graph: torch.fx.Graph, analyze) -> None:

@@ -54,18 +54,25 @@ def _recording(fn, *args):
         return fn(*args)
 
 
+def _without_false_history(t):
+    """A view made under no_grad says it requires grad (its base does) and
+    has no history: as an operand it brings none."""
+    return t.detach() if t.requires_grad and t.grad_fn is None and t._is_view() else t
+
+
 def _autograd_kernel(op_name: str, new_history_in_grad_mode: bool):
     """The ops' autograd: unlike a custom op's, it records the history under
     no_grad too, as eager keeps a tensor's history across an update made
     under no_grad, whatever the mode of the code that reads it later."""
     def kernel(keyset, old, new):
         op = getattr(torch.ops.predispatch, op_name).default
+        old, new = _without_false_history(old), _without_false_history(new)
         of_old = not (new_history_in_grad_mode and torch.is_grad_enabled())
-        # the history not taken must not make the result require grad (as a
-        # Function's input would): eager's tensor requires grad as its history does
-        if of_old and not old.requires_grad and new.requires_grad:
+        # the history not taken is cut (a Function's input would make the result
+        # require grad and reach its leaves): eager's tensor has the history it keeps
+        if of_old and new.requires_grad:
             new = new.detach()
-        elif not of_old and not new.requires_grad and old.requires_grad:
+        elif not of_old and old.requires_grad:
             old = old.detach()
         return _recording(_History.apply, old, new, op, keyset, of_old)
     return kernel
@@ -81,8 +88,8 @@ _LIB.define("requires_grad(Tensor t) -> Tensor")
 def _requires_grad_kernel(keyset, t):
     """``t.requires_grad_()``, functional: ``t``'s value and, as in eager,
     ``t``'s history if it has one (in any mode), else a new leaf."""
-    if not t.requires_grad or (t.grad_fn is None and t._is_view()):  # (a view made under no_grad:
-        return t.detach().clone().requires_grad_()  # it says it requires grad, has no history)
+    if not _without_false_history(t).requires_grad:
+        return t.detach().clone().requires_grad_()
     return _recording(torch.clone, t)
 
 

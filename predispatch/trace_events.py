@@ -63,6 +63,10 @@ NO_GRAD_VIEW_REPLAY = "predispatch_no_grad_view_replay"
 # read, or after the forward); the value is the node after which it was made
 GRAD_VIEW_REPLAY = "predispatch_grad_view_replay"
 _MADE_AFTER = "_predispatch_made_after"  # on a grad-mode view: the graph's last node then
+_MADE_AS = "_predispatch_made_as"  # on a grad-mode view: its node as made
+# node.meta key: a replay of a grad-mode view; the value is the view's node as made,
+# whose history eager's view keeps while its base is updated out of autograd's sight
+REPLAY_OF = "predispatch_replay_of"
 _FROM_STACK = object()  # a grad-mode marker's caller: found on the Python stack
 _LEAF = "_predispatch_leaf"  # made to require grad in the forward: read through the op
 # the node holding a tensor's eager history when functionalization replays it
@@ -342,15 +346,23 @@ class _Recorder(_torch.TorchFunctionMode):
         updated since is replayed from the base, maybe in the caller's mode:
         the replay is marked with where the view was made (a block may have
         set grad on there)."""
-        made_after = getattr(t, _MADE_AFTER, None)
-        if made_after is None:
+        made_after, made_as = getattr(t, _MADE_AFTER, None), getattr(t, _MADE_AS, None)
+        no_grad_view = getattr(t, _NO_GRAD_VIEW, False)
+        if made_after is None and made_as is None and not no_grad_view:
             return _torch.current_node(t)
         last = _torch.last_node(_torch.current_tracer().graph)
         node = _torch.current_node(t)
-        for replay in _torch.nodes_after(last):
-            replay.meta[GRAD_VIEW_REPLAY] = made_after
-        if last.next.op != "root":  # replayed: the history stage reads where it was made
+        if last.next.op == "root":
+            return node
+        if no_grad_view:  # replayed, maybe in grad mode: eager's view has no history
+            _mark_view_replays(last, NO_GRAD_VIEW_REPLAY)
+        if made_after is not None:  # replayed: the history stage reads where it was made
+            for replay in _torch.nodes_after(last):
+                replay.meta[GRAD_VIEW_REPLAY] = made_after
             self.record.needed.append(made_after)
+        if made_as is not None and node is not made_as and node.meta.get(REPLAY_OF) is None:
+            node.meta[REPLAY_OF] = made_as
+            self.record.needed.append(made_as)
         return node
 
     def _call_marking_view_replays(self, func, args, kwargs):
@@ -360,9 +372,7 @@ class _Recorder(_torch.TorchFunctionMode):
         view ops this call creates."""
         last = _torch.last_node(_torch.current_tracer().graph)
         out = func(*args, **kwargs)
-        for node in _torch.nodes_after(last):
-            if getattr(node.target, "is_view", False):
-                node.meta[NO_GRAD_VIEW_REPLAY] = True
+        _mark_view_replays(last, NO_GRAD_VIEW_REPLAY)
         return out
 
     def _note_views(self, func, args, out):
@@ -385,6 +395,7 @@ class _Recorder(_torch.TorchFunctionMode):
                         self._any_no_grad_view = True
                     if not (detached or no_grad):  # a view with eager autograd history
                         self._grad_views.add(t)
+                        setattr(t, _MADE_AS, _torch.materialized_node(t))
                         if self._after_a_grad_marker:
                             setattr(t, _MADE_AFTER, _torch.last_node(_torch.current_tracer().graph))
                     if not no_grad and func is not torch.Tensor.detach and (
@@ -704,6 +715,13 @@ class _Recorder(_torch.TorchFunctionMode):
 
 _RENORMING_LOOKUPS = {f: inspect.signature(f) for f in (F.embedding, F.embedding_bag)}
 _DATA = torch._C.TensorBase.__dict__["data"]  # torch-function modes see its __get__ / __set__
+
+
+def _mark_view_replays(last: torch.fx.Node, key: str) -> None:
+    """Mark the view ops the graph got after ``last``."""
+    for node in _torch.nodes_after(last):
+        if getattr(node.target, "is_view", False):
+            node.meta[key] = True
 
 
 def _is_custom_op(func) -> bool:

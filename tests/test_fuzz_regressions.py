@@ -1,10 +1,10 @@
 """Bugs found by the differential fuzzer (tools/fuzz), each as the minimal
 module it shrank to, with the diagnosis. Open ones are xfail(strict=True):
-remove the marker with the fix. Fixed: 1-27, 29-39, 41-64, 66-69 (4b's nested
+remove the marker with the fix. Fixed: 1-39, 41-71 (4b's nested
 autocast(enabled=False) case by the refusal reading autocast nesting, 10 by
 marking no_grad view replays, 15 and 16 by noting grad-mode views at no_grad
 entries; 7 and 22, once refusals, are exported since the eighth session).
-Open: 28, 40, 65.
+Open: 40.
 
 A test passes when the program matches eager (outputs, gradients, states,
 G1/G3, G7) or, where ``refusal_ok``, when export refuses it with
@@ -984,8 +984,11 @@ def test_grad_mode_views_replayed_inside_the_segment_keep_their_history():
 # --------------------------------------------------------------------------
 # 28. (seed 87) A view made under no_grad of a value updated under no_grad,
 # viewed again in grad mode and returned (twice): eager's views have no
-# history; the program's replay of the output view has one. Found at the end
-# of the session, not yet diagnosed. OPEN.
+# history; the program's replay of the output view has one. Fixed in the
+# eleventh session: every replay of a view made under no_grad (or of a view
+# of one), wherever functionalization makes it (at a grad-mode marker, at
+# the output), reads its base without history, not only replays made by the
+# op reading the view.
 
 class NoGradViewOfAnUpdatedValueViewedInGradMode(nn.Module):
     def __init__(self):
@@ -1013,7 +1016,6 @@ class NoGradViewOfAnUpdatedValueViewedInGradMode(nn.Module):
         return (v3, v2, v3)
 
 
-@pytest.mark.xfail(strict=True, reason="open: fuzz bug 28, the output replay of a no_grad view has a history")
 def test_no_grad_view_of_an_updated_value_viewed_in_grad_mode():
     assert_sound(NoGradViewOfAnUpdatedValueViewedInGradMode(), inputs((3, 4)))
 
@@ -1992,10 +1994,16 @@ def test_an_aliased_input_moved_to_other_memory_is_refused():
 # no_grad function) and then set_() to another tensor in the same span: its
 # kept history was the no_grad update's value, which has none. Fixed: a
 # set_() target keeps the history it had when grad mode went off.
-# 65. (seed 9909, OPEN) A view made in the caller's grad mode (p.t()), its
-# base updated through a set_() target inside an enable_grad block and the
-# view read there: under a no_grad caller eager's view has no history, the
-# program's replay inside the block has one.
+# 65. (seed 9909) A view made in the caller's grad mode (p.t()), its base
+# updated through a set_() target inside an enable_grad block and the view
+# read there: under a no_grad caller eager's view has no history, the
+# program's replay inside the block had one. Fixed (eleventh session): a
+# replay in a grad block of a view whose outermost part was made in the
+# caller's mode reads keep_history(that part as made, its replay) where no
+# write changed the base's history (eager keeps the view's history then,
+# none under a no_grad caller; after a write autograd saw, eager
+# regenerates it from the base's, or raises); and keep_history cuts the
+# history it does not take (a no_grad view's false requires_grad too).
 
 class UpdatedUnderNoGradThenSwapped(nn.Module):
     def __init__(self):
@@ -2051,8 +2059,8 @@ class CallersModeViewReducedInAGradBlockThenSwapped(nn.Module):
 
 
 @pytest.mark.parametrize("module, require", [
-    open_bug(CallersModeViewReadInAGradBlock(), False, reason="65: a caller's-mode view replayed in a grad block"),
-    open_bug(CallersModeViewReducedInAGradBlockThenSwapped(), True, reason="65: likewise, then swapped"),
+    (CallersModeViewReadInAGradBlock(), False),
+    (CallersModeViewReducedInAGradBlockThenSwapped(), True),
 ])
 def test_a_callers_mode_view_replayed_in_a_grad_block(module, require):
     assert_sound(module, inputs((3, 4)), inputs_require_grad=require)
@@ -2164,3 +2172,69 @@ class DetachOfASwappedTensorAfterItsUpdate(nn.Module):
 
 def test_a_detach_of_a_swapped_tensor_has_no_history_after_its_update():
     assert_sound(DetachOfASwappedTensorAfterItsUpdate(), inputs((3, 4)), inputs_require_grad=True)
+
+
+# 70. (seed 9923, eleventh session) A value relaid in the caller's mode
+# (unsqueeze_), updated there, then written inside an enable_grad block:
+# under a no_grad caller eager's value keeps its history across the
+# caller's-mode update, so the block's write has one. Functionalization reads
+# a relaid value through replays of it from its base, so no read of the
+# update's own node showed the history and no keep was made. Fixed: later
+# replays of the view read the updated node itself (as for no_grad spans).
+
+class RelaidInCallersModeThenWrittenInAGradBlock(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.register_buffer("s", torch.zeros(4))
+        self.register_buffer("n", torch.zeros(()))
+
+    def forward(self, x):
+        @torch.enable_grad()
+        def f0():
+            return self.lin(self.s)
+        v0 = f0()
+        v0.unsqueeze_(0)
+        v0.mul_(0.9).add_(v0, alpha=0.1)
+
+        @torch.enable_grad()
+        def f1():
+            v0[0] = self.n
+        f1()
+        return v0
+
+
+@pytest.mark.parametrize("require", [False, True])
+def test_a_value_relaid_in_the_callers_mode_keeps_its_history_in_a_grad_block(require):
+    assert_sound(RelaidInCallersModeThenWrittenInAGradBlock(), inputs((3, 4)), inputs_require_grad=require)
+
+
+# 71. (seed 9923, eleventh session) A view of a parameter updated under
+# no_grad, made in the caller's mode (or in a no_grad block), then viewed
+# again inside a block that turns grad on (inference_mode(False)) and
+# returned: functionalization replays the whole chain inside the block, where
+# it read the kept history; eager's view of a view made under no_grad has
+# none. Fixed: the replay's caller's-mode part reads the history it was made
+# with; a no_grad view's replays are marked wherever they are made.
+
+class ViewOfAnUpdatedParameterViewedInAGradBlock(nn.Module):
+    def __init__(self, in_no_grad):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4, 4, generator=torch.Generator().manual_seed(0)) * 0.5)
+        self.in_no_grad = in_no_grad
+
+    def forward(self, y):
+        with torch.no_grad():
+            self.w.zero_()
+            if self.in_no_grad:
+                v1 = self.w[0]
+        if not self.in_no_grad:
+            v1 = self.w[0]
+        with torch.inference_mode(False):
+            v2 = v1[1:]
+        return v2
+
+
+@pytest.mark.parametrize("in_no_grad", [False, True])
+def test_a_view_of_an_updated_parameter_viewed_in_a_grad_block(in_no_grad):
+    assert_sound(ViewOfAnUpdatedParameterViewedInAGradBlock(in_no_grad), inputs((3, 4)))
