@@ -110,6 +110,8 @@ def write_back_layout(target: torch.Tensor, value: torch.Tensor, source, layout:
         if layout["storage"] == "other":
             return target.set_(source.untyped_storage(), source.storage_offset() + offset, size, stride)
         if layout["storage"] == "value":
+            if (tuple(value.stride()), value.storage_offset()) != (tuple(stride), offset):
+                value = _laid_out(value, size, stride, offset)
             return target.set_(value.untyped_storage(), value.storage_offset(), value.size(), value.stride())
         offset += target.storage_offset()
         _grow_storage(target, size, stride, offset)
@@ -117,11 +119,26 @@ def write_back_layout(target: torch.Tensor, value: torch.Tensor, source, layout:
     return _WRITE_BACK[mode](target, value) if mode is not None else target
 
 
+def _laid_out(value: torch.Tensor, size, stride, offset: int) -> torch.Tensor:
+    """``value`` on a storage of its own, laid out as eager's tensor was (a
+    strided view into memory the forward made, ``x.set_(y[:, 1:3])``, which
+    the program's value, a copy, is not)."""
+    laid = value.new_empty(_extent(size, stride, offset)).as_strided(size, stride, offset)
+    return laid.copy_(value)
+
+
+def _extent(size, stride, offset: int) -> int:
+    """The elements a storage needs for a tensor of that layout."""
+    if 0 in tuple(size):
+        return offset
+    return offset + sum((n - 1) * s for n, s in zip(size, stride)) + 1
+
+
 def _grow_storage(t: torch.Tensor, size, stride, offset) -> None:
     """``resize_()`` may have needed more elements than ``t``'s storage has."""
     if 0 in tuple(size):
         return
-    needed = (offset + sum((n - 1) * s for n, s in zip(size, stride)) + 1) * t.element_size()
+    needed = _extent(size, stride, offset) * t.element_size()
     if needed > t.untyped_storage().nbytes():
         t.untyped_storage().resize_(needed)
 

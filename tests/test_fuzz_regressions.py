@@ -1,10 +1,10 @@
 """Bugs found by the differential fuzzer (tools/fuzz), each as the minimal
 module it shrank to, with the diagnosis. Open ones are xfail(strict=True):
-remove the marker with the fix. Fixed: 1-39, 41-71 (4b's nested
+remove the marker with the fix. Fixed: 1-71 (4b's nested
 autocast(enabled=False) case by the refusal reading autocast nesting, 10 by
 marking no_grad view replays, 15 and 16 by noting grad-mode views at no_grad
 entries; 7 and 22, once refusals, are exported since the eighth session).
-Open: 40.
+Open: none.
 
 A test passes when the program matches eager (outputs, gradients, states,
 G1/G3, G7) or, where ``refusal_ok``, when export refuses it with
@@ -1305,8 +1305,9 @@ def test_a_set__target_keeps_the_history_kept_across_a_hidden_update():
 #     of its old value, replayed from the no_grad update without history).
 # 39. likewise with unsqueeze_, a no_grad copy_ and an update through a view.
 # 40. an input set_ to a view of an intermediate: values right, but the
-#     program re-lays the input as a compact tensor where eager leaves it a
-#     strided view into the intermediate's storage.
+#     program re-laid the input as a compact tensor where eager leaves it a
+#     strided view into the intermediate's storage. Fixed (eleventh session):
+#     the write-back lays the value out on a storage of its own as eager's was.
 # 41. a parameter's memory updated through a tensor set_ to it, after autograd
 #     saved the parameter: set_ does not share the version counter, so eager
 #     computes the gradient from the updated value unchecked; the program from
@@ -1395,7 +1396,7 @@ class LeafSetToItsSource(nn.Module):
 @pytest.mark.parametrize("module, require", [
     (RelaidThenHiddenUpdateThenSetitem(), True),
     (UnsqueezedThenNoGradCopyThenViewUpdate(), False),
-    open_bug(InputSetToAViewOfAnIntermediate(), False, reason="40: layout of a set_ to a view"),
+    (InputSetToAViewOfAnIntermediate(), False),
 ])
 def test_open_mutation_bugs_of_the_ninth_session(module, require):
     assert_sound(module, inputs((3, 4)), inputs_require_grad=require)
