@@ -108,7 +108,7 @@ def keep_histories(captured: Captured, module: torch.nn.Module) -> None:
     gm, sig = captured.gm, captured.signature
     keep_history_pass(gm, captured.record.replacements,
                       lambda modes: may_require_grad(gm, sig, requiring, modes),
-                      [s.kind.name for s in sig.output_specs])
+                      [s.kind.name for s in sig.output_specs], _write_backs(sig))
     refuse_updates_of_saved_values(captured.record.swap_updates, lambda: may_require_grad(gm, sig, requiring),
                                    gm.graph, [s.kind.name for s in sig.output_specs])
 
@@ -119,6 +119,14 @@ def keep_histories(captured: Captured, module: torch.nn.Module) -> None:
                 (may_require_grad(gm, sig, requiring, off), may_require_grad(gm, sig, requiring, off, leaves=False,
                                                                              inputs=False))]
     drop_unseen_leaves(gm, leaf_analyses)
+
+
+def _write_backs(sig) -> dict[int, str]:
+    """Output position -> the name of the placeholder it writes back."""
+    placeholder = {s.target: s.arg.name for s in sig.input_specs if s.target is not None}
+    placeholder.update({s.arg.name: s.arg.name for s in sig.input_specs if hasattr(s.arg, "name")})
+    return {i: placeholder[s.target] for i, s in enumerate(sig.output_specs)
+            if s.kind.name.endswith("_MUTATION") and s.target in placeholder}
 
 
 def eliminate_dead_code(captured: Captured) -> None:

@@ -86,7 +86,8 @@ def may_require_grad(gm: torch.fx.GraphModule, signature, params_requiring_grad:
 
 
 def _refuse_reshaped_history(old: torch.fx.Node, new: torch.fx.Node, later: list, modes,
-                             output_kinds: list[str] | None = None) -> None:
+                             output_kinds: list[str] | None = None, eager_view: bool | None = None,
+                             in_callers_mode: bool = False, write_backs: dict | None = None) -> None:
     """A tensor given another shape under no_grad (``set_``, ``resize_``,
     ``t_()``) keeps its history, of the old shape. Autograd checks a gradient
     of the new shape against that history (reducing it, or raising), for
@@ -95,20 +96,28 @@ def _refuse_reshaped_history(old: torch.fx.Node, new: torch.fx.Node, later: list
     from the base through the new layout): refused there, where a gradient
     can reach it, unless nothing is lost (size-1 dimensions in front:
     ``unsqueeze_(0)``). A leaf's value written back as a mutation is the
-    caller's tensor, whose history is its own."""
+    caller's tensor, whose history is its own. (``eager_view``: was the
+    tensor made by a view op; if not, view ops holding it relaid it in place
+    and its history is that of what they view. A leaf updated in the
+    caller's mode, ``in_callers_mode`` or before, is one under a no_grad
+    caller only: eager refuses the update of a leaf that requires grad.
+    ``write_backs``: output position -> the placeholder it writes back.)"""
     va, vb = old.meta.get("val"), new.meta.get("val")
     if _same_elements_broadcast(tuple(va.shape), tuple(vb.shape)):
         return
-    origin = old  # whose history a kept one is
-    while origin.op == "call_function" and origin.target in (KEEP_HISTORY, KEEP_HISTORY_IF_NO_GRAD):
-        origin = origin.args[0]
+    origin, updated_in_callers_mode = _history_origin(old, through_views=eager_view is False)
+    in_callers_mode |= updated_in_callers_mode
     leaf = origin.op == "placeholder"
     if not leaf and not _torch.may_return_a_view(origin.target):
         return  # eager's history reduces the gradient as the program's does
     modes = modes if modes is not None else grad_modes(old.graph)
+    if leaf and in_callers_mode:
+        modes = {n: m if m is True else False for n, m in modes.items()}  # a no_grad caller's
     outputs = old.graph.output_node().args[0]
     kinds = output_kinds if output_kinds is not None and len(output_kinds) == len(outputs) else None
     shown = None if not leaf or kinds is None else {o for o, k in zip(outputs, kinds) if k == "USER_OUTPUT"}
+    if shown and write_backs:  # returned as written back: the program returns the caller's tensor
+        shown -= {outputs[i] for i, name in write_backs.items() if name == origin.name}
     if _differentiated([u for u in later if u.op != "output"], modes, shown) or any(
             u.op == "output" and _outputs_as_shown(new, u, old, shown) for u in later):
         raise ExportError(
@@ -117,6 +126,18 @@ def _refuse_reshaped_history(old: torch.fx.Node, new: torch.fx.Node, later: list
             f"{_location(new, *later)}: eager then gives "
             f"{'the parameter or input a .grad of the new shape' if leaf else 'the view history it keeps gradients through the new layout'}, "
             "which a program cannot reproduce; change the shape of a copy instead")
+
+
+def _history_origin(node: torch.fx.Node, through_views: bool) -> tuple[torch.fx.Node, bool]:
+    """The node whose history ``node``'s is, through kept histories (and
+    view ops, ``through_views``: a tensor relaid in place, not an eager
+    view), and whether a caller's-mode update was on the way."""
+    in_callers_mode = False
+    while node.op == "call_function" and node.args and (
+            node.target in _KEEPS or (through_views and getattr(node.target, "is_view", False))):
+        in_callers_mode |= node.target is KEEP_HISTORY_IF_NO_GRAD
+        node = node.args[0]
+    return node, in_callers_mode
 
 
 def _differentiable_ancestors(graph: torch.fx.Graph, output_kinds: list[str]) -> set:
@@ -162,11 +183,12 @@ def _differentiated(readers: list, modes, shown: set | None = None) -> bool:
     """Does a path from ``readers`` reach the output outside no_grad spans
     (``modes``: see :func:`grad_modes`; None: any mode), as one of ``shown``
     (None: any output value)? A kept history passes a gradient in any mode,
-    to its old value only."""
+    to its old value only; a detach none."""
     seen, todo = set(), list(readers)
     while todo:
         node = todo.pop()
-        if node in seen or (modes is not None and modes.get(node) is False and node.target not in _KEEPS):
+        if node in seen or node.target in _NO_HISTORY or (
+                modes is not None and modes.get(node) is False and node.target not in _KEEPS):
             continue
         seen.add(node)
         if node.op == "output" or (shown is not None and node in shown):
@@ -184,16 +206,18 @@ def _same_elements_broadcast(old: tuple, new: tuple) -> bool:
 
 
 def _insert_keep_history(graph, old, new, after, position, reshapes: list, target=None,
-                         needed=False) -> torch.fx.Node | None:
+                         needed=False, eager_view=None) -> torch.fx.Node | None:
     """``keep_history(old, new)`` right after ``after``; later uses of ``new``
     read it. None if nothing reads ``new`` later (no node, no region output),
     unless ``needed`` (a later keep's history starts from it). ``reshapes``
-    gets (old, new, later readers), checked once every history is kept."""
+    gets (old, new, later readers, ``eager_view``: see :class:`Replacement`),
+    checked once every history is kept."""
     after_at = position.get(after, len(position))
     _merge_replays(new, after_at, position)
     if not needed and not any(position.get(u, after_at + 1) > after_at for u in new.users):
         return None
-    reshapes.append((old, new, [u for u in new.users if position.get(u, after_at + 1) > after_at]))
+    reshapes.append((old, new, [u for u in new.users if position.get(u, after_at + 1) > after_at], eager_view,
+                     target is KEEP_HISTORY_IF_NO_GRAD))
     with graph.inserting_after(after):
         kept = graph.create_node("call_function", target or KEEP_HISTORY, (old, new), name="keep_history")
     kept.meta.update({k: v for k, v in new.meta.items() if k in ("val", "stack_trace", "nn_module_stack")})
@@ -287,7 +311,7 @@ def _same_dtype(a: torch.fx.Node, b: torch.fx.Node) -> bool:
 
 
 def keep_history_pass(gm: torch.fx.GraphModule, replacements, analyze,
-                      output_kinds: list[str] | None = None) -> list[torch.fx.Node]:
+                      output_kinds: list[str] | None = None, write_backs: dict | None = None) -> list[torch.fx.Node]:
     """Insert keep_history after each span that replaced a value that may
     require grad; later uses read it. ``analyze(modes)`` gives the nodes that
     may require grad (see :func:`may_require_grad`); it is asked again after
@@ -321,8 +345,9 @@ def keep_history_pass(gm: torch.fx.GraphModule, replacements, analyze,
         if r.in_grad_mode and _written_hidden(r.old, r.new, hidden):
             continue
         if not r.in_grad_mode:
-            r = dataclasses.replace(r, **dict(zip(("old", "new"), _replayed_bases(r.old, r.new, r.exit, position,
-                                                                                   live))))
+            old, new = _replayed_bases(r.old, r.new, r.exit, position, live)
+            if old is not r.old:  # the bases' tensor: not known to be a view or not
+                r = dataclasses.replace(r, old=old, new=new, eager_view=None)
             if (r.old, r.new, r.exit) in done:
                 continue
             done.add((r.old, r.new, r.exit))
@@ -354,11 +379,12 @@ def keep_history_pass(gm: torch.fx.GraphModule, replacements, analyze,
                 deferred[r.new] = (old, r.exit)
                 continue
             node = _insert_keep_history(graph, old, r.new, r.exit, position, reshapes,
-                                        KEEP_HISTORY_IF_NO_GRAD)
+                                        KEEP_HISTORY_IF_NO_GRAD, eager_view=r.eager_view)
         else:
             if not (old in may_grad or old in kept) or not _same_dtype(old, r.new):
                 continue
-            node = _insert_keep_history(graph, old, r.new, r.exit, position, reshapes)
+            node = _insert_keep_history(graph, old, r.new, r.exit, position, reshapes,
+                                        eager_view=r.eager_view)
         history_of[r.new] = old if node is None else node  # None: no later use needs it
         if node is not None:
             kept.append(node)
@@ -368,8 +394,9 @@ def keep_history_pass(gm: torch.fx.GraphModule, replacements, analyze,
                 may_grad_off = analyze(modes)
             may_grad = analyze(None)
     final_modes = modes if modes is not None else grad_modes(graph)
-    for old, new, later in reshapes:  # a gradient reaches a history kept later too
-        _refuse_reshaped_history(old, new, later, final_modes, output_kinds)
+    for old, new, later, eager_view, in_callers_mode in reshapes:  # a gradient reaches a history kept later too
+        _refuse_reshaped_history(old, new, later, final_modes, output_kinds, eager_view, in_callers_mode,
+                                 write_backs)
     keep_callers_mode_view_histories(graph)
     detach_no_grad_view_replays(graph, lambda: analyze(None))
     drop_historyless_own_reads(graph, lambda: analyze(None))

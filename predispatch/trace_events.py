@@ -55,6 +55,7 @@ GRAD_BLOCK = "predispatch_grad_block"  # node.meta key: (phase, block id)
 _SOURCE = "_predispatch_source"  # the tensor the view was taken from
 _DETACHED = "_predispatch_detached"  # a detach() result, or a view of one
 _DETACH_RESULT = "_predispatch_detach_result"  # a detach() result (an autograd base of its own)
+_EAGER_VIEW = "_predispatch_eager_view"  # made by a view op other than detach(): a view in eager too
 _NO_GRAD_VIEW = "_predispatch_no_grad_view"  # made under no_grad, or a view of such a view
 # node.meta key: a view op replaying a view made under no_grad, which in eager
 # never requires grad; the keep-history pass leaves its inputs without history
@@ -94,6 +95,7 @@ def mark_view(view: torch.Tensor, base: torch.Tensor) -> None:
     """``view`` was made from ``base`` out of the recorder's sight (an input
     traced as a view of another): updates of one concern the other."""
     setattr(view, _SOURCE, base)
+    setattr(view, _EAGER_VIEW, True)
 
 
 @dataclasses.dataclass
@@ -109,6 +111,9 @@ class Replacement:
     # runs in the caller's mode, and under a no_grad caller eager keeps ``old``'s
     # history (``exit`` is then the last node before the next grad-mode marker)
     in_grad_mode: bool = False
+    # was eager's tensor made by a view op (None: not known)? A value functionalization
+    # holds as a view of its own memory (relaid in place: t_()) is not an eager view
+    eager_view: bool | None = None
 
 
 @dataclasses.dataclass
@@ -382,6 +387,7 @@ class _Recorder(_torch.TorchFunctionMode):
                 self._span_views.append(t)
                 if source is not None and t is not source and not hasattr(t, _SOURCE):
                     setattr(t, _SOURCE, source)
+                    setattr(t, _EAGER_VIEW, func is not torch.Tensor.detach)
                     detached = func is torch.Tensor.detach or getattr(source, _DETACHED, False)
                     no_grad = not torch.is_grad_enabled() or getattr(source, _NO_GRAD_VIEW, False)
                     if detached:
@@ -616,11 +622,12 @@ class _Recorder(_torch.TorchFunctionMode):
         for t, old in (written or {}).values():
             new = self._current_node(t)
             if new is not None and new is not old:
-                pairs[new] = old
+                pairs[new] = (old, _made_by_a_view(t))
         if pairs:
             exit = _torch.last_node(_torch.current_tracer().graph)
             self.record.replacements.extend(
-                Replacement(old, new, exit, in_grad_mode=True) for new, old in pairs.items())
+                Replacement(old, new, exit, in_grad_mode=True, eager_view=view)
+                for new, (old, view) in pairs.items())
 
     def _set_grad_enabled(self, func, args, kwargs, caller=_FROM_STACK):
         if bool(args[0]) and inside_inference_mode():
@@ -649,8 +656,8 @@ class _Recorder(_torch.TorchFunctionMode):
         node = func(*args, **kwargs)
         if isinstance(node, torch.fx.Node):
             node.meta[GRAD_BLOCK] = self._block_mark(caller)
-            for old, new in replaced:
-                self.record.replacements.append(Replacement(old, new, node))
+            for old, new, view in replaced:
+                self.record.replacements.append(Replacement(old, new, node, eager_view=view))
         if was_enabled and not torch.is_grad_enabled():
             self._watch = {}
         elif turning_on:
@@ -698,23 +705,29 @@ class _Recorder(_torch.TorchFunctionMode):
                 self._views_at_entry[id(view)] = (view, node)
 
     def _replaced_in_span(self):
-        """(old, new) node pairs of the values the span replaced: tensors it
-        used (noted at first use) and grad-mode views replayed inside it."""
+        """(old, new, made by a view op) of the values the span replaced:
+        tensors it used (noted at first use) and grad-mode views replayed inside it."""
         pairs = {}
         for t, old in (self._watch or {}).values():
             new = self._current_node(t)
             if new is not None and new is not old:
-                pairs[new] = old
+                pairs[new] = (old, _made_by_a_view(t))
         for view, old in self._views_at_entry.values():
             new = _torch.materialized_node(view)  # replayed inside the span, or not at all
             if new is not None and new is not old:
-                pairs[new] = old  # the grad-mode value, even if first used after a mutation
+                pairs[new] = (old, True)  # the grad-mode value, even if first used after a mutation
         self._views_at_entry = {}
-        return [(old, new) for new, old in pairs.items()]
+        return [(old, new, view) for new, (old, view) in pairs.items()]
 
 
 _RENORMING_LOOKUPS = {f: inspect.signature(f) for f in (F.embedding, F.embedding_bag)}
 _DATA = torch._C.TensorBase.__dict__["data"]  # torch-function modes see its __get__ / __set__
+
+
+def _made_by_a_view(t: torch.Tensor) -> bool:
+    """Was ``t`` made by a view op (or seen as a view of another input)? (A
+    ``set_()`` does not change it, nor a relayout in place.)"""
+    return getattr(t, _EAGER_VIEW, False)
 
 
 def _mark_view_replays(last: torch.fx.Node, key: str) -> None:

@@ -1,6 +1,6 @@
 """Bugs found by the differential fuzzer (tools/fuzz), each as the minimal
 module it shrank to, with the diagnosis. Open ones are xfail(strict=True):
-remove the marker with the fix. Fixed: 1-71 (4b's nested
+remove the marker with the fix. Fixed: 1-74 (4b's nested
 autocast(enabled=False) case by the refusal reading autocast nesting, 10 by
 marking no_grad view replays, 15 and 16 by noting grad-mode views at no_grad
 entries; 7 and 22, once refusals, are exported since the eighth session).
@@ -2239,3 +2239,55 @@ class ViewOfAnUpdatedParameterViewedInAGradBlock(nn.Module):
 @pytest.mark.parametrize("in_no_grad", [False, True])
 def test_a_view_of_an_updated_parameter_viewed_in_a_grad_block(in_no_grad):
     assert_sound(ViewOfAnUpdatedParameterViewedInAGradBlock(in_no_grad), inputs((3, 4)))
+
+
+# 72-74. (seeds 10101-10102, eleventh session) Refusals that were not needed:
+# the reshaped-history refusal (a tensor given another shape under no_grad
+# keeps its history, of the old shape) fired where eager's history is usable
+# or unseen. Now exported: a history reaching the output only through
+# detach() (72); a tensor relaid in place (transpose_), which functionalization
+# holds as a view of its own memory, is no view in eager: its history is the
+# computed value's, which autograd checks as the program's (73); a leaf
+# relaid in the caller's mode is one under a no_grad caller only (eager
+# refuses its update in grad mode), and returning it returns the caller's
+# tensor, whose history is its own (74).
+
+class SwappedInputDetachedIntoALeaf(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("s", torch.zeros(4))
+
+    def forward(self, x):
+        with torch.no_grad():
+            x.set_(self.s)
+        return x.detach().requires_grad_()
+
+
+class RelaidInputUpdatedThenSwapped(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4, 4, generator=torch.Generator().manual_seed(0)))
+        self.register_buffer("s", torch.zeros(4))
+
+    def forward(self, x):
+        with torch.set_grad_enabled(True):
+            x.transpose_(0, 1)
+            x.mul_(0.9).add_(x, alpha=0.1)
+            with torch.no_grad():
+                x.set_(self.w)
+        return self.s @ self.w
+
+
+class InputRelaidInTheCallersModeReturned(nn.Module):
+    def forward(self, x):
+        x.transpose_(0, 1)
+        with torch.enable_grad():
+            y = x * 2.0
+        return y.sum(), x
+
+
+@pytest.mark.parametrize("module, require", [
+    (SwappedInputDetachedIntoALeaf(), True), (SwappedInputDetachedIntoALeaf(), False),
+    (RelaidInputUpdatedThenSwapped(), False), (InputRelaidInTheCallersModeReturned(), False)])
+def test_reshaped_histories_eager_can_use_are_exported(module, require):
+    assert_sound(module, inputs((3, 4)), inputs_require_grad=require)
