@@ -177,7 +177,9 @@ class _Recorder(_torch.TorchFunctionMode):
         if func is not _torch.SET_GRAD_ENABLED:
             self.sync_grad_mode()  # a hidden block ended: the bookkeeping below is the mode's
         if getattr(func, "__self__", None) is _DATA:
-            func, args = _data_access(func, args)
+            if func.__name__ == "__set__":
+                return self._assign_data(*args)
+            func, args = torch.Tensor.detach, args[:1]  # t.data: see _assign_data
         if _sets_requires_grad(func, args, kwargs):
             return self._requires_grad(func, args, kwargs)
         if self.draws is not None and self.draws.pending:
@@ -317,6 +319,21 @@ class _Recorder(_torch.TorchFunctionMode):
                     reads[value].meta["val"] = value.meta.get("val")
                 node.replace_input_with(value, reads[value])
         return out
+
+    def _assign_data(self, t, value):
+        """``t.data`` is a detached alias for which the tracer records no node
+        (the graph would keep the history): traced as ``t.detach()``, whose
+        node and alias handling are the same. ``t.data = value`` gives ``t``
+        ``value``'s memory and layout, keeping ``t``'s autograd identity and
+        history: ``t.set_(value)`` under no_grad, which is traced as such (of
+        another dtype or device: refused)."""
+        if not _swappable(t, value):
+            raise ExportError(
+                f"assigning Tensor.data at {user_location()} a tensor of another dtype or device "
+                "cannot be exported soundly: the tensor changes type under autograd, which a "
+                "functional graph cannot express; convert a copy instead")
+        with self, torch.no_grad():  # the mode is off inside its own handler
+            t.set_(value)
 
     def _lookup_renorming_visibly(self, func, args, kwargs):
         """``F.embedding(max_norm=...)`` renorms the weight in place through a
@@ -769,16 +786,8 @@ def _sets_requires_grad(func, args, kwargs) -> bool:
             and func.__name__ == "__set__" and bool(args[1]))
 
 
-def _data_access(func, args):
-    """``t.data`` is a detached alias for which the tracer records no node
-    (the graph would keep the history): traced as ``t.detach()``, whose node
-    and alias handling are the same. ``t.data = v`` swaps the storage: refused."""
-    if func.__name__ == "__get__":
-        return torch.Tensor.detach, args[:1]
-    raise ExportError(
-        f"assigning Tensor.data at {user_location()} cannot be exported soundly: it swaps the "
-        "tensor's storage, which a functional graph cannot express; update it in place instead "
-        "(with torch.no_grad(): t.copy_(value))")
+def _swappable(t, value) -> bool:
+    return isinstance(value, torch.Tensor) and (t.dtype, t.device) == (value.dtype, value.device)
 
 
 @dataclasses.dataclass

@@ -112,6 +112,29 @@ def test_set__of_a_fresh_intermediate():
     both(f, torch.randn(4), torch.randn(4))
 
 
+class AssignsData(torch.nn.Module):
+    """``t.data = v``: ``t`` takes ``v``'s memory and layout, keeping its
+    autograd identity (a parameter stays the leaf it was)."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(3, 4, generator=torch.Generator().manual_seed(0)))
+        self.register_buffer("b", torch.zeros(3, 4))
+
+    def forward(self, x, y):
+        self.w.data = self.w.data * 0.5
+        self.b.data = x * 2
+        x.data = y
+        h = x * self.w
+        h.data = torch.zeros(3, 4)  # an intermediate: its history stays
+        return x + 1, h.sum() + self.w.sum()
+
+
+def test_assigning_tensor_data():
+    for rg in (True, False):
+        assert_matches_eager(AssignsData(), (torch.randn(3, 4), torch.randn(3, 4)), inputs_require_grad=rg)
+
+
 def test_set__of_an_input_mutated_again_afterwards():
     def f(x, y):
         with torch.no_grad():
