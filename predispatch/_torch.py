@@ -1010,6 +1010,33 @@ def may_return_a_view(op) -> bool:
         op.name(), "CompositeImplicitAutograd")
 
 
+def returns_a_view(node: torch.fx.Node) -> bool:
+    """Is ``node``'s eager result a view? A view op's is; a composite's is
+    found by running it on meta tensors laid out as its inputs (``linear``
+    of a vector returns one, of a matrix not). True where unknown (symbolic
+    shapes, another library's op)."""
+    op = node.target
+    if node.op != "call_function" or not may_return_a_view(op):
+        return node.op != "call_function"
+    if not isinstance(op, torch._ops.OpOverload) or op.is_view:
+        return True
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    try:
+        with torch_function_modes_suspended(), _disable_current_modes(), torch.no_grad():
+            args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), _meta_like)
+            out = op(*args, **kwargs)
+    except Exception:  # noqa: BLE001 (unknown: assume a view)
+        return True
+    return any(isinstance(o, torch.Tensor) and o._is_view() for o in torch.utils._pytree.tree_leaves(out))
+
+
+def _meta_like(node: torch.fx.Node) -> torch.Tensor:
+    val = node.meta["val"]
+    return torch.empty_strided(tuple(int(n) for n in val.shape), tuple(int(s) for s in val.stride()),
+                               dtype=val.dtype, device="meta")
+
+
 def saves_its_result(op) -> bool:
     """Does ``op``'s backward read its own output (``relu``, ``exp``: their
     formulas in the derivatives.yaml torch ships)? True where unknown (a

@@ -85,33 +85,50 @@ def may_require_grad(gm: torch.fx.GraphModule, signature, params_requiring_grad:
     return result
 
 
-def _refuse_reshaped_history(old: torch.fx.Node, new: torch.fx.Node, later: list, modes,
-                             output_kinds: list[str] | None = None, eager_view: bool | None = None,
-                             in_callers_mode: bool = False, write_backs: dict | None = None) -> None:
+@dataclasses.dataclass(frozen=True)
+class _Kept:
+    """A kept history: ``old``'s on ``new``'s value, read by ``later``; what
+    the recorder knew of the tensor (``eager_view``: made by a view op, None:
+    not known; ``swapped``: a set_() target), and whether the keep is for an
+    update in the caller's mode."""
+
+    old: torch.fx.Node
+    new: torch.fx.Node
+    later: tuple
+    eager_view: bool | None = None
+    swapped: bool = False
+    in_callers_mode: bool = False
+
+
+def _refuse_reshaped_history(kept: _Kept, modes, output_kinds: list[str] | None = None,
+                             write_backs: dict | None = None) -> None:
     """A tensor given another shape under no_grad (``set_``, ``resize_``,
     ``t_()``) keeps its history, of the old shape. Autograd checks a gradient
     of the new shape against that history (reducing it, or raising), for
     eager's and the program's alike. Not so where the history is a leaf's
     (eager's ``.grad`` takes the new shape) or a view's (eager regenerates it
-    from the base through the new layout): refused there, where a gradient
-    can reach it, unless nothing is lost (size-1 dimensions in front:
-    ``unsqueeze_(0)``). A leaf's value written back as a mutation is the
-    caller's tensor, whose history is its own. (``eager_view``: was the
-    tensor made by a view op; if not, view ops holding it relaid it in place
-    and its history is that of what they view. A leaf updated in the
-    caller's mode, ``in_callers_mode`` or before, is one under a no_grad
-    caller only: eager refuses the update of a leaf that requires grad.
-    ``write_backs``: output position -> the placeholder it writes back.)"""
+    from the base through the new layout, also when a set_() moved it to
+    other memory of the same shape, at another offset): refused there, where a gradient can
+    reach it, unless nothing is lost (size-1 dimensions in front:
+    ``unsqueeze_(0)``). Not a view: a tensor that no view op made, which
+    view ops hold because it was relaid in place (its history is that of
+    what they view). A leaf updated in the caller's mode is one under a
+    no_grad caller only: eager refuses the update of a leaf that requires
+    grad. A leaf's value written back as a mutation (``write_backs``: output
+    position -> the placeholder it writes) is the caller's tensor, whose
+    history is its own."""
+    old, new, later = kept.old, kept.new, kept.later
     va, vb = old.meta.get("val"), new.meta.get("val")
-    if _same_elements_broadcast(tuple(va.shape), tuple(vb.shape)):
-        return
-    origin, updated_in_callers_mode = _history_origin(old, through_views=eager_view is False)
-    in_callers_mode |= updated_in_callers_mode
+    origin, in_callers_mode = _history_origin(old, through_views=kept.eager_view is False)
     leaf = origin.op == "placeholder"
-    if not leaf and not _torch.may_return_a_view(origin.target):
+    view = not leaf and _torch.returns_a_view(origin)
+    reshaped = not _same_elements_broadcast(tuple(va.shape), tuple(vb.shape))
+    moved = kept.swapped and (tuple(va.shape), va.stride(), va.storage_offset()) != (
+        tuple(vb.shape), vb.stride(), vb.storage_offset())
+    if not (leaf or view) or not (reshaped or (view and moved)):
         return  # eager's history reduces the gradient as the program's does
     modes = modes if modes is not None else grad_modes(old.graph)
-    if leaf and in_callers_mode:
+    if leaf and (in_callers_mode or kept.in_callers_mode):
         modes = {n: m if m is True else False for n, m in modes.items()}  # a no_grad caller's
     outputs = old.graph.output_node().args[0]
     kinds = output_kinds if output_kinds is not None and len(output_kinds) == len(outputs) else None
@@ -120,8 +137,9 @@ def _refuse_reshaped_history(old: torch.fx.Node, new: torch.fx.Node, later: list
         shown -= {outputs[i] for i, name in write_backs.items() if name == origin.name}
     if _differentiated([u for u in later if u.op != "output"], modes, shown) or any(
             u.op == "output" and _outputs_as_shown(new, u, old, shown) for u in later):
+        change = f"another shape {tuple(vb.shape)}" if reshaped else "other memory"
         raise ExportError(
-            f"a tensor ({old.name}, {tuple(va.shape)}) is given another shape {tuple(vb.shape)} under "
+            f"a tensor ({old.name}, {tuple(va.shape)}) is given {change} under "
             f"no_grad (set_, resize_, t_(), ...) and keeps its history, at "
             f"{_location(new, *later)}: eager then gives "
             f"{'the parameter or input a .grad of the new shape' if leaf else 'the view history it keeps gradients through the new layout'}, "
@@ -206,18 +224,19 @@ def _same_elements_broadcast(old: tuple, new: tuple) -> bool:
 
 
 def _insert_keep_history(graph, old, new, after, position, reshapes: list, target=None,
-                         needed=False, eager_view=None) -> torch.fx.Node | None:
+                         needed=False, about=None) -> torch.fx.Node | None:
     """``keep_history(old, new)`` right after ``after``; later uses of ``new``
     read it. None if nothing reads ``new`` later (no node, no region output),
     unless ``needed`` (a later keep's history starts from it). ``reshapes``
-    gets (old, new, later readers, ``eager_view``: see :class:`Replacement`),
-    checked once every history is kept."""
+    gets a :class:`_Kept` (``about``: the :class:`Replacement` it keeps a
+    history for), checked once every history is kept."""
     after_at = position.get(after, len(position))
     _merge_replays(new, after_at, position)
     if not needed and not any(position.get(u, after_at + 1) > after_at for u in new.users):
         return None
-    reshapes.append((old, new, [u for u in new.users if position.get(u, after_at + 1) > after_at], eager_view,
-                     target is KEEP_HISTORY_IF_NO_GRAD))
+    reshapes.append(_Kept(old, new, tuple(u for u in new.users if position.get(u, after_at + 1) > after_at),
+                          getattr(about, "eager_view", None), getattr(about, "swapped", False),
+                          target is KEEP_HISTORY_IF_NO_GRAD))
     with graph.inserting_after(after):
         kept = graph.create_node("call_function", target or KEEP_HISTORY, (old, new), name="keep_history")
     kept.meta.update({k: v for k, v in new.meta.items() if k in ("val", "stack_trace", "nn_module_stack")})
@@ -379,12 +398,11 @@ def keep_history_pass(gm: torch.fx.GraphModule, replacements, analyze,
                 deferred[r.new] = (old, r.exit)
                 continue
             node = _insert_keep_history(graph, old, r.new, r.exit, position, reshapes,
-                                        KEEP_HISTORY_IF_NO_GRAD, eager_view=r.eager_view)
+                                        KEEP_HISTORY_IF_NO_GRAD, about=r)
         else:
             if not (old in may_grad or old in kept) or not _same_dtype(old, r.new):
                 continue
-            node = _insert_keep_history(graph, old, r.new, r.exit, position, reshapes,
-                                        eager_view=r.eager_view)
+            node = _insert_keep_history(graph, old, r.new, r.exit, position, reshapes, about=r)
         history_of[r.new] = old if node is None else node  # None: no later use needs it
         if node is not None:
             kept.append(node)
@@ -394,9 +412,8 @@ def keep_history_pass(gm: torch.fx.GraphModule, replacements, analyze,
                 may_grad_off = analyze(modes)
             may_grad = analyze(None)
     final_modes = modes if modes is not None else grad_modes(graph)
-    for old, new, later, eager_view, in_callers_mode in reshapes:  # a gradient reaches a history kept later too
-        _refuse_reshaped_history(old, new, later, final_modes, output_kinds, eager_view, in_callers_mode,
-                                 write_backs)
+    for kept_history in reshapes:  # a gradient reaches a history kept later too
+        _refuse_reshaped_history(kept_history, final_modes, output_kinds, write_backs)
     keep_callers_mode_view_histories(graph)
     detach_no_grad_view_replays(graph, lambda: analyze(None))
     drop_historyless_own_reads(graph, lambda: analyze(None))

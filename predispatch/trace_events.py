@@ -114,6 +114,7 @@ class Replacement:
     # was eager's tensor made by a view op (None: not known)? A value functionalization
     # holds as a view of its own memory (relaid in place: t_()) is not an eager view
     eager_view: bool | None = None
+    swapped: bool = False  # a set_() target (by then)
 
 
 @dataclasses.dataclass
@@ -639,12 +640,12 @@ class _Recorder(_torch.TorchFunctionMode):
         for t, old in (written or {}).values():
             new = self._current_node(t)
             if new is not None and new is not old:
-                pairs[new] = (old, _made_by_a_view(t))
+                pairs[new] = (old, _made_by_a_view(t), getattr(t, _SWAPPED, False))
         if pairs:
             exit = _torch.last_node(_torch.current_tracer().graph)
             self.record.replacements.extend(
-                Replacement(old, new, exit, in_grad_mode=True, eager_view=view)
-                for new, (old, view) in pairs.items())
+                Replacement(old, new, exit, in_grad_mode=True, eager_view=view, swapped=swapped)
+                for new, (old, view, swapped) in pairs.items())
 
     def _set_grad_enabled(self, func, args, kwargs, caller=_FROM_STACK):
         if bool(args[0]) and inside_inference_mode():
@@ -673,8 +674,8 @@ class _Recorder(_torch.TorchFunctionMode):
         node = func(*args, **kwargs)
         if isinstance(node, torch.fx.Node):
             node.meta[GRAD_BLOCK] = self._block_mark(caller)
-            for old, new, view in replaced:
-                self.record.replacements.append(Replacement(old, new, node, eager_view=view))
+            for old, new, view, swapped in replaced:
+                self.record.replacements.append(Replacement(old, new, node, eager_view=view, swapped=swapped))
         if was_enabled and not torch.is_grad_enabled():
             self._watch = {}
         elif turning_on:
@@ -722,19 +723,19 @@ class _Recorder(_torch.TorchFunctionMode):
                 self._views_at_entry[id(view)] = (view, node)
 
     def _replaced_in_span(self):
-        """(old, new, made by a view op) of the values the span replaced:
+        """(old, new, made by a view op, set_() target) of the values the span replaced:
         tensors it used (noted at first use) and grad-mode views replayed inside it."""
         pairs = {}
         for t, old in (self._watch or {}).values():
             new = self._current_node(t)
             if new is not None and new is not old:
-                pairs[new] = (old, _made_by_a_view(t))
+                pairs[new] = (old, _made_by_a_view(t), getattr(t, _SWAPPED, False))
         for view, old in self._views_at_entry.values():
             new = _torch.materialized_node(view)  # replayed inside the span, or not at all
-            if new is not None and new is not old:
-                pairs[new] = (old, True)  # the grad-mode value, even if first used after a mutation
+            if new is not None and new is not old:  # the grad-mode value, even if first used after a mutation
+                pairs[new] = (old, True, getattr(view, _SWAPPED, False))
         self._views_at_entry = {}
-        return [(old, new, view) for new, (old, view) in pairs.items()]
+        return [(old, new, view, swapped) for new, (old, view, swapped) in pairs.items()]
 
 
 _RENORMING_LOOKUPS = {f: inspect.signature(f) for f in (F.embedding, F.embedding_bag)}
@@ -867,7 +868,7 @@ def _reshaped_history_differs(node: torch.fx.Node) -> bool:
     history stage decides (see :func:`predispatch.keep_history._refuse_reshaped_history`)."""
     while node.op == "call_function" and node.target in (ops.KEEP_HISTORY, ops.KEEP_HISTORY_IF_NO_GRAD):
         node = node.args[0]
-    return node.op != "call_function" or _torch.may_return_a_view(node.target)
+    return _torch.returns_a_view(node)
 
 
 def _takes_a_float_tensor(args, kwargs) -> bool:

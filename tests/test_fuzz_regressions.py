@@ -1,6 +1,6 @@
 """Bugs found by the differential fuzzer (tools/fuzz), each as the minimal
 module it shrank to, with the diagnosis. Open ones are xfail(strict=True):
-remove the marker with the fix. Fixed: 1-74 (4b's nested
+remove the marker with the fix. Fixed: 1-75 (4b's nested
 autocast(enabled=False) case by the refusal reading autocast nesting, 10 by
 marking no_grad view replays, 15 and 16 by noting grad-mode views at no_grad
 entries; 7 and 22, once refusals, are exported since the eighth session).
@@ -2291,3 +2291,30 @@ class InputRelaidInTheCallersModeReturned(nn.Module):
     (RelaidInputUpdatedThenSwapped(), False), (InputRelaidInTheCallersModeReturned(), False)])
 def test_reshaped_histories_eager_can_use_are_exported(module, require):
     assert_sound(module, inputs((3, 4)), inputs_require_grad=require)
+
+
+# 75. (seed 10202, eleventh session) linear of a vector returns a view in
+# eager; set_() to other memory of the same shape regenerates that view's
+# history from its base through the new layout (an as_strided at the new
+# offset), which a program cannot reproduce: it gave another gradient for
+# the input. Now refused (a view given other memory, as given another
+# shape, where a gradient reaches it).
+
+class ViewSwappedToMemoryOfTheSameShape(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, z):
+        v0 = self.lin(z)
+        v0.set_(z)
+        v1 = self.lin(z)
+        with torch.no_grad():
+            v1.set_(v0)
+        return v1
+
+
+def test_a_view_swapped_to_memory_of_the_same_shape_is_refused():
+    z = inputs((3, 4))[0][1]
+    with pytest.raises(predispatch.ExportError, match="given other memory"):
+        predispatch.export_predispatch(ViewSwappedToMemoryOfTheSameShape(), (z,))
