@@ -83,7 +83,10 @@ def functional_trace(mod: torch.nn.Module, args, kwargs, keep=frozenset, on_layo
             offsets = [_torch.storage_offset(f) for f in inputs]
             outputs = flat_fn(*inputs)
         for cover in sorted({v.of for v in views.values()}):
-            input_aliasing.refuse_moved_cover(cover, trace_events.user_swap_location(inputs[n_state + cover]))
+            if _torch.storage_changed(inputs[n_state + cover]) and any(
+                    _torch.has_data_mutation(inputs[n_state + j]) for j, v in views.items()
+                    if v.of == cover and inputs[n_state + j] is not inputs[n_state + cover]):
+                input_aliasing.refuse_moved_cover(cover, trace_events.user_swap_location(inputs[n_state + cover]))
         # an input seen through another is written back through it
         new_values, done = [], {id(inputs[n_state + j]) for j, v in views.items()
                                 if inputs[n_state + j] is not inputs[n_state + v.of]}
@@ -102,6 +105,11 @@ def functional_trace(mod: torch.nn.Module, args, kwargs, keep=frozenset, on_layo
         returned_as_is = {id(inputs[n_state + j]): flat[n_state + j] for j in views
                           if inputs[n_state + j] is not inputs[n_state + views[j].of]
                           and not _torch.has_metadata_mutation(inputs[n_state + j])}
+        for j in views:
+            if id(inputs[n_state + j]) in returned_as_is and any(o is inputs[n_state + j] for o in outputs):
+                cover = inputs[n_state + views[j].of]
+                input_aliasing.refuse_relaid_cover(views[j].of, j, cover.shape != flat[n_state + views[j].of].shape,
+                                                   trace_events.user_swap_location(cover))
         return (*new_values, *[returned_as_is.get(id(o)) if id(o) in returned_as_is
                                else _torch.from_functional(o) for o in outputs])
 

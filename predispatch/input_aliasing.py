@@ -96,15 +96,30 @@ def _group(i: int, tensors: dict) -> list[int]:
 
 def refuse_moved_cover(cover: int, where: str | None) -> None:
     """An input that others view, given other memory by the module's
-    ``set_()`` (at ``where``; None: not): eager leaves what the forward wrote
-    to its old memory there, where the other inputs see it, and the program
-    holds the old memory's values nowhere once the input moved on."""
+    ``set_()`` (at ``where``; None: not), its old memory written in the
+    forward: eager leaves what the forward wrote there, where the other
+    inputs see it, and the program holds the old memory's values nowhere
+    once the input moved on."""
     if where is not None:
         raise ExportError(
             f"user input {cover}, which other inputs of the call view (f(x, x[0])), is given "
             f"other memory (set_()) at {where}: the views keep its old memory and what the "
             "forward wrote there, which the program cannot write back once the input moved "
             "on; pass distinct tensors, or set_ a clone")
+
+
+def refuse_relaid_cover(cover: int, view: int, reshaped: bool, where: str | None) -> None:
+    """Input ``view`` returned as it is, the input ``cover`` it views given
+    another shape by the module (``reshaped``; ``where``: the set_() that
+    did, if one did): eager regenerates the view's history through the
+    cover's new layout, for the cover's gradient of the new shape, which
+    the program's write-back cannot reproduce."""
+    if reshaped:
+        raise ExportError(
+            f"user input {view}, a view of user input {cover} (f(x, x[0])), is returned as it is "
+            f"while input {cover} is given another shape{f' at {where}' if where else ''}: eager "
+            "regenerates the view's history through the new layout, which the program cannot "
+            "reproduce; pass distinct tensors, or return a copy of the view")
 
 
 def to_json(views: dict[int, View]) -> dict:

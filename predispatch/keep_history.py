@@ -29,6 +29,7 @@ from .region_pass import grad_modes
 from .trace_events import (
     GRAD_BLOCK,
     GRAD_VIEW_REPLAY,
+    INPUT_VIEW,
     OWN_HISTORY_READ,
     REPLAY_OF,
     SWAPPED_HISTORY,
@@ -339,11 +340,11 @@ def keep_history_pass(gm: torch.fx.GraphModule, replacements, analyze,
     keep_history_if_no_grad (``output_kinds``: the output specs' kinds, in
     order: a write-back needs none). Returns the inserted nodes."""
     graph = gm.graph
-    replays = [n for n in graph.nodes if GRAD_VIEW_REPLAY in n.meta]
+    replays = [n for n in graph.nodes if GRAD_VIEW_REPLAY in n.meta or INPUT_VIEW in n.meta]
     modes = grad_modes(graph) if replays or any(r.in_grad_mode for r in replacements) else None
-    if replays:
-        replay_in_grad_mode(graph, [n for n in replays if modes.get(n) is None
-                                    and modes.get(n.meta[GRAD_VIEW_REPLAY]) is True])
+    if replays:  # views made with grad on (the caller's views among its inputs too), read in the caller's mode
+        replay_in_grad_mode(graph, [n for n in replays if modes.get(n) is None and (
+            INPUT_VIEW in n.meta or modes.get(n.meta[GRAD_VIEW_REPLAY]) is True)])
         modes = grad_modes(graph)
     if not replacements:  # nothing replaced: no analysis unless a pass below needs one
         keep_callers_mode_view_histories(graph)
@@ -461,9 +462,11 @@ def _before_view_replays(node: torch.fx.Node) -> torch.fx.Node:
 
 def replay_in_grad_mode(graph: torch.fx.Graph, nodes: list[torch.fx.Node]) -> None:
     """Replays of output views made inside a block that set grad on, placed
-    after the forward in the caller's mode: an enable_grad block around them.
-    Under a no_grad caller eager's view keeps its history (its base's, even
-    when the base was updated under no_grad); a replay under no_grad has none."""
+    after the forward in the caller's mode, and the views the caller passed
+    as inputs (seen through the input they view): an enable_grad block
+    around them. Under a no_grad caller eager's view keeps its history (its
+    base's, even when the base was updated under no_grad); a replay under
+    no_grad has none."""
     for i, run in enumerate(_runs(nodes)):
         with graph.inserting_before(run[0]):
             enter = graph.call_function(_torch.SET_GRAD_ENABLED, (True,))

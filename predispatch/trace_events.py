@@ -63,6 +63,10 @@ NO_GRAD_VIEW_REPLAY = "predispatch_no_grad_view_replay"
 # node.meta key: a view op replaying a view made in grad mode (where it is next
 # read, or after the forward); the value is the node after which it was made
 GRAD_VIEW_REPLAY = "predispatch_grad_view_replay"
+# node.meta key: a view op making or replaying a user input traced as a view of
+# another: the caller made it, and eager's has its history in any grad mode
+INPUT_VIEW = "predispatch_input_view"
+_INPUT_VIEW = "_predispatch_input_view"  # on such an input
 _MADE_AFTER = "_predispatch_made_after"  # on a grad-mode view: the graph's last node then
 _MADE_AS = "_predispatch_made_as"  # on a grad-mode view: its node as made
 # node.meta key: a replay of a grad-mode view; the value is the view's node as made,
@@ -96,6 +100,8 @@ def mark_view(view: torch.Tensor, base: torch.Tensor) -> None:
     traced as a view of another): updates of one concern the other."""
     setattr(view, _SOURCE, base)
     setattr(view, _EAGER_VIEW, True)
+    setattr(view, _INPUT_VIEW, True)
+    _torch.materialized_node(view).meta[INPUT_VIEW] = True
 
 
 @dataclasses.dataclass
@@ -370,8 +376,8 @@ class _Recorder(_torch.TorchFunctionMode):
         the replay is marked with where the view was made (a block may have
         set grad on there)."""
         made_after, made_as = getattr(t, _MADE_AFTER, None), getattr(t, _MADE_AS, None)
-        no_grad_view = getattr(t, _NO_GRAD_VIEW, False)
-        if made_after is None and made_as is None and not no_grad_view:
+        no_grad_view, input_view = getattr(t, _NO_GRAD_VIEW, False), getattr(t, _INPUT_VIEW, False)
+        if made_after is None and made_as is None and not (no_grad_view or input_view):
             return _torch.current_node(t)
         last = _torch.last_node(_torch.current_tracer().graph)
         node = _torch.current_node(t)
@@ -379,6 +385,8 @@ class _Recorder(_torch.TorchFunctionMode):
             return node
         if no_grad_view:  # replayed, maybe in grad mode: eager's view has no history
             _mark_view_replays(last, NO_GRAD_VIEW_REPLAY)
+        if input_view:  # replayed, maybe under a no_grad caller: eager's view has its history
+            _mark_view_replays(last, INPUT_VIEW)
         if made_after is not None:  # replayed: the history stage reads where it was made
             for replay in _torch.nodes_after(last):
                 replay.meta[GRAD_VIEW_REPLAY] = made_after
@@ -949,6 +957,7 @@ def _set_calls_to_aliases(on_swap):
                 # the memory it has (set_ to itself, to its view): a new layout at most, as eager
                 # gives it; functionalization's set_ would freeze the storage its views share
                 layout = _torch.layout(source)
+                setattr(self, _SWAPPED_AT, user_location())
                 return self if _torch.layout(self) == layout else self.as_strided_(*layout)
             before = _torch.current_node(self)
             out = set_(self, _alias_in_grad_mode(source))

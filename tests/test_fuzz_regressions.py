@@ -1,6 +1,6 @@
 """Bugs found by the differential fuzzer (tools/fuzz), each as the minimal
 module it shrank to, with the diagnosis. Open ones are xfail(strict=True):
-remove the marker with the fix. Fixed: 1-75 (4b's nested
+remove the marker with the fix. Fixed: 1-78 (4b's nested
 autocast(enabled=False) case by the refusal reading autocast nesting, 10 by
 marking no_grad view replays, 15 and 16 by noting grad-mode views at no_grad
 entries; 7 and 22, once refusals, are exported since the eighth session).
@@ -2318,3 +2318,73 @@ def test_a_view_swapped_to_memory_of_the_same_shape_is_refused():
     z = inputs((3, 4))[0][1]
     with pytest.raises(predispatch.ExportError, match="given other memory"):
         predispatch.export_predispatch(ViewSwappedToMemoryOfTheSameShape(), (z,))
+
+
+# 76. (seed 10203, eleventh session; from before it) f(y, y[1]): y set_() to
+# its own row (another shape), the row returned as it is: eager regenerates
+# the row's history through y's new layout, for a gradient of y's new shape;
+# the program's backward raised. Now refused, naming the line.
+
+class InputRelaidToItsOwnRowReturned(nn.Module):
+    def forward(self, y, z):
+        with torch.no_grad():
+            y.set_(z)
+            z.add_(z)
+        return z
+
+
+def test_an_input_relaid_while_its_view_input_is_returned_is_refused():
+    y = inputs((3, 4))[0]
+    with pytest.raises(predispatch.ExportError, match=r"is returned as it is while input 0 is given another shape at .*y\.set_\(z\)"):
+        predispatch.export_predispatch(InputRelaidToItsOwnRowReturned(), (y, y[1]))
+
+
+# 77. (seed 9922, found again once 78 let these through) f(x, x[2]): the view
+# input read inside an enable_grad block before its memory was written: the
+# program read the view as made at the start, in the caller's mode, which
+# under a no_grad caller has no history; eager's view, made by the caller,
+# has its own. Fixed: view inputs are made (and replayed in the caller's
+# mode) inside an enable_grad block, as views a grad block made are.
+# 78. An input others view moved to other memory by set_() is refused only
+# where that old memory was written (the views keep it; nothing to write
+# back otherwise).
+
+class ViewInputReadInAGradBlock(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("b", torch.randn(3, 4, generator=torch.Generator().manual_seed(0)))
+
+    def forward(self, x, y, z):
+        with torch.set_grad_enabled(True):
+            self.b.mul_(0.9).add_(y, alpha=0.1)
+            v0 = z.relu()
+            with torch.no_grad():
+                x.set_(self.b)
+        return v0
+
+
+def test_a_view_input_keeps_its_own_history_under_a_no_grad_caller():
+    x = inputs((3, 4))[0]
+    assert_sound(ViewInputReadInAGradBlock(), (x, x, x[2]), inputs_require_grad=True)
+
+
+class CoverSwappedItsOldMemoryOnlyRead(nn.Module):
+    """78: f(x, x[0]), x moved to a parameter's memory, x[0] only read."""
+
+    def __init__(self):
+        super().__init__()
+        self.p = nn.Parameter(torch.randn(3, 4, generator=torch.Generator().manual_seed(0)))
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x, z):
+        with torch.no_grad():
+            x.set_(self.p)
+        v1 = self.lin(self.p)
+        v1.mul_(0.9).add_(v1, alpha=0.1)
+        return v1, self.lin(z)
+
+
+@pytest.mark.parametrize("require", [False, True])
+def test_a_cover_moved_away_from_memory_only_read_is_exported(require):
+    x = inputs((3, 4))[0]
+    assert_sound(CoverSwappedItsOldMemoryOnlyRead(), (x, x[0]), inputs_require_grad=require)
