@@ -401,7 +401,10 @@ def keep_history_pass(gm: torch.fx.GraphModule, replacements, analyze,
             node = _insert_keep_history(graph, old, r.new, r.exit, position, reshapes,
                                         KEEP_HISTORY_IF_NO_GRAD, about=r)
         else:
-            if not (old in may_grad or old in kept) or not _same_dtype(old, r.new):
+            # (a write through a detached alias, in grad mode, may give the new value a history
+            # eager's tensor does not get: kept, as none, also where the old value has none)
+            hidden_history = r.detached_alias_at is not None and r.new in may_grad
+            if not (old in may_grad or old in kept or hidden_history) or not _same_dtype(old, r.new):
                 continue
             node = _insert_keep_history(graph, old, r.new, r.exit, position, reshapes, about=r)
         history_of[r.new] = old if node is None else node  # None: no later use needs it

@@ -1,6 +1,6 @@
 """Bugs found by the differential fuzzer (tools/fuzz), each as the minimal
 module it shrank to, with the diagnosis. Open ones are xfail(strict=True):
-remove the marker with the fix. Fixed: 1-78 (4b's nested
+remove the marker with the fix. Fixed: 1-80 (4b's nested
 autocast(enabled=False) case by the refusal reading autocast nesting, 10 by
 marking no_grad view replays, 15 and 16 by noting grad-mode views at no_grad
 entries; 7 and 22, once refusals, are exported since the eighth session).
@@ -2388,3 +2388,49 @@ class CoverSwappedItsOldMemoryOnlyRead(nn.Module):
 def test_a_cover_moved_away_from_memory_only_read_is_exported(require):
     x = inputs((3, 4))[0]
     assert_sound(CoverSwappedItsOldMemoryOnlyRead(), (x, x[0]), inputs_require_grad=require)
+
+
+# 79. (seed 10302, eleventh session; from before it) A buffer written in grad
+# mode through its detached alias with a value that requires grad: a view of
+# the buffer made before, read after, was replayed from the written memory
+# with that value's history; eager's buffer (and its view) has none, the
+# write being hidden from autograd. Fixed: a hidden write keeps the old
+# history also where the old value has none.
+# 80. (seed 10302) f(x, x, z): x set_() to itself (a no-op), z updated: the
+# export traced x and y as one tensor (x was mutated at first), then
+# recorded only z as mutated, and ep.module()'s aliasing check, looking at
+# groups holding a mutated input only, refused every call. Fixed: the
+# groups traced as aliasing are checked too.
+
+class BufferViewAfterAHiddenWriteOfItsAlias(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("b", torch.randn(3, 4, generator=torch.Generator().manual_seed(0)))
+
+    def forward(self, y):
+        v0 = y.sum()
+        v1 = self.b.detach()
+        v3 = self.b.view(-1)
+        v1[1:] = v0
+        return v0.sin(), v3
+
+
+class SetToItselfBesideAnUpdatedInput(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x, y, z):
+        with torch.no_grad():
+            x.set_(y)
+        z.sub_(self.lin.bias)
+        return y.sum(0) + z
+
+
+def test_a_buffer_view_after_a_hidden_write_of_its_alias_has_no_history():
+    assert_sound(BufferViewAfterAHiddenWriteOfItsAlias(), inputs((3, 4)), inputs_require_grad=True)
+
+
+def test_inputs_traced_as_aliasing_are_checked_as_such():
+    x, z = inputs((3, 4), (4,))
+    assert_sound(SetToItselfBesideAnUpdatedInput(), (x, x, z), inputs_require_grad=False)
