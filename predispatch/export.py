@@ -19,7 +19,7 @@ from .capture import Captured, capture
 from .copy_pass import replace_writes
 from .errors import ExportError, node_location
 from .keep_history import (drop_unseen_leaves, keep_history_pass, may_require_grad,
-                           refuse_updates_of_saved_values)
+                           refuse_updates_of_saved_values, refuse_views_of_reshaped_inputs)
 from .op_policy import OpPolicy
 from .program import PredispatchProgram, module_order, set_program_meta
 from .region_pass import grad_modes, replace_blocks_with_regions
@@ -111,6 +111,8 @@ def keep_histories(captured: Captured, module: torch.nn.Module) -> None:
                       [s.kind.name for s in sig.output_specs], _write_backs(sig))
     refuse_updates_of_saved_values(captured.record.swap_updates, lambda: may_require_grad(gm, sig, requiring),
                                    gm.graph, [s.kind.name for s in sig.output_specs])
+    refuse_views_of_reshaped_inputs(gm.graph, _reshaped_covers(captured),
+                                    {r.old for r in captured.record.replacements if not r.in_grad_mode})
 
     def leaf_analyses():
         off = grad_modes(gm.graph)  # a no_grad caller's: grad on inside the blocks that set it only
@@ -119,6 +121,21 @@ def keep_histories(captured: Captured, module: torch.nn.Module) -> None:
                 (may_require_grad(gm, sig, requiring, off), may_require_grad(gm, sig, requiring, off, leaves=False,
                                                                              inputs=False))]
     drop_unseen_leaves(gm, leaf_analyses)
+
+
+def _reshaped_covers(captured: Captured) -> set:
+    """The placeholders of user inputs other inputs view that the forward
+    gave another shape."""
+    record, sig = captured.record, captured.signature
+    placeholders = {n.name: n for n in captured.gm.graph.nodes if n.op == "placeholder"}
+    covers = {v.of for v in record.input_views.values()}
+    reshaped = set()
+    for c in covers:
+        size = record.layouts.get(f"input:{c}", {}).get("size")
+        node = placeholders.get(sig.user_inputs[c])
+        if size is not None and node is not None and tuple(size) != tuple(node.meta["val"].shape):
+            reshaped.add(node)
+    return reshaped
 
 
 def _write_backs(sig) -> dict[int, str]:

@@ -532,6 +532,28 @@ def _callers_mode_part(made: torch.fx.Node, replay: torch.fx.Node, modes: dict):
         made, replay = made.args[0], replay.args[0]
 
 
+def refuse_views_of_reshaped_inputs(graph: torch.fx.Graph, reshaped: set, under_no_grad: set) -> None:
+    """A user input viewed by another input (``f(y, y[1])``) and given another
+    shape (placeholders ``reshaped``): eager's view regenerates its history
+    through the input's new layout, for a gradient of the input's new shape,
+    which the program's cannot; refused where a gradient can reach it. (Given
+    it in the caller's mode only, not in a no_grad span (``under_no_grad``):
+    under a no_grad caller only, eager refusing the in-place change of a leaf
+    that requires grad in grad mode.)"""
+    if not reshaped:
+        return
+    modes = grad_modes(graph)
+    no_grad_caller = {n: m is True for n, m in modes.items()}
+    for node in graph.nodes:
+        root = _history_root(node) if INPUT_VIEW in node.meta else None
+        if root in reshaped and _differentiated(list(node.users), None if root in under_no_grad else no_grad_caller):
+            raise ExportError(
+                f"a user input viewed by another input of the call (f(x, x[0])) is given another "
+                f"shape, and the view is differentiated at {_location(*node.users, node)}: eager "
+                "regenerates the view's history through the new layout, which a program cannot "
+                "reproduce; pass distinct tensors, or change the shape of a copy")
+
+
 def _history_root(node: torch.fx.Node) -> torch.fx.Node:
     """The node whose history ``node``'s is, through views and kept histories."""
     while node.op == "call_function" and node.args and (

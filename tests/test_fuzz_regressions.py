@@ -1,6 +1,6 @@
 """Bugs found by the differential fuzzer (tools/fuzz), each as the minimal
 module it shrank to, with the diagnosis. Open ones are xfail(strict=True):
-remove the marker with the fix. Fixed: 1-80 (4b's nested
+remove the marker with the fix. Fixed: 1-81 (4b's nested
 autocast(enabled=False) case by the refusal reading autocast nesting, 10 by
 marking no_grad view replays, 15 and 16 by noting grad-mode views at no_grad
 entries; 7 and 22, once refusals, are exported since the eighth session).
@@ -2434,3 +2434,20 @@ def test_a_buffer_view_after_a_hidden_write_of_its_alias_has_no_history():
 def test_inputs_traced_as_aliasing_are_checked_as_such():
     x, z = inputs((3, 4), (4,))
     assert_sound(SetToItselfBesideAnUpdatedInput(), (x, x, z), inputs_require_grad=False)
+
+
+# 81. (seed 10401, eleventh session) As 76, the view input's own view
+# returned: refused where the view input of an input given another shape is
+# differentiated (a graph check, as the program's value of it is a node).
+
+class InputRelaidToItsOwnRowWhoseViewIsReturned(nn.Module):
+    def forward(self, y, z):
+        with torch.no_grad():
+            y.set_(z)
+        return z[1:]
+
+
+def test_a_view_input_of_a_reshaped_input_differentiated_is_refused():
+    y = inputs((3, 4))[0]
+    with pytest.raises(predispatch.ExportError, match=r"given another shape, and the view is differentiated at .*z\[1:\]"):
+        predispatch.export_predispatch(InputRelaidToItsOwnRowWhoseViewIsReturned(), (y, y[1]))
