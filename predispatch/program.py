@@ -115,7 +115,9 @@ def write_back_layout(target: torch.Tensor, value: torch.Tensor, source, layout:
             return target.set_(value.untyped_storage(), value.storage_offset(), value.size(), value.stride())
         offset += target.storage_offset()
         _grow_storage(target, size, stride, offset)
-        target.as_strided_(size, stride, offset)
+        # set_, not as_strided_: as eager's set_ (and not its as_strided_), a leaf gets a gradient
+        # accumulator of its new shape
+        target.set_(target.untyped_storage(), offset, size, stride)
     return _WRITE_BACK[mode](target, value) if mode is not None else target
 
 

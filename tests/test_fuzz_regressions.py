@@ -1,6 +1,6 @@
 """Bugs found by the differential fuzzer (tools/fuzz), each as the minimal
 module it shrank to, with the diagnosis. Open ones are xfail(strict=True):
-remove the marker with the fix. Fixed: 1-81 (4b's nested
+remove the marker with the fix. Fixed: 1-82 (4b's nested
 autocast(enabled=False) case by the refusal reading autocast nesting, 10 by
 marking no_grad view replays, 15 and 16 by noting grad-mode views at no_grad
 entries; 7 and 22, once refusals, are exported since the eighth session).
@@ -2451,3 +2451,22 @@ def test_a_view_input_of_a_reshaped_input_differentiated_is_refused():
     y = inputs((3, 4))[0]
     with pytest.raises(predispatch.ExportError, match=r"given another shape, and the view is differentiated at .*z\[1:\]"):
         predispatch.export_predispatch(InputRelaidToItsOwnRowWhoseViewIsReturned(), (y, y[1]))
+
+
+# 82. (seed 10501, eleventh session) f(x, x, x[2]): x set_() to its own row
+# under no_grad, then returned: eager's set_ gives the leaf a gradient
+# accumulator of its new shape; the program's write-back re-laid it with
+# as_strided_, which keeps the old accumulator (made when the caller took
+# x[2]), and backward raised. Fixed: the write-back re-lays with set_.
+
+class InputSetToItsOwnRowReturned(nn.Module):
+    def forward(self, x, y, z):
+        with torch.no_grad():
+            x.set_(z)
+            y.mul_(0.9).add_(y, alpha=0.1)
+        return y.float(), y
+
+
+def test_an_input_set_to_its_own_row_gets_a_gradient_of_its_new_shape():
+    x = inputs((3, 4))[0]
+    assert_sound(InputSetToItsOwnRowReturned(), (x, x, x[2]), inputs_require_grad=True)
