@@ -512,8 +512,9 @@ class _Recorder(_torch.TorchFunctionMode):
         write keeps it. The op is traced on a copy of the alias's value that
         carries the history (``keep_history``; a plain copy for a first update
         of an alias of part of its base), through the same view; the
-        copy's new value becomes the alias's history, and its values are
-        written to the alias's memory without it."""
+        copy's new value becomes the alias's history (``keep_history_if_no_grad``
+        of the one before: code in the caller's mode keeps it under a no_grad
+        caller), and its values are written to the alias's memory without it."""
         through = self._read_through(detached, replayed_later=True)
         if through is None:  # a first update: the alias has no history of its own yet
             copy = torch.clone(detached)
@@ -533,6 +534,9 @@ class _Recorder(_torch.TorchFunctionMode):
         call = functools.partial(func, *rest, **kwargs)
         self._call_reading_through(func, rest, kwargs, call) if self._any_leaf else call()
         updated = self._current_node(copy)
+        if through is not None:  # in the caller's mode, under a no_grad caller, eager keeps the history before
+            kept = _torch.current_node(ops.KEEP_HISTORY_IF_NO_GRAD(copy, copy))
+            kept.args, updated = (node, updated), kept
         base = self._base(alias)
         old = self._current_node(base)
         mark = _torch.last_node(_torch.current_tracer().graph)

@@ -1,6 +1,6 @@
 """Bugs found by the differential fuzzer (tools/fuzz), each as the minimal
 module it shrank to, with the diagnosis. Open ones are xfail(strict=True):
-remove the marker with the fix. Fixed: 1-82 (4b's nested
+remove the marker with the fix. Fixed: 1-83 (4b's nested
 autocast(enabled=False) case by the refusal reading autocast nesting, 10 by
 marking no_grad view replays, 15 and 16 by noting grad-mode views at no_grad
 entries; 7 and 22, once refusals, are exported since the eighth session).
@@ -2470,3 +2470,30 @@ class InputSetToItsOwnRowReturned(nn.Module):
 def test_an_input_set_to_its_own_row_gets_a_gradient_of_its_new_shape():
     x = inputs((3, 4))[0]
     assert_sound(InputSetToItsOwnRowReturned(), (x, x, x[2]), inputs_require_grad=True)
+
+
+# 83. (seed 10502, eleventh session) A value given a
+# buffer's memory by set_() inside a grad block (it keeps its matmul
+# history), then written in the caller's mode: under a no_grad caller eager's
+# write keeps that history; the program's own-history copy took the write's
+# (none under no_grad). Fixed: the update of a tensor with a history of its
+# own keeps the one before under a no_grad caller (keep_history_if_no_grad).
+
+class SwappedInABlockWrittenInTheCallersMode(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4, 4, generator=torch.Generator().manual_seed(0)) * 0.5)
+        self.register_buffer("s", torch.zeros(4))
+        self.register_buffer("n", torch.zeros(()))
+
+    def forward(self, x):
+        with torch.set_grad_enabled(True):
+            v0 = self.s @ self.w
+            with torch.no_grad():
+                v0.set_(self.s)
+        v0[0] = self.n
+        return v0
+
+
+def test_a_swapped_value_written_in_the_callers_mode_keeps_its_history_under_no_grad():
+    assert_sound(SwappedInABlockWrittenInTheCallersMode(), inputs((3, 4)), inputs_require_grad=True)
