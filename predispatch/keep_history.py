@@ -110,8 +110,9 @@ def _refuse_reshaped_history(kept: _Kept, modes, output_kinds: list[str] | None 
     (eager's ``.grad`` takes the new shape) or a view's (eager regenerates it
     from the base through the new layout, also when a set_() moved it to
     other memory of the same shape, at another offset): refused there, where a gradient can
-    reach it, unless nothing is lost (size-1 dimensions in front:
-    ``unsqueeze_(0)``). Not a view: a tensor that no view op made, which
+    reach it (for a leaf, also through its views made before, which eager
+    regenerates through the new layout), unless nothing is lost (size-1
+    dimensions in front: ``unsqueeze_(0)``). Not a view: a tensor that no view op made, which
     view ops hold because it was relaid in place (its history is that of
     what they view). A leaf updated in the caller's mode is one under a
     no_grad caller only: eager refuses the update of a leaf that requires
@@ -136,7 +137,9 @@ def _refuse_reshaped_history(kept: _Kept, modes, output_kinds: list[str] | None 
     shown = None if not leaf or kinds is None else {o for o, k in zip(outputs, kinds) if k == "USER_OUTPUT"}
     if shown and write_backs:  # returned as written back: the program returns the caller's tensor
         shown -= {outputs[i] for i, name in write_backs.items() if name == origin.name}
-    if _differentiated([u for u in later if u.op != "output"], modes, shown) or any(
+    # a leaf's views made before, read after: eager regenerates them through the new layout
+    views = [u for u in origin.users if leaf and reshaped and getattr(u.target, "is_view", False)]
+    if _differentiated([u for u in (*later, *views) if u.op != "output"], modes, shown) or any(
             u.op == "output" and _outputs_as_shown(new, u, old, shown) for u in later):
         change = f"another shape {tuple(vb.shape)}" if reshaped else "other memory"
         raise ExportError(
