@@ -1276,15 +1276,46 @@ def fresh_like(t: torch.Tensor, requires_grad: bool) -> torch.Tensor | None:
     # the pre-dispatch modes (functionalization, the proxy) skipped rather than
     # popped: pushing one back clears every op's dispatch cache
     with torch._C.DisableTorchFunction(), torch._C._ExcludeDispatchKeyGuard(
-            torch._C.DispatchKeySet(torch._C.DispatchKey.PreDispatch)):
+            torch._C.DispatchKeySet(torch._C.DispatchKey.PreDispatch)), _size_arithmetic_unrecorded(t):
         out = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=t.device,
                                   requires_grad=requires_grad)
         if requires_grad:
             with torch.enable_grad():  # torch-function modes off: no trace sees it
                 out = out.clone(memory_format=torch.preserve_format)
-    if out.stride() != t.stride() or out.storage_offset() != t.storage_offset():
-        return None
+        if out.stride() != t.stride() or out.storage_offset() != t.storage_offset():
+            return None
     return out
+
+
+@contextlib.contextmanager
+def _size_arithmetic_unrecorded(t: torch.Tensor):
+    """Symbolic-size arithmetic on ``t``'s layout, unseen by the trace's proxy
+    mode. make_fx records each such operation as a graph node, with a captured
+    stack each, that dead-code elimination drops at the end (a fresh tensor of
+    a symbolic layout: some 20 ms, mostly those stacks). The proxies of ``t``'s
+    own symbolic sizes, strides and offset are made first, as recording the
+    arithmetic would make them (a later layer reads them as symbols made
+    before). The proxy mode is hidden from ``get_proxy_mode`` rather than
+    popped (popping clears every op's dispatch cache), and the fake tensor
+    cache is off meanwhile: an entry with symbolic sizes made unseen would
+    give later traced ops sizes the proxy mode does not know."""
+    tracer = current_tracer()
+    if tracer is None or not any(isinstance(v, torch.SymInt) for v in (*t.size(), *t.stride(), t.storage_offset())):
+        yield
+        return
+    for v in (*t.size(), *t.stride(), t.storage_offset()):
+        if isinstance(v, torch.SymInt) and v.node.constant is None and not v.node.expr.is_number:
+            get_proxy_slot(v, tracer).force()
+    pre_dispatch = torch._ops.mode_stack_state_for_pre_dispatch()
+    proxy_mode, fake_mode = pre_dispatch.get(0), t.fake_mode
+    cache_enabled = fake_mode.cache_enabled
+    pre_dispatch.set(0, None)
+    fake_mode.cache_enabled = False
+    try:
+        yield
+    finally:
+        fake_mode.cache_enabled = cache_enabled
+        pre_dispatch.set(0, proxy_mode)
 
 
 def free_unbacked_symbols(value) -> bool:
