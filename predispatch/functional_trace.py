@@ -71,7 +71,10 @@ def functional_trace(mod: torch.nn.Module, args, kwargs, keep=frozenset, on_layo
             return wrapped[id(a)]
 
         with mode:
-            inputs = [None if i - n_state in views else wrap(i, a) for i, a in enumerate(flat)]
+            # the wrappers' own metadata reads (some twenty per input) are not the module's torch calls:
+            # no torch-function mode sees them (make_fx's would count each, at ~100 us an input)
+            with torch._C.DisableTorchFunction():
+                inputs = [None if i - n_state in views else wrap(i, a) for i, a in enumerate(flat)]
             for j, v in views.items():
                 cover = inputs[n_state + v.of]
                 if flat[n_state + j] is flat[n_state + v.of]:  # the same tensor twice
@@ -79,8 +82,9 @@ def functional_trace(mod: torch.nn.Module, args, kwargs, keep=frozenset, on_layo
                     continue
                 inputs[n_state + j] = cover.as_strided(v.size, v.stride, v.offset)
                 trace_events.mark_view(inputs[n_state + j], cover)
-            storages = [_torch.storage_of(f) for f in inputs]
-            offsets = [_torch.storage_offset(f) for f in inputs]
+            with torch._C.DisableTorchFunction():
+                storages = [_torch.storage_of(f) for f in inputs]
+                offsets = [_torch.storage_offset(f) for f in inputs]
             outputs = flat_fn(*inputs)
         for cover in sorted({v.of for v in views.values()}):
             input_aliasing.refuse_moved_cover(cover, trace_events.user_swap_location(inputs[n_state + cover]))
