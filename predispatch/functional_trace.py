@@ -60,6 +60,11 @@ def functional_trace(mod: torch.nn.Module, args, kwargs, keep=frozenset, on_layo
 
     @functools.wraps(flat_fn)  # carries the module: make_fx records nn_module_stack and stack traces
     def functionalized(*flat):
+        # make_fx made and tracked the inputs with torch-function modes off (trace_once): on for the module
+        with torch._C._EnableTorchFunction():
+            return functionalized_call(*flat)
+
+    def functionalized_call(*flat):
         mode = _torch.functional_mode()
         wrapped = {}  # a tied parameter or buffer (one tensor, two names) is wrapped once
 
@@ -113,9 +118,12 @@ def functional_trace(mod: torch.nn.Module, args, kwargs, keep=frozenset, on_layo
         return keys[i] if i < n_state else f"input:{i - n_state}"
 
     def trace_once():
+        # make_fx's own work around the module's call (making, tracking and reading the inputs and outputs:
+        # metadata reads, not the module's torch calls) with torch-function modes off, at ~250 us an input
         with _torch.enable_python_dispatcher(), \
                 patched(_torch.FunctionalTensor, "__new__", _torch.wrapper_sized_by_wrapped_storage), \
-                patched(torch.Tensor, "_make_wrapper_subclass", _torch.wrapper_subclass_with_known_size):
+                patched(torch.Tensor, "_make_wrapper_subclass", _torch.wrapper_subclass_with_known_size), \
+                torch._C.DisableTorchFunction():
             return _torch.make_fx(functionalized, record_module_stack=True, pre_dispatch=True)(*flat_args)
 
     def trace():
