@@ -148,7 +148,8 @@ def functional_trace(mod: torch.nn.Module, args, kwargs, keep=frozenset, on_layo
         gm = trace()
     _drop_storage_swaps_of_constants(gm)
     kept = keep()
-    gm.graph.eliminate_dead_code(is_impure_node=lambda n: n in kept or n.is_impure())
+    impure = _torch.impure_by_op(impure_random=True)  # Node.is_impure's default
+    gm.graph.eliminate_dead_code(is_impure_node=lambda n: n in kept or impure(n))
     gm.recompile()
     return gm, _signature(gm, named_parameters, named_buffers, mutated, in_spec, out_spec.spec), views
 
