@@ -531,10 +531,13 @@ def _unbacked_bindings_recomputed_where_any(recompute):
 
 
 def produce_aten_artifact(**kwargs):
-    """torch.export's ``_produce_aten_artifact`` (its passes after the trace)."""
+    """torch.export's ``_produce_aten_artifact`` (its passes after the trace),
+    with torch-function modes off: torch.export's own mode, still on around its
+    aten stage, would see each of the passes' metadata reads (a sixth of their time)."""
     from .patching import patched
 
-    with patched(_export_trace, "_replace_unbacked_bindings", _unbacked_bindings_recomputed_where_any):
+    with patched(_export_trace, "_replace_unbacked_bindings", _unbacked_bindings_recomputed_where_any), \
+            torch._C.DisableTorchFunction():
         return _export_trace._produce_aten_artifact(**kwargs)
 
 
