@@ -1336,14 +1336,16 @@ def _size_arithmetic_unrecorded(t: torch.Tensor):
         if isinstance(v, torch.SymInt) and v.node.constant is None and not v.node.expr.is_number:
             get_proxy_slot(v, tracer).force()
     pre_dispatch = torch._ops.mode_stack_state_for_pre_dispatch()
-    proxy_mode, fake_mode = pre_dispatch.get(0), t.fake_mode
-    cache_enabled = fake_mode.cache_enabled
+    proxy_mode, fake_mode = pre_dispatch.get(0), getattr(t, "fake_mode", None)
+    cache_enabled = fake_mode is not None and fake_mode.cache_enabled
     pre_dispatch.set(0, None)
-    fake_mode.cache_enabled = False
+    if fake_mode is not None:
+        fake_mode.cache_enabled = False
     try:
         yield
     finally:
-        fake_mode.cache_enabled = cache_enabled
+        if fake_mode is not None:
+            fake_mode.cache_enabled = cache_enabled
         pre_dispatch.set(0, proxy_mode)
 
 
