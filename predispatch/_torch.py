@@ -345,6 +345,32 @@ def _autocast_call(self, device_type, dtype, enabled, cache_enabled, wrapped_fun
         torch.set_autocast_cache_enabled(prev[2])
 
 
+def impure_by_op(impure_random: bool | None = None):
+    """``Node.is_impure`` as ``Graph.eliminate_dead_code`` asks it (``impure_random``
+    as it decides where not given), its answer for an op overload, which
+    depends on the op alone, computed once per op: a schema and effect lookup
+    per node is a few percent of a large export's time, in each dead-code pass."""
+    if impure_random is None:
+        impure_random = True
+        from torch._guards import TracingContext
+
+        if TracingContext.try_get():
+            from torch._inductor import config as inductor_config
+
+            impure_random = inductor_config.fallback_random
+    known: dict[int, bool] = {}
+
+    def is_impure(node: torch.fx.Node) -> bool:
+        target = node.target
+        if node.op != "call_function" or type(target) is not torch._ops.OpOverload:
+            return node.is_impure(impure_random)
+        found = known.get(id(target))  # overloads live as long as torch: ids stay theirs
+        if found is None:
+            found = known[id(target)] = node.is_impure(impure_random)
+        return found
+    return is_impure
+
+
 def mark_side_effectful(fn) -> None:
     """``Graph.eliminate_dead_code`` keeps calls of ``fn`` (whose result may be unused)."""
     from torch.fx.node import has_side_effect
@@ -505,10 +531,13 @@ def _unbacked_bindings_recomputed_where_any(recompute):
 
 
 def produce_aten_artifact(**kwargs):
-    """torch.export's ``_produce_aten_artifact`` (its passes after the trace)."""
+    """torch.export's ``_produce_aten_artifact`` (its passes after the trace),
+    with torch-function modes off: torch.export's own mode, still on around its
+    aten stage, would see each of the passes' metadata reads (a sixth of their time)."""
     from .patching import patched
 
-    with patched(_export_trace, "_replace_unbacked_bindings", _unbacked_bindings_recomputed_where_any):
+    with patched(_export_trace, "_replace_unbacked_bindings", _unbacked_bindings_recomputed_where_any), \
+            torch._C.DisableTorchFunction():
         return _export_trace._produce_aten_artifact(**kwargs)
 
 
@@ -1303,15 +1332,48 @@ def fresh_like(t: torch.Tensor, requires_grad: bool) -> torch.Tensor | None:
     # the pre-dispatch modes (functionalization, the proxy) skipped rather than
     # popped: pushing one back clears every op's dispatch cache
     with torch._C.DisableTorchFunction(), torch._C._ExcludeDispatchKeyGuard(
-            torch._C.DispatchKeySet(torch._C.DispatchKey.PreDispatch)):
+            torch._C.DispatchKeySet(torch._C.DispatchKey.PreDispatch)), _size_arithmetic_unrecorded(t):
         out = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=t.device,
                                   requires_grad=requires_grad)
         if requires_grad:
             with torch.enable_grad():  # torch-function modes off: no trace sees it
                 out = out.clone(memory_format=torch.preserve_format)
-    if out.stride() != t.stride() or out.storage_offset() != t.storage_offset():
-        return None
+        if out.stride() != t.stride() or out.storage_offset() != t.storage_offset():
+            return None
     return out
+
+
+@contextlib.contextmanager
+def _size_arithmetic_unrecorded(t: torch.Tensor):
+    """Symbolic-size arithmetic on ``t``'s layout, unseen by the trace's proxy
+    mode. make_fx records each such operation as a graph node, with a captured
+    stack each, that dead-code elimination drops at the end (a fresh tensor of
+    a symbolic layout: some 20 ms, mostly those stacks). The proxies of ``t``'s
+    own symbolic sizes, strides and offset are made first, as recording the
+    arithmetic would make them (a later layer reads them as symbols made
+    before). The proxy mode is hidden from ``get_proxy_mode`` rather than
+    popped (popping clears every op's dispatch cache), and the fake tensor
+    cache is off meanwhile: an entry with symbolic sizes made unseen would
+    give later traced ops sizes the proxy mode does not know."""
+    tracer = current_tracer()
+    if tracer is None or not any(isinstance(v, torch.SymInt) for v in (*t.size(), *t.stride(), t.storage_offset())):
+        yield
+        return
+    for v in (*t.size(), *t.stride(), t.storage_offset()):
+        if isinstance(v, torch.SymInt) and v.node.constant is None and not v.node.expr.is_number:
+            get_proxy_slot(v, tracer).force()
+    pre_dispatch = torch._ops.mode_stack_state_for_pre_dispatch()
+    proxy_mode, fake_mode = pre_dispatch.get(0), getattr(t, "fake_mode", None)
+    cache_enabled = fake_mode is not None and fake_mode.cache_enabled
+    pre_dispatch.set(0, None)
+    if fake_mode is not None:
+        fake_mode.cache_enabled = False
+    try:
+        yield
+    finally:
+        if fake_mode is not None:
+            fake_mode.cache_enabled = cache_enabled
+        pre_dispatch.set(0, proxy_mode)
 
 
 def free_unbacked_symbols(value) -> bool:

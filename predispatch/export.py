@@ -150,7 +150,7 @@ def eliminate_dead_code(captured: Captured) -> None:
     """Dead code goes, and so do the lifted constants only dead code read (a
     replaced value the history stage did not need kept them in the trace)."""
     gm, signature = captured.gm, captured.signature
-    gm.graph.eliminate_dead_code()
+    gm.graph.eliminate_dead_code(is_impure_node=_torch.impure_by_op())
     unused = {n.name: n for n in gm.graph.nodes if n.op == "placeholder" and not n.users}
     for spec in [s for s in signature.input_specs
                  if s.kind == InputKind.CONSTANT_TENSOR and s.arg.name in unused]:

@@ -60,6 +60,11 @@ def functional_trace(mod: torch.nn.Module, args, kwargs, keep=frozenset, on_layo
 
     @functools.wraps(flat_fn)  # carries the module: make_fx records nn_module_stack and stack traces
     def functionalized(*flat):
+        # make_fx made and tracked the inputs with torch-function modes off (trace_once): on for the module
+        with torch._C._EnableTorchFunction():
+            return functionalized_call(*flat)
+
+    def functionalized_call(*flat):
         mode = _torch.functional_mode()
         wrapped = {}  # a tied parameter or buffer (one tensor, two names) is wrapped once
 
@@ -71,7 +76,10 @@ def functional_trace(mod: torch.nn.Module, args, kwargs, keep=frozenset, on_layo
             return wrapped[id(a)]
 
         with mode:
-            inputs = [None if i - n_state in views else wrap(i, a) for i, a in enumerate(flat)]
+            # the wrappers' own metadata reads (some twenty per input) are not the module's torch calls:
+            # no torch-function mode sees them (make_fx's would count each, at ~100 us an input)
+            with torch._C.DisableTorchFunction():
+                inputs = [None if i - n_state in views else wrap(i, a) for i, a in enumerate(flat)]
             for j, v in views.items():
                 cover = inputs[n_state + v.of]
                 if flat[n_state + j] is flat[n_state + v.of]:  # the same tensor twice
@@ -79,8 +87,9 @@ def functional_trace(mod: torch.nn.Module, args, kwargs, keep=frozenset, on_layo
                     continue
                 inputs[n_state + j] = cover.as_strided(v.size, v.stride, v.offset)
                 trace_events.mark_view(inputs[n_state + j], cover)
-            storages = [_torch.storage_of(f) for f in inputs]
-            offsets = [_torch.storage_offset(f) for f in inputs]
+            with torch._C.DisableTorchFunction():
+                storages = [_torch.storage_of(f) for f in inputs]
+                offsets = [_torch.storage_offset(f) for f in inputs]
             outputs = flat_fn(*inputs)
         for cover in sorted({v.of for v in views.values()}):
             if _torch.storage_changed(inputs[n_state + cover]) and any(
@@ -117,9 +126,12 @@ def functional_trace(mod: torch.nn.Module, args, kwargs, keep=frozenset, on_layo
         return keys[i] if i < n_state else f"input:{i - n_state}"
 
     def trace_once():
+        # make_fx's own work around the module's call (making, tracking and reading the inputs and outputs:
+        # metadata reads, not the module's torch calls) with torch-function modes off, at ~250 us an input
         with _torch.enable_python_dispatcher(), \
                 patched(_torch.FunctionalTensor, "__new__", _torch.wrapper_sized_by_wrapped_storage), \
-                patched(torch.Tensor, "_make_wrapper_subclass", _torch.wrapper_subclass_with_known_size):
+                patched(torch.Tensor, "_make_wrapper_subclass", _torch.wrapper_subclass_with_known_size), \
+                torch._C.DisableTorchFunction():
             return _torch.make_fx(functionalized, record_module_stack=True, pre_dispatch=True)(*flat_args)
 
     def trace():
@@ -144,7 +156,8 @@ def functional_trace(mod: torch.nn.Module, args, kwargs, keep=frozenset, on_layo
         gm = trace()
     _drop_storage_swaps_of_constants(gm)
     kept = keep()
-    gm.graph.eliminate_dead_code(is_impure_node=lambda n: n in kept or n.is_impure())
+    impure = _torch.impure_by_op(impure_random=True)  # Node.is_impure's default
+    gm.graph.eliminate_dead_code(is_impure_node=lambda n: n in kept or impure(n))
     gm.recompile()
     return gm, _signature(gm, named_parameters, named_buffers, mutated, in_spec, out_spec.spec), views
 

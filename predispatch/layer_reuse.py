@@ -200,7 +200,8 @@ class _CallLog(_torch.TorchFunctionMode):
                     and result[6:] == (torch.strided, False, False)):
                 _, size, stride, _, dtype, requires_grad, *_ = result
                 out = torch.empty_strided(size, stride, dtype=dtype, device="meta", requires_grad=requires_grad)
-                self._register(out)
+                self.alive.append(out)
+                self.number[id(out)] = result  # its metadata, as _register reads it: made from it
                 self.calls.append((func, called, result))
                 return out
         else:
@@ -659,10 +660,14 @@ def _repeated_modules(root: torch.nn.Module) -> list:
         return (type(m), tuple((n, _dims(t.shape), t.dtype) for n, t in (
             *m.named_parameters(remove_duplicate=False), *m.named_buffers(remove_duplicate=False))))
 
+    by_class: dict = {}
+    for m in root.modules():
+        if m is not root and next(m.children(), None) is not None:
+            by_class.setdefault(type(m), []).append(m)
     groups: dict = {}
-    candidates = [m for m in root.modules() if m is not root and next(m.children(), None) is not None]
-    for m in candidates:
-        groups.setdefault(signature(m), []).append(m)
+    for ms in by_class.values():  # a class seen once cannot repeat (and the outer ones walk every parameter)
+        for m in ms if len(ms) > 1 else ():
+            groups.setdefault(signature(m), []).append(m)
     repeated = {id(m) for ms in groups.values() if len(ms) > 1 for m in ms}
     chosen, seen = [], set()
 
