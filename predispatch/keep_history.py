@@ -370,6 +370,7 @@ def keep_history_pass(gm: torch.fx.GraphModule, replacements, analyze,
         if not r.in_grad_mode:
             old, new = _replayed_bases(r.old, r.new, r.exit, position, live)
             if old is not r.old:  # the bases' tensor: not known to be a view or not
+                history_of.setdefault(r.new, history_of.get(r.old, r.old))  # the view's, for its next update
                 r = dataclasses.replace(r, old=old, new=new, eager_view=None)
             if (r.old, r.new, r.exit) in done:
                 continue

@@ -464,7 +464,8 @@ class _Recorder(_torch.TorchFunctionMode):
             return
         setattr(t, _SWAPPED, True)
         if before is None or hasattr(t, _OWN_HISTORY) or (
-                tuple(before.meta["val"].shape) != _torch.layout(t)[0] and _reshaped_history_differs(before)):
+                tuple(before.meta["val"].shape) != _torch.layout(t)[0]
+                and _reshaped_history_differs(before, relaid=not _made_by_a_view(t))):
             return
         setattr(t, _OWN_HISTORY, before)
         before.meta[SWAPPED_HISTORY] = True  # as the history stage keeps it (a no_grad update)
@@ -495,7 +496,8 @@ class _Recorder(_torch.TorchFunctionMode):
         new = self._current_node(base)
         # eager's autograd base of the alias is the detach result it is a view of:
         # the update gives it a history, from which every view of it regenerates its own
-        if (updated := _update_of(detached, base, old, new)) is not None:
+        # (not a new layout of the alias: the base's value is the one it had)
+        if new is not old and (updated := _update_of(detached, base, old, new)) is not None:
             setattr(detached, _OWN_HISTORY, updated)
             self._any_leaf = True  # reads go through _read_through from now on
             for view in list(self._detached_views):
@@ -874,11 +876,14 @@ def _nodes_up_to(mark: torch.fx.Node | None) -> set:
     return found
 
 
-def _reshaped_history_differs(node: torch.fx.Node) -> bool:
+def _reshaped_history_differs(node: torch.fx.Node, relaid: bool = False) -> bool:
     """Would eager treat gradients of another shape reaching ``node``'s history
     otherwise than autograd's check does (a leaf's, a view's)? Then the
-    history stage decides (see :func:`predispatch.keep_history._refuse_reshaped_history`)."""
-    while node.op == "call_function" and node.target in (ops.KEEP_HISTORY, ops.KEEP_HISTORY_IF_NO_GRAD):
+    history stage decides (see :func:`predispatch.keep_history._refuse_reshaped_history`).
+    (``relaid``: the tensor is no eager view, the view ops holding it relaid it in place.)"""
+    while node.op == "call_function" and node.args and (
+            node.target in (ops.KEEP_HISTORY, ops.KEEP_HISTORY_IF_NO_GRAD)
+            or (relaid and getattr(node.target, "is_view", False))):
         node = node.args[0]
     return _torch.returns_a_view(node)
 

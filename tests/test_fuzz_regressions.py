@@ -1,6 +1,6 @@
 """Bugs found by the differential fuzzer (tools/fuzz), each as the minimal
 module it shrank to, with the diagnosis. Open ones are xfail(strict=True):
-remove the marker with the fix. Fixed: 1-84 (4b's nested
+remove the marker with the fix. Fixed: 1-87 (4b's nested
 autocast(enabled=False) case by the refusal reading autocast nesting, 10 by
 marking no_grad view replays, 15 and 16 by noting grad-mode views at no_grad
 entries; 7 and 22, once refusals, are exported since the eighth session).
@@ -2516,3 +2516,71 @@ class ViewOfAnInputReadAfterTheInputIsSetToIt(nn.Module):
 def test_a_view_of_an_input_read_after_the_input_is_reshaped_is_refused():
     with pytest.raises(predispatch.ExportError, match=r"given another shape \(4,\) under no_grad"):
         predispatch.export_predispatch(ViewOfAnInputReadAfterTheInputIsSetToIt(), inputs((3, 4)))
+
+
+# 85-87. (seeds 10703-10704, eleventh session; each from before it)
+# 85. An input set_() to a parameter under no_grad, then relaid in the
+#     caller's mode (t_()): the relayout of a set_() target (to the recorder
+#     a detached alias of the parameter) gave it the parameter's history, as
+#     an update of the alias would; a new layout leaves the base's value as
+#     it was. Fixed (now the sound refusal of a leaf given another shape).
+# 86. A value relaid in place (unsqueeze_) and then written twice through its
+#     detached alias: the first hidden write was kept on the bases, and the
+#     second found no history for the relaid value (its output had none).
+#     Fixed: a value lifted to its bases keeps its own history for its next
+#     update.
+# 87. A value relaid in place (unsqueeze_), set_() to a parameter of another
+#     shape, then updated in grad mode: set_ kept no history for it, taking
+#     the relaid value (a view op in the graph) for an eager view; its update
+#     lost the input's gradient. Fixed: the recorder knows it is no view.
+
+class SwappedInputRelaidInTheCallersMode(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.register_buffer("s", torch.zeros(4))
+
+    def forward(self, x):
+        with torch.no_grad():
+            x.set_(self.lin.weight)
+        x.t_()
+        x.transpose_(0, 1)
+        return x * self.s
+
+
+class RelaidThenWrittenTwiceThroughItsDetachedAlias(nn.Module):
+    def __init__(self):
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.w = nn.Parameter(torch.randn(4, 4, generator=g) * 0.5)
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        v0 = self.lin.bias @ self.w
+        v1 = v0.detach()
+        v0.unsqueeze_(0)
+        v1.mul_(0.9).add_(v1, alpha=0.1)
+        return v0.clone()
+
+
+class RelaidThenSwappedThenUpdated(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4, 4, generator=torch.Generator().manual_seed(0)) * 0.5)
+
+    def forward(self, x):
+        v0 = x.sum()
+        v0.unsqueeze_(0)
+        with torch.no_grad():
+            v0.set_(self.w)
+        v0.unsqueeze_(0)
+        v0.mul_(0.9).add_(v0, alpha=0.1)
+        return v0
+
+
+@pytest.mark.parametrize("module, refusal_ok", [
+    (SwappedInputRelaidInTheCallersMode(), True), (RelaidThenWrittenTwiceThroughItsDetachedAlias(), False),
+    (RelaidThenSwappedThenUpdated(), False)])
+def test_fuzz_85_to_87(module, refusal_ok):
+    for require in (False, True):
+        assert_sound(module, inputs((3, 4)), inputs_require_grad=require, refusal_ok=refusal_ok)
