@@ -638,12 +638,16 @@ class _Recorder(_torch.TorchFunctionMode):
         if torch.Tag.inplace_view in getattr(func, "tags", ()):
             return
         before = _nodes_up_to(self._call_start)
+        # the update's own ops too, reading it as another operand than the one they write:
+        # eager's in-place op saves that operand, then overwrites its memory
+        own = _nodes_up_to(_torch.last_node(_torch.current_tracer().graph)) - before
         for storage in {_torch.storage_of(t) for t in tensors} & self._swapped.keys():
             for owner in self._swapped[storage]:
                 if any(_counter_owner(owner) is _counter_owner(t) for t in tensors):
                     continue
                 if (node := self._current_node(owner)) is not None:
-                    readers = [(op, i) for op, i in _readers(node) if op in before]
+                    readers = [(op, i) for op, i in _readers(node)
+                               if op in before or (op in own and i not in (None, 0))]
                     self.record.swap_updates.append((node, readers, user_location()))
 
     def end_grad_mode_segment(self) -> None:

@@ -1,6 +1,6 @@
 """Bugs found by the differential fuzzer (tools/fuzz), each as the minimal
 module it shrank to, with the diagnosis. Open ones are xfail(strict=True):
-remove the marker with the fix. Fixed: 1-87 (4b's nested
+remove the marker with the fix. Fixed: 1-88 (4b's nested
 autocast(enabled=False) case by the refusal reading autocast nesting, 10 by
 marking no_grad view replays, 15 and 16 by noting grad-mode views at no_grad
 entries; 7 and 22, once refusals, are exported since the eighth session).
@@ -2584,3 +2584,28 @@ class RelaidThenSwappedThenUpdated(nn.Module):
 def test_fuzz_85_to_87(module, refusal_ok):
     for require in (False, True):
         assert_sound(module, inputs((3, 4)), inputs_require_grad=require, refusal_ok=refusal_ok)
+
+
+# 88. (seed 10803, eleventh session) v0.set_(v1) under no_grad, then
+# v0.mul_(v1): eager's mul_ saves v1 and then overwrites its memory (set_
+# shares no version counter), so its backward silently reads the product;
+# the program read v1 as it was. Now refused: the update's own op reading a
+# sharer of the memory it writes, as another operand, counts as a reader.
+
+class UpdateSavingTheOperandItOverwrites(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        v0 = self.lin.bias * 0.5
+        v1 = x.detach().requires_grad_()
+        with torch.no_grad():
+            v0.set_(v1)
+        v0.mul_(v1)
+        return v0
+
+
+def test_an_update_saving_the_operand_it_overwrites_is_refused():
+    with pytest.raises(predispatch.ExportError, match=r"set_\(\) made shared"):
+        predispatch.export_predispatch(UpdateSavingTheOperandItOverwrites(), inputs((3, 4)))
