@@ -1039,6 +1039,14 @@ def may_return_a_view(op) -> bool:
         op.name(), "CompositeImplicitAutograd")
 
 
+def clear_fake_dispatch_cache() -> None:
+    """Forget FakeTensorMode's dispatch cache (shared by every fake mode of
+    the process): entries an earlier export left made a later export of the
+    same module fail a view's storage bounds check (fuzz bug 89); each
+    export starts from an empty cache."""
+    FakeTensorMode.cache_clear()
+
+
 def returns_a_view(node: torch.fx.Node) -> bool:
     """Is ``node``'s eager result a view? A view op's is; a composite's is
     found by running it on meta tensors laid out as its inputs (``linear``

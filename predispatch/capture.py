@@ -129,6 +129,7 @@ def capture(module, args, kwargs, dynamic_shapes, policy: OpPolicy) -> Captured:
         t._process_export_inputs(module, args, kwargs, dynamic_shapes))
     original_state_dict = t._get_original_state_dict(module)
     record = TraceRecord()
+    _torch.clear_fake_dispatch_cache()  # one export's entries are not another's (see there)
     with (_data_dependence_as_export_error(),
           _functionalization_errors_as_export_errors(), _garbage_collection_paused()):
         artifact = t._non_strict_export(

@@ -161,13 +161,32 @@ def eliminate_dead_code(captured: Captured) -> None:
 
 
 def sync_output_names(captured: Captured) -> None:
-    """Passes may replace output nodes; output specs follow them by position."""
+    """Passes may replace output nodes; output specs follow them by position.
+    Two mutated inputs with one new value (``x.set_(v); z.set_(v)``) get a
+    node each (an alias: the same memory, as eager's tensors share it): the
+    signature maps a mutation output's name to one target."""
+    _distinct_mutation_outputs(captured)
     outputs = captured.gm.graph.output_node().args[0]
     sig = captured.signature
     sig.output_specs[:] = [
         OutputSpec(s.kind, TensorArgument(node.name), s.target)
         if isinstance(s.arg, TensorArgument) else s
         for s, node in zip(sig.output_specs, outputs)]
+
+
+def _distinct_mutation_outputs(captured: Captured) -> None:
+    graph = captured.gm.graph
+    output = graph.output_node()
+    outputs, seen = list(output.args[0]), set()
+    for i, (node, spec) in enumerate(zip(outputs, captured.signature.output_specs)):
+        if not spec.kind.name.endswith("_MUTATION") or not isinstance(node, torch.fx.Node):
+            continue
+        if node in seen:
+            with graph.inserting_before(output):
+                outputs[i] = graph.call_function(torch.ops.aten.alias.default, (node,))
+            outputs[i].meta.update({k: v for k, v in node.meta.items() if k in ("val", "stack_trace")})
+        seen.add(outputs[i])
+    output.args = (tuple(outputs),)
 
 
 def _mutation_targets(captured: Captured) -> dict[str, str]:
