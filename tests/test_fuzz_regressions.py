@@ -4,7 +4,7 @@ remove the marker with the fix. Fixed: 1-90 (4b's nested
 autocast(enabled=False) case by the refusal reading autocast nesting, 10 by
 marking no_grad view replays, 15 and 16 by noting grad-mode views at no_grad
 entries; 7 and 22, once refusals, are exported since the eighth session).
-Open: 91.
+Open: 91-93.
 
 A test passes when the program matches eager (outputs, gradients, states,
 G1/G3, G7) or, where ``refusal_ok``, when export refuses it with
@@ -2685,3 +2685,50 @@ class TwoInputsSetToOneValueInOneBlock(nn.Module):
 @pytest.mark.xfail(strict=True, reason="open: fuzz bug 91, storage sharing of two inputs set_() in one block")
 def test_two_inputs_set_to_one_value_in_one_block_share_its_storage():
     assert_sound(TwoInputsSetToOneValueInOneBlock(), inputs((3, 4), (3, 4), (4,)), inputs_require_grad=False)
+
+
+# 92, 93. (seeds 11003-11004, eleventh session, OPEN) A value with a history
+# of one shape set_() under no_grad to memory of another shape (eager keeps
+# the history; autograd reduces the gradient of the new shape to it), then
+# read as another tensor's in-place operand: the program's output has no
+# history where eager's has one (92), or its backward raises where eager's
+# reduces the gradient (93).
+
+class ReshapedHistoryReadAsAnOperand(nn.Module):
+    def __init__(self):
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.w = nn.Parameter(torch.randn(4, 4, generator=g) * 0.5)
+        self.register_buffer("b", torch.randn(3, 4, generator=g))
+        self.register_buffer("s", torch.zeros(4))
+
+    def forward(self, x):
+        v0 = self.b.sin()
+        v3 = self.s.detach().requires_grad_() @ self.w
+        with torch.no_grad():
+            v3.set_(v0)
+        v0.mul_(0.9).add_(v3, alpha=0.1)
+        return v0
+
+
+class ScalarSwappedIntoALinearThenAdded(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.register_buffer("b", torch.randn(3, 4, generator=torch.Generator().manual_seed(0)))
+
+    def forward(self, x):
+        v0 = self.b.clone()
+        v2 = self.lin(self.b)
+        with torch.no_grad():
+            v2.set_(v0.sum())
+        v0.add_(v2)
+        return v0[1:][0]
+
+
+@pytest.mark.parametrize("module, require", [
+    open_bug(ReshapedHistoryReadAsAnOperand(), False, reason="92: a reshaped history read as an in-place operand"),
+    open_bug(ScalarSwappedIntoALinearThenAdded(), True, reason="93: likewise, a scalar's"),
+])
+def test_a_reshaped_history_read_as_an_operand(module, require):
+    assert_sound(module, inputs((3, 4)), inputs_require_grad=require)
