@@ -150,6 +150,25 @@ def _refuse_reshaped_history(kept: _Kept, modes, output_kinds: list[str] | None 
             "which a program cannot reproduce; change the shape of a copy instead")
 
 
+def _refuse_views_made_before_a_swap(old: torch.fx.Node, new: torch.fx.Node, position: dict, modes) -> None:
+    """Views of a tensor made before a set_() gave it memory of another
+    layout (``old`` -> ``new``): eager regenerates their history from the
+    tensor's through its new layout, which a program cannot; refused where
+    a gradient reaches them."""
+    va, vb = old.meta.get("val"), new.meta.get("val")
+    if not (isinstance(va, torch.Tensor) and isinstance(vb, torch.Tensor)) or (
+            tuple(va.shape), va.stride(), va.storage_offset()) == (tuple(vb.shape), vb.stride(), vb.storage_offset()):
+        return
+    views = [u for u in old.users if getattr(u.target, "is_view", False)
+             and position.get(u, len(position)) < position.get(new, len(position))]
+    if views and _differentiated(views, modes if modes is not None else grad_modes(old.graph)):
+        raise ExportError(
+            f"a view of a tensor ({old.name}) made before a set_() gave the tensor memory of "
+            f"another layout, at {_location(new, *views)}, is differentiated: eager regenerates "
+            "the view's history through the new layout, which a program cannot reproduce; "
+            "take the view after the set_(), or set_ a clone")
+
+
 def _history_origin(node: torch.fx.Node, through_views: bool) -> tuple[torch.fx.Node, bool]:
     """The node whose history ``node``'s is, through kept histories (and
     view ops, ``through_views``: a tensor relaid in place, not an eager
@@ -363,6 +382,8 @@ def keep_history_pass(gm: torch.fx.GraphModule, replacements, analyze,
     # writes through a detached alias are hidden from autograd, also where grad mode is on
     hidden = {r.old: r.new for r in replacements if r.detached_alias_at is not None}
     for r in replacements:
+        if r.swapped and not r.in_grad_mode and _alive(r.old, graph):  # (its new value may be read by none)
+            _refuse_views_made_before_a_swap(r.old, r.new, position, modes)
         if not (_alive(r.old, graph) and _alive(r.new, graph) and _alive(r.exit, graph)):
             continue
         if r.in_grad_mode and _written_hidden(r.old, r.new, hidden):

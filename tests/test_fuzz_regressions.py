@@ -1,6 +1,6 @@
 """Bugs found by the differential fuzzer (tools/fuzz), each as the minimal
 module it shrank to, with the diagnosis. Open ones are xfail(strict=True):
-remove the marker with the fix. Fixed: 1-90 (4b's nested
+remove the marker with the fix. Fixed: 1-90, 94 (4b's nested
 autocast(enabled=False) case by the refusal reading autocast nesting, 10 by
 marking no_grad view replays, 15 and 16 by noting grad-mode views at no_grad
 entries; 7 and 22, once refusals, are exported since the eighth session).
@@ -2732,3 +2732,23 @@ class ScalarSwappedIntoALinearThenAdded(nn.Module):
 ])
 def test_a_reshaped_history_read_as_an_operand(module, require):
     assert_sound(module, inputs((3, 4)), inputs_require_grad=require)
+
+
+# 94. (seed 11102, eleventh session) A view of a computed value made before
+# the value is set_() under no_grad to memory of another layout, returned:
+# eager regenerates the view's history through the value's new layout (the
+# gradient reaching the input differed). Now refused where differentiated.
+
+class ViewMadeBeforeASwapReturned(nn.Module):
+    def forward(self, y):
+        v0 = y.unsqueeze(0)
+        v1 = v0.mean(-1, keepdim=True)
+        v4 = v1.view(-1)
+        with torch.no_grad():
+            v1.set_(v0)
+        return v0[0], v4
+
+
+def test_a_view_made_before_a_swap_to_another_layout_is_refused():
+    with pytest.raises(predispatch.ExportError, match=r"made before a set_\(\) gave the tensor memory of another layout"):
+        predispatch.export_predispatch(ViewMadeBeforeASwapReturned(), inputs((3, 4)))
