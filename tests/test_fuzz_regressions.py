@@ -4,7 +4,7 @@ remove the marker with the fix. Fixed: 1-90, 94 (4b's nested
 autocast(enabled=False) case by the refusal reading autocast nesting, 10 by
 marking no_grad view replays, 15 and 16 by noting grad-mode views at no_grad
 entries; 7 and 22, once refusals, are exported since the eighth session).
-Open: 91-93.
+Open: 91-93, 95.
 
 A test passes when the program matches eager (outputs, gradients, states,
 G1/G3, G7) or, where ``refusal_ok``, when export refuses it with
@@ -2752,3 +2752,31 @@ class ViewMadeBeforeASwapReturned(nn.Module):
 def test_a_view_made_before_a_swap_to_another_layout_is_refused():
     with pytest.raises(predispatch.ExportError, match=r"made before a set_\(\) gave the tensor memory of another layout"):
         predispatch.export_predispatch(ViewMadeBeforeASwapReturned(), inputs((3, 4)))
+
+
+# 95. (seed 11202, eleventh session, OPEN) z's memory written through a
+# set_() target after a linear saved z for the weight's gradient, the memory
+# also written before through a detached alias of the target: eager's
+# backward reads the written values (set_ shares no version counter); the
+# saved-value refusal did not fire and the weight's gradient differs.
+
+class SavedInputWrittenThroughASwapAfterAHiddenWrite(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, z):
+        v0 = self.lin(z)
+        v0.set_(z)
+        v1 = v0.detach()
+        v1.mul_(0.9).add_(v1, alpha=0.1)
+        v2 = self.lin(z)
+        v0.add_(v0)
+        return v2
+
+
+@pytest.mark.xfail(strict=True, reason="open: fuzz bug 95, a saved input written through a swap, unrefused")
+def test_a_saved_input_written_through_a_swap_after_a_hidden_write():
+    x = inputs((3, 4))[0]
+    assert_sound(SavedInputWrittenThroughASwapAfterAHiddenWrite(), (x[2],), inputs_require_grad=True,
+                 refusal_ok=True)
