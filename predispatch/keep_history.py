@@ -131,7 +131,7 @@ def _refuse_reshaped_history(kept: _Kept, modes, output_kinds: list[str] | None 
         return  # eager's history reduces the gradient as the program's does
     modes = modes if modes is not None else grad_modes(old.graph)
     if leaf and (in_callers_mode or kept.in_callers_mode):
-        modes = {n: m if m is True else False for n, m in modes.items()}  # a no_grad caller's
+        modes = _under_a_no_grad_caller(modes)
     outputs = old.graph.output_node().args[0]
     kinds = output_kinds if output_kinds is not None and len(output_kinds) == len(outputs) else None
     shown = None if not leaf or kinds is None else {o for o, k in zip(outputs, kinds) if k == "USER_OUTPUT"}
@@ -167,6 +167,12 @@ def _refuse_views_made_before_a_swap(old: torch.fx.Node, new: torch.fx.Node, pos
             f"another layout, at {_location(new, *views)}, is differentiated: eager regenerates "
             "the view's history through the new layout, which a program cannot reproduce; "
             "take the view after the set_(), or set_ a clone")
+
+
+def _under_a_no_grad_caller(modes: dict) -> dict:
+    """``modes`` (see :func:`grad_modes`) as a no_grad caller runs them: grad
+    on inside the blocks that set it only."""
+    return {n: m is True for n, m in modes.items()}
 
 
 def _history_origin(node: torch.fx.Node, through_views: bool) -> tuple[torch.fx.Node, bool]:
@@ -568,7 +574,7 @@ def refuse_views_of_reshaped_inputs(graph: torch.fx.Graph, reshaped: set, under_
     if not reshaped:
         return
     modes = grad_modes(graph)
-    no_grad_caller = {n: m is True for n, m in modes.items()}
+    no_grad_caller = _under_a_no_grad_caller(modes)
     for node in graph.nodes:
         root = _history_root(node) if INPUT_VIEW in node.meta else None
         if root in reshaped and _differentiated(list(node.users), None if root in under_no_grad else no_grad_caller):
