@@ -703,13 +703,15 @@ def refuse_updates_of_saved_values(updates: list, analyze, graph: torch.fx.Graph
     may_grad = analyze()
     differentiated = _differentiable_ancestors(graph, output_kinds)
     for value, readers, where in updates:
+        # the op that made the value saved it only if it was differentiated; one reading it saves it
+        # for another operand's gradient too (mul(value, w): w's), whether or not the value requires grad
         made_saving = (value.op == "call_function" and _torch.saves_its_result(value.target)
-                       and value in differentiated)
+                       and value in may_grad and value in differentiated)
         read_saving = any(op in may_grad and op in differentiated and _torch.saves_its_input(op.target, position)
                           for op, position in readers)
-        if value in may_grad and (made_saving or read_saving):
+        if made_saving or read_saving:
             raise ExportError(
                 f"an in-place update at {where} writes memory that set_() made shared with a tensor "
-                "that requires grad and was already used: set_ does not share autograd's version "
+                "an op differentiated already saved for its backward: set_ does not share autograd's version "
                 "counter, so eager's backward silently reads the updated values where it saved the "
                 "old ones, which a program cannot reproduce; set_ to a clone, or update a clone")
