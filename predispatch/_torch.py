@@ -772,6 +772,13 @@ def has_metadata_mutation(t: FunctionalTensor) -> bool:
     return torch._functionalize_has_metadata_mutation(t.elem)
 
 
+def storage_extent(size, stride, offset: int) -> int:
+    """The elements a storage needs for a tensor of that layout."""
+    if 0 in tuple(size):
+        return offset
+    return offset + sum((n - 1) * s for n, s in zip(size, stride)) + 1
+
+
 def storage_changed(t: FunctionalTensor) -> bool:
     return torch._functionalize_was_storage_changed(t.elem)
 

@@ -14,7 +14,7 @@ import functools
 import torch
 import torch.utils._pytree as pytree
 
-from . import _torch, input_aliasing, layer_reuse, trace_events
+from . import _torch, eager_layout, input_aliasing, layer_reuse, trace_events
 from .errors import ExportError
 from .patching import patched
 
@@ -90,6 +90,7 @@ def functional_trace(mod: torch.nn.Module, args, kwargs, keep=frozenset, on_layo
             with torch._C.DisableTorchFunction():
                 storages = [_torch.storage_of(f) for f in inputs]
                 offsets = [_torch.storage_offset(f) for f in inputs]
+                start = eager_layout.shadow_inputs(inputs)
             outputs = flat_fn(*inputs)
         for cover in sorted({v.of for v in views.values()}):
             if _torch.storage_changed(inputs[n_state + cover]) and any(
@@ -106,7 +107,7 @@ def functional_trace(mod: torch.nn.Module, args, kwargs, keep=frozenset, on_layo
             torch._sync(f)
             relaid = _torch.has_metadata_mutation(f) or _torch.storage_changed(f)
             if relaid and on_layout_change is not None:
-                on_layout_change(input_key(i), _layout_change(i, f, storages, offsets, input_key))
+                on_layout_change(input_key(i), _layout_change(i, f, storages, offsets, start, input_key))
             if relaid or _torch.has_data_mutation(f):
                 mutated.append(i)
                 new_values.append(_torch.from_functional(f))
@@ -185,14 +186,21 @@ def _drop_storage_swaps_of_constants(gm: torch.fx.GraphModule) -> None:
                         delattr(gm, c.target)
 
 
-def _layout_change(i: int, f, storages: list, offsets: list, key_of) -> LayoutChange:
+def _layout_change(i: int, f, storages: list, offsets: list, start: eager_layout.Start,
+                   key_of) -> LayoutChange:
     """Where input ``i`` (``f``, after the forward) keeps its elements, and how
-    (its offset counted from where the owner of that storage started)."""
-    storage = _torch.storage_of(f)
+    (its offset counted from where the owner of that storage started): as
+    its shadow says (see :mod:`predispatch.eager_layout`), else as
+    functionalization's tensors do (symbolic sizes; memory the forward made)."""
+    if (shadow := eager_layout.of(f)) is not None:
+        size, stride, offset, storage = shadow
+        storages, offsets = start.storages, start.offsets
+    else:
+        storage = _torch.storage_of(f)
+        size, stride, offset = _torch.layout(f)
     owner = i if storages[i] == storage else next(
         (j for j, s in enumerate(storages) if s is not None and s == storage), None)
     place = "value" if owner is None else "own" if owner == i else "other"
-    size, stride, offset = _torch.layout(f)
     if owner is not None:
         offset -= offsets[owner]
     if not all(isinstance(v, int) for v in (*size, *stride, offset)):

@@ -33,6 +33,7 @@ from .trace_events import (
     OWN_HISTORY_READ,
     REPLAY_OF,
     SWAPPED_HISTORY,
+    SWAPPED_VIEW,
     NO_GRAD_VIEW_REPLAY,
 )
 
@@ -127,14 +128,20 @@ def _refuse_reshaped_history(kept: _Kept, modes, output_kinds: list[str] | None 
     reshaped = not _same_elements_broadcast(tuple(va.shape), tuple(vb.shape))
     moved = kept.swapped and (tuple(va.shape), va.stride(), va.storage_offset()) != (
         tuple(vb.shape), vb.stride(), vb.storage_offset())
-    if not (leaf or view) or not (reshaped or (view and moved)):
+    # the program reduces a gradient to the new shape, then to the history's, which must broadcast
+    # to it; eager's reaches the history as its reader made it (unreduced where the reader broadcast)
+    unreducible = not _broadcasts(tuple(va.shape), tuple(vb.shape))
+    if not unreducible and (not (leaf or view) or not (reshaped or (view and moved))):
         return  # eager's history reduces the gradient as the program's does
     modes = modes if modes is not None else grad_modes(old.graph)
     if leaf and (in_callers_mode or kept.in_callers_mode):
         modes = _under_a_no_grad_caller(modes)
     outputs = old.graph.output_node().args[0]
     kinds = output_kinds if output_kinds is not None and len(output_kinds) == len(outputs) else None
-    shown = None if not leaf or kinds is None else {o for o, k in zip(outputs, kinds) if k == "USER_OUTPUT"}
+    # a leaf's history, and one the new shape cannot reach, show through what the user gets only
+    # (a write-back returns the caller's tensor)
+    shown = None if not (leaf or unreducible) or kinds is None else {
+        o for o, k in zip(outputs, kinds) if k == "USER_OUTPUT"}
     if shown and write_backs:  # returned as written back: the program returns the caller's tensor
         shown -= {outputs[i] for i, name in write_backs.items() if name == origin.name}
     # a leaf's views made before, read after: eager regenerates them through the new layout
@@ -142,11 +149,13 @@ def _refuse_reshaped_history(kept: _Kept, modes, output_kinds: list[str] | None 
     if _differentiated([u for u in (*later, *views) if u.op != "output"], modes, shown) or any(
             u.op == "output" and _outputs_as_shown(new, u, old, shown) for u in later):
         change = f"another shape {tuple(vb.shape)}" if reshaped else "other memory"
+        eager = ("gives the parameter or input a .grad of the new shape" if leaf else
+                 "gives the view history it keeps gradients through the new layout" if view else
+                 "passes that history the gradients its readers make, not reduced to the new shape")
         raise ExportError(
             f"a tensor ({old.name}, {tuple(va.shape)}) is given {change} under "
             f"no_grad (set_, resize_, t_(), ...) and keeps its history, at "
-            f"{_location(new, *later)}: eager then gives "
-            f"{'the parameter or input a .grad of the new shape' if leaf else 'the view history it keeps gradients through the new layout'}, "
+            f"{_location(new, *later)}: eager then {eager}, "
             "which a program cannot reproduce; change the shape of a copy instead")
 
 
@@ -245,11 +254,15 @@ def _differentiated(readers: list, modes, shown: set | None = None) -> bool:
     return False
 
 
+def _broadcasts(old: tuple, new: tuple) -> bool:
+    """Does ``old`` broadcast to ``new`` (can autograd reduce a gradient of
+    ``new``'s shape to it)?"""
+    return len(old) <= len(new) and all(o == n or o == 1 for o, n in zip(reversed(old), reversed(new)))
+
+
 def _same_elements_broadcast(old: tuple, new: tuple) -> bool:
     """``old`` broadcasts to ``new`` and holds as many elements."""
-    if len(old) > len(new) or math.prod(old) != math.prod(new):
-        return False
-    return all(o == n or o == 1 for o, n in zip(reversed(old), reversed(new)))
+    return math.prod(old) == math.prod(new) and _broadcasts(old, new)
 
 
 def _insert_keep_history(graph, old, new, after, position, reshapes: list, target=None,
@@ -375,6 +388,8 @@ def keep_history_pass(gm: torch.fx.GraphModule, replacements, analyze,
             INPUT_VIEW in n.meta or modes.get(n.meta[GRAD_VIEW_REPLAY]) is True)])
         modes = grad_modes(graph)
     if not replacements:  # nothing replaced: no analysis unless a pass below needs one
+        for kept_history in _own_history_reads(graph, lambda: analyze(None)):
+            _refuse_reshaped_history(kept_history, modes, output_kinds, write_backs)
         keep_callers_mode_view_histories(graph)
         detach_no_grad_view_replays(graph, lambda: analyze(None))
         drop_historyless_own_reads(graph, lambda: analyze(None))
@@ -447,12 +462,32 @@ def keep_history_pass(gm: torch.fx.GraphModule, replacements, analyze,
                 may_grad_off = analyze(modes)
             may_grad = analyze(None)
     final_modes = modes if modes is not None else grad_modes(graph)
-    for kept_history in reshapes:  # a gradient reaches a history kept later too
+    for kept_history in reshapes + _own_history_reads(graph, lambda: may_grad):  # a gradient reaches a history kept later too
         _refuse_reshaped_history(kept_history, final_modes, output_kinds, write_backs)
     keep_callers_mode_view_histories(graph)
     detach_no_grad_view_replays(graph, lambda: analyze(None))
     drop_historyless_own_reads(graph, lambda: analyze(None))
     return kept
+
+
+def _own_history_reads(graph: torch.fx.Graph, analyze) -> list[_Kept]:
+    """The recorder's reads of a set_() target's own history (kept across
+    later writes of its memory): histories kept as the stage's own are, and
+    checked as they are. (``analyze()``: the nodes that may require grad,
+    asked where there is a read.)"""
+    reads = {n: swapped for n in graph.nodes if n.target is KEEP_HISTORY and n.meta.get(OWN_HISTORY_READ)
+             and (swapped := _swap_history(n.args[0])) is not None}
+    may_grad = analyze() if reads else set()
+    return [_Kept(n.args[0], n.args[1], tuple(n.users), eager_view=swapped == SWAPPED_VIEW, swapped=True)
+            for n, swapped in reads.items() if n.args[0] in may_grad]
+
+
+def _swap_history(node: torch.fx.Node) -> str | None:
+    """If ``node`` is the history a set_() target had (or that, kept): what
+    the recorder knew of the target (see ``SWAPPED_HISTORY``)."""
+    while node.target in _KEEPS and not node.meta.get(SWAPPED_HISTORY):
+        node = node.args[-1]
+    return node.meta.get(SWAPPED_HISTORY)
 
 
 def drop_historyless_own_reads(graph: torch.fx.Graph, analyze) -> None:

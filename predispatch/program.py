@@ -108,7 +108,9 @@ def write_back_layout(target: torch.Tensor, value: torch.Tensor, source, layout:
     # tensor (a view of it passed as another input: f(y, y[1])): no version bump here
     with torch.no_grad(), _torch.preserve_version_counter(target):
         if layout["storage"] == "other":
-            return target.set_(source.untyped_storage(), source.storage_offset() + offset, size, stride)
+            # its values too: the source, relaid itself, may no longer cover them all
+            target.set_(source.untyped_storage(), source.storage_offset() + offset, size, stride)
+            return _WRITE_BACK[mode](target, value) if mode is not None else target
         if layout["storage"] == "value":
             if (tuple(value.stride()), value.storage_offset()) != (tuple(stride), offset):
                 value = _laid_out(value, size, stride, offset)
@@ -125,22 +127,15 @@ def _laid_out(value: torch.Tensor, size, stride, offset: int) -> torch.Tensor:
     """``value`` on a storage of its own, laid out as eager's tensor was (a
     strided view into memory the forward made, ``x.set_(y[:, 1:3])``, which
     the program's value, a copy, is not)."""
-    laid = value.new_empty(_extent(size, stride, offset)).as_strided(size, stride, offset)
+    laid = value.new_empty(_torch.storage_extent(size, stride, offset)).as_strided(size, stride, offset)
     return laid.copy_(value)
-
-
-def _extent(size, stride, offset: int) -> int:
-    """The elements a storage needs for a tensor of that layout."""
-    if 0 in tuple(size):
-        return offset
-    return offset + sum((n - 1) * s for n, s in zip(size, stride)) + 1
 
 
 def _grow_storage(t: torch.Tensor, size, stride, offset) -> None:
     """``resize_()`` may have needed more elements than ``t``'s storage has."""
     if 0 in tuple(size):
         return
-    needed = _extent(size, stride, offset) * t.element_size()
+    needed = _torch.storage_extent(size, stride, offset) * t.element_size()
     if needed > t.untyped_storage().nbytes():
         t.untyped_storage().resize_(needed)
 

@@ -34,7 +34,7 @@ import torch.fx
 import torch.nn.functional as F
 import torch.utils._pytree as pytree
 
-from . import _torch, inplace_rules, ops
+from . import _torch, eager_layout, inplace_rules, ops
 from .errors import ExportError, is_library_file, user_location
 from .autocast_cache import CastCache
 from .grad_mode_reads import noting_grad_mode_reads, passed_mode
@@ -85,8 +85,10 @@ _SWAPPED_AT = "_predispatch_swapped_at"  # where, last
 OWN_HISTORY_READ = "predispatch_own_history_read"
 # a copy writing values only: the written tensor's history is not the memory's (copy_pass)
 VALUES_ONLY = "predispatch_values_only"
-# node.meta key: the value a set_() target had, whose history it keeps
+# node.meta key: the value a set_() target had, whose history it keeps; the value
+# says whether the target is an eager view (made by a view op), not one relaid in place
 SWAPPED_HISTORY = "predispatch_swapped_history"
+SWAPPED_VIEW, _SWAPPED_NO_VIEW = "of a view", "of no view"
 
 
 def user_swap_location(t: torch.Tensor) -> str | None:
@@ -176,7 +178,10 @@ class _Recorder(_torch.TorchFunctionMode):
         if previous is None and self._swapped and (tracer := _torch.current_tracer()) is not None:
             self._call_start = _torch.last_node(tracer.graph)  # what the graph held before this call
         try:
-            return self._handle(func, args, kwargs or {})
+            eager_layout.refuse_storage_offsets_unlike_eager(func, args, kwargs or {})
+            out = self._handle(func, args, kwargs or {})
+            eager_layout.follow(func, args, kwargs or {}, out)
+            return out
         finally:
             self._call = previous
 
@@ -463,12 +468,11 @@ class _Recorder(_torch.TorchFunctionMode):
         if getattr(t, _SWAPPED, False):
             return
         setattr(t, _SWAPPED, True)
-        if before is None or hasattr(t, _OWN_HISTORY) or (
-                tuple(before.meta["val"].shape) != _torch.layout(t)[0]
-                and _reshaped_history_differs(before, relaid=not _made_by_a_view(t))):
+        if before is None or hasattr(t, _OWN_HISTORY):
             return
         setattr(t, _OWN_HISTORY, before)
-        before.meta[SWAPPED_HISTORY] = True  # as the history stage keeps it (a no_grad update)
+        # as the history stage keeps it (a no_grad update), and checks its shape (see SWAPPED_HISTORY)
+        before.meta[SWAPPED_HISTORY] = SWAPPED_VIEW if _made_by_a_view(t) else _SWAPPED_NO_VIEW
         self._any_leaf = True
 
     def _mutate_detached_alias(self, func, args, kwargs):
@@ -964,6 +968,12 @@ def _set_calls_to_aliases(on_swap):
     node before)`` tells the recorder."""
     def aliasing(set_):
         def call(self, source=None, *args, **kwargs):
+            out = traced(self, source, *args, **kwargs)
+            if _torch.is_traced(self):  # (after the layout changes the trace made for it)
+                eager_layout.set_to(self, source if isinstance(source, torch.Tensor) and not args else None)
+            return out
+
+        def traced(self, source=None, *args, **kwargs):
             if not (_torch.is_traced(self) and _torch.is_traced(source)) or args or kwargs or _UNOBSERVED:
                 return set_(self, *(() if source is None else (source,)), *args, **kwargs)
             if _torch.storage_of(self) == _torch.storage_of(source):
@@ -971,7 +981,10 @@ def _set_calls_to_aliases(on_swap):
                 # gives it; functionalization's set_ would freeze the storage its views share
                 layout = _torch.layout(source)
                 setattr(self, _SWAPPED_AT, user_location())
-                return self if _torch.layout(self) == layout else self.as_strided_(*layout)
+                if _torch.layout(self) == layout:
+                    return self
+                with eager_layout.in_functional_terms():
+                    return self.as_strided_(*layout)
             before = _torch.current_node(self)
             out = set_(self, _alias_in_grad_mode(source))
             _torch.sync_wrapper_layout(self)

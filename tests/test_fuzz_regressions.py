@@ -2687,12 +2687,20 @@ def test_two_inputs_set_to_one_value_in_one_block_share_its_storage():
     assert_sound(TwoInputsSetToOneValueInOneBlock(), inputs((3, 4), (3, 4), (4,)), inputs_require_grad=False)
 
 
-# 92, 93. (seeds 11003-11004, eleventh session, OPEN) A value with a history
-# of one shape set_() under no_grad to memory of another shape (eager keeps
-# the history; autograd reduces the gradient of the new shape to it), then
-# read as another tensor's in-place operand: the program's output has no
-# history where eager's has one (92), or its backward raises where eager's
-# reduces the gradient (93).
+# 92, 93. (seeds 11003-11004, eleventh session) A value with a history of
+# one shape set_() under no_grad to memory of another shape (eager keeps the
+# history; autograd reduces the gradient of the new shape to it), then read
+# as another tensor's in-place operand: the program's output had no history
+# where eager's has one (92), or its backward raised where eager's did not
+# (93). 92: the recorder dropped a set_() target's history where the new
+# shape was another (it left it to the history stage, which sees only the
+# value the block left, not one a later write of the memory made); it now
+# keeps it across every read, and the history stage checks those reads'
+# shapes as its own keeps'. 93: eager's add_ passes the history the
+# gradient of v0's shape (3, 4) unreduced (autograd reduces a gradient to
+# the shape the history was made with, not to the tensor's); the program
+# reduces it to the new shape () first, which cannot broadcast back: refused
+# (a history whose shape does not broadcast to the new one).
 
 class ReshapedHistoryReadAsAnOperand(nn.Module):
     def __init__(self):
@@ -2726,12 +2734,13 @@ class ScalarSwappedIntoALinearThenAdded(nn.Module):
         return v0[1:][0]
 
 
-@pytest.mark.parametrize("module, require", [
-    open_bug(ReshapedHistoryReadAsAnOperand(), False, reason="92: a reshaped history read as an in-place operand"),
-    open_bug(ScalarSwappedIntoALinearThenAdded(), True, reason="93: likewise, a scalar's"),
-])
-def test_a_reshaped_history_read_as_an_operand(module, require):
-    assert_sound(module, inputs((3, 4)), inputs_require_grad=require)
+def test_a_reshaped_history_read_as_an_operand():
+    assert_sound(ReshapedHistoryReadAsAnOperand(), inputs((3, 4)), inputs_require_grad=False)
+
+
+def test_a_history_that_does_not_broadcast_to_the_new_shape_is_refused():
+    with pytest.raises(predispatch.ExportError, match="not reduced to the new shape"):
+        predispatch.export_predispatch(ScalarSwappedIntoALinearThenAdded(), inputs((3, 4)))
 
 
 # 94. (seed 11102, eleventh session) A view of a computed value made before
@@ -2781,3 +2790,61 @@ def test_a_saved_input_written_through_a_swap_after_a_hidden_write_is_refused():
     z = inputs((3, 4))[0][2].clone().requires_grad_()
     with pytest.raises(predispatch.ExportError, match="an op differentiated already saved for its backward"):
         predispatch.export_predispatch(SavedInputWrittenThroughASwapAfterAHiddenWrite(), (z,))
+
+
+# 96. (seed 11301, twelfth session; from before it) An input that requires
+# grad set_() under no_grad to a parameter's detached alias of another shape,
+# whose memory is then written through that alias: eager's input keeps its
+# leaf history (a .grad of the new shape: refused where differentiated, as
+# without the write), but the program read the input from the written memory
+# with no history at all (its output did not require grad). The recorder left
+# a set_() target's history of another shape to the history stage, which
+# sees the value the block left, not one a later write of the memory made:
+# it now keeps every set_() target's history across its reads, and the
+# history stage checks those reads' shapes as its own keeps'.
+
+class InputSwappedToAnAliasThenWrittenThroughIt(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, z):
+        v0 = self.lin.weight.detach()
+        with torch.no_grad():
+            z.set_(v0)
+        v0.mul_(v0)
+        return -z
+
+
+def test_a_leaf_swapped_to_another_shape_then_written_through_a_sharer_is_refused():
+    with pytest.raises(predispatch.ExportError, match="a .grad of the new shape"):
+        predispatch.export_predispatch(InputSwappedToAnAliasThenWrittenThroughIt(),
+                                       (inputs((4,))[0].requires_grad_(),))
+
+
+# 97. (seed 11301, twelfth session; from before it) Inputs that are views into
+# a larger storage (z = y[1], at offset 4), one set_() to the other then
+# updated: the program laid x at offset 0 of z's storage (functionalization's
+# offsets count from a base an update replaces by a fresh tensor at offset
+# 0). Layouts are now followed on meta shadows of the inputs, as eager lays
+# them out (predispatch.eager_layout; more cases in test_mutation_kinds).
+
+class SwappedToAnOffsetInputThenUpdated(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("n", torch.zeros(()))
+
+    def forward(self, x, z):
+        v0 = self.n.detach().requires_grad_()
+        with torch.no_grad():
+            x.set_(z)
+        v1 = z[1:]
+        with torch.no_grad():
+            x.mul_(0.9).add_(v0, alpha=0.1)
+            v2 = v1.float()
+        return v2
+
+
+def test_an_input_swapped_to_an_input_at_an_offset_is_laid_out_as_eager_s():
+    x, y = inputs((3, 4), (3, 4))
+    assert_sound(SwappedToAnOffsetInputThenUpdated(), (x, y[1]), inputs_require_grad=True)

@@ -205,6 +205,93 @@ def test_metadata_mutation_of_a_parameter_under_no_grad():
     assert_matches_eager(Transposes(), (torch.randn(2, 3),))
 
 
+# --- inputs that start inside a larger storage -------------------------------
+# Functionalization counts offsets from its own base, which an update replaces
+# by a fresh tensor at offset 0; eager's tensors keep counting from their
+# storage. Each input here is a view at some offset into memory no other
+# input covers (f(y[1:3], y[3])): its layout and values afterwards are eager's.
+
+def _update_then_transpose(x, z):
+    x.mul_(2)
+    x.t_()
+
+
+def _transpose_then_update(x, z):
+    x.t_()
+    x.mul_(2)
+
+
+def _set_then_update(x, z):
+    x.set_(z)
+    x.mul_(2)
+
+
+def _update_then_set(x, z):
+    z.mul_(2)
+    x.set_(z)
+
+
+def _set_to_a_view_then_update(x, z):
+    x.set_(z[1:])
+    x.add_(1)
+
+
+def _update_then_set_to_a_view(x, z):
+    z.add_(1)
+    x.set_(z[1:])
+
+
+def _set_then_relay_the_source(x, z):
+    x.set_(z)
+    z.t_()
+    z.add_(1)
+
+
+def _update_then_resize(x, z):
+    x.add_(1)
+    x.resize_(2)
+
+
+def _swap_both_ways(x, z):
+    # z ends on part of x's memory (z's own): x's values are written back too
+    x.set_(z)
+    x.add_(1)
+    z.set_(x[1:])
+    z.mul_(3)
+
+
+def _relaid(body):
+    def f(x, z):
+        with torch.no_grad():
+            body(x, z)
+        return x.detach() + 0, z.detach() + 0
+    return f
+
+
+_STORAGE = torch.randn(5, 4)
+
+
+@pytest.mark.parametrize("body", [
+    _update_then_transpose, _transpose_then_update, _set_then_update, _update_then_set,
+    _set_to_a_view_then_update, _update_then_set_to_a_view, _set_then_relay_the_source,
+    _update_then_resize, _swap_both_ways])
+@pytest.mark.parametrize("x, z", [(_STORAGE[1:3], _STORAGE[3:5].clone()[0]), (torch.randn(2, 4), _STORAGE[3]),
+                                  (_STORAGE[1:3], _STORAGE[4])], ids=["x_at_4", "z_at_12", "both"])
+def test_inputs_inside_a_larger_storage_are_left_as_eager_leaves_them(body, x, z):
+    assert_matches_eager(F(_relaid(body)), (x, z), inputs_require_grad=False)
+
+
+def test_as_strided_with_a_storage_offset_eager_counts_otherwise_is_refused():
+    def f(x):
+        with torch.no_grad():
+            x.add_(1)
+            x.as_strided_((2,), (1,), x.storage_offset() + 1)
+        return x.detach() + 0
+    with pytest.raises(predispatch.ExportError, match=r"as_strided_\(\) with a storage offset"):
+        predispatch.export_predispatch(F(f), (_STORAGE[1:3],))
+    assert_matches_eager(F(f), (torch.randn(2, 4),), inputs_require_grad=False)  # it starts its storage
+
+
 # --- inputs sharing memory ----------------------------------------------------
 
 class MutatesSecondReadsFirst(torch.nn.Module):
