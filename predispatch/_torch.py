@@ -1081,12 +1081,21 @@ def _meta_like(node: torch.fx.Node) -> torch.Tensor:
                                dtype=val.dtype, device="meta")
 
 
+# ops autograd knows without a derivatives.yaml formula, whose backward saves no tensor:
+# copy (its gradient is grad, cast; copy_'s is written by hand), the *_like factories
+# (no gradient reaches their input)
+_SAVE_NOTHING = frozenset({"copy", "full_like", "zeros_like", "ones_like", "empty_like", "rand_like",
+                           "randn_like", "randint_like"})
+
+
 def saves_its_result(op) -> bool:
     """Does ``op``'s backward read its own output (``relu``, ``exp``: their
     formulas in the derivatives.yaml torch ships)? True where unknown (a
     composite, a higher-order op, an op of another library)."""
     if getattr(op, "namespace", None) == "predispatch":
         return False  # its own ops save nothing
+    if _overload_key(op) in _SAVE_NOTHING:
+        return False
     saved = _saved_for_backward().get(_overload_key(op))
     return True if saved is None else saved[1]
 
@@ -1095,7 +1104,7 @@ def saves_its_input(op, position: int | None) -> bool:
     """Does ``op``'s backward read the tensor it takes at positional
     ``position`` (``mul`` its factors; ``add`` none; predispatch's ops
     none)? True where unknown."""
-    if getattr(op, "namespace", None) == "predispatch":
+    if getattr(op, "namespace", None) == "predispatch" or _overload_key(op) in _SAVE_NOTHING:
         return False  # its own ops save nothing
     saved = _saved_for_backward().get(_overload_key(op))
     schema = getattr(op, "_schema", None)

@@ -23,9 +23,11 @@ from .patching import patched
 class LayoutChange:
     """How a parameter, buffer or input ends up after ``t_()``, ``resize_()``,
     ``set_()`` and the like: its storage (``"own"``; ``"other"``: that of the
-    input ``source`` names; ``"value"``: one the forward made) and its size,
-    strides and storage offset there, counted from where that storage's owner
-    starts (None where symbolic: the new value's own are taken at run time)."""
+    input ``source`` names; ``"value"``: one the forward made; ``"shared"``:
+    the one the forward made that input ``source`` took before it) and its
+    size, strides and storage offset there, counted from where that
+    storage's owner starts (``"shared"``: where ``source`` ends up; None where
+    symbolic: the new value's own are taken at run time)."""
 
     storage: str
     source: str | None
@@ -100,6 +102,7 @@ def functional_trace(mod: torch.nn.Module, args, kwargs, keep=frozenset, on_layo
         # an input seen through another is written back through it
         new_values, done = [], {id(inputs[n_state + j]) for j, v in views.items()
                                 if inputs[n_state + j] is not inputs[n_state + v.of]}
+        made = {}  # storage the forward made -> (the first input laid on it, its offset there)
         for i, f in enumerate(inputs):
             if not isinstance(f, _torch.FunctionalTensor) or id(f) in done:
                 continue  # a tied tensor's mutation is written back once, under its first name
@@ -107,7 +110,7 @@ def functional_trace(mod: torch.nn.Module, args, kwargs, keep=frozenset, on_layo
             torch._sync(f)
             relaid = _torch.has_metadata_mutation(f) or _torch.storage_changed(f)
             if relaid and on_layout_change is not None:
-                on_layout_change(input_key(i), _layout_change(i, f, storages, offsets, start, input_key))
+                on_layout_change(input_key(i), _layout_change(i, f, storages, offsets, start, made, input_key))
             if relaid or _torch.has_data_mutation(f):
                 mutated.append(i)
                 new_values.append(_torch.from_functional(f))
@@ -187,11 +190,12 @@ def _drop_storage_swaps_of_constants(gm: torch.fx.GraphModule) -> None:
 
 
 def _layout_change(i: int, f, storages: list, offsets: list, start: eager_layout.Start,
-                   key_of) -> LayoutChange:
+                   made: dict, key_of) -> LayoutChange:
     """Where input ``i`` (``f``, after the forward) keeps its elements, and how
     (its offset counted from where the owner of that storage started): as
     its shadow says (see :mod:`predispatch.eager_layout`), else as
-    functionalization's tensors do (symbolic sizes; memory the forward made)."""
+    functionalization's tensors do (symbolic sizes; memory the forward made,
+    ``made``: where earlier inputs took some)."""
     if (shadow := eager_layout.of(f)) is not None:
         size, stride, offset, storage = shadow
         storages, offsets = start.storages, start.offsets
@@ -203,9 +207,14 @@ def _layout_change(i: int, f, storages: list, offsets: list, start: eager_layout
     place = "value" if owner is None else "own" if owner == i else "other"
     if owner is not None:
         offset -= offsets[owner]
+    elif storage in made:  # x.set_(v); z.set_(v): z shares the memory x took
+        place, (owner, first_offset) = "shared", made[storage]
+        offset -= first_offset
+    elif isinstance(offset, int):
+        made[storage] = (i, offset)
     if not all(isinstance(v, int) for v in (*size, *stride, offset)):
         size = stride = offset = None
-    return LayoutChange(place, key_of(owner) if place == "other" else None, size, stride, offset)
+    return LayoutChange(place, key_of(owner) if place in ("other", "shared") else None, size, stride, offset)
 
 
 def _signature(gm, named_parameters, named_buffers, mutated, in_spec, out_spec):

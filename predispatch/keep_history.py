@@ -403,8 +403,8 @@ def keep_history_pass(gm: torch.fx.GraphModule, replacements, analyze,
     # writes through a detached alias are hidden from autograd, also where grad mode is on
     hidden = {r.old: r.new for r in replacements if r.detached_alias_at is not None}
     for r in replacements:
-        if r.swapped and not r.in_grad_mode and _alive(r.old, graph):  # (its new value may be read by none)
-            _refuse_views_made_before_a_swap(r.old, r.new, position, modes)
+        if r.swapped and not r.in_grad_mode and _alive(r.old, graph) and r.old in may_grad:
+            _refuse_views_made_before_a_swap(r.old, r.new, position, modes)  # (its new value may be read by none)
         if not (_alive(r.old, graph) and _alive(r.new, graph) and _alive(r.exit, graph)):
             continue
         if r.in_grad_mode and _written_hidden(r.old, r.new, hidden):

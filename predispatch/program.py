@@ -107,9 +107,12 @@ def write_back_layout(target: torch.Tensor, value: torch.Tensor, source, layout:
     # eager changed the layout before anything the program saved for backward read the
     # tensor (a view of it passed as another input: f(y, y[1])): no version bump here
     with torch.no_grad(), _torch.preserve_version_counter(target):
-        if layout["storage"] == "other":
-            # its values too: the source, relaid itself, may no longer cover them all
+        if layout["storage"] in ("other", "shared"):
+            # its values too: the source, relaid itself, may no longer cover them all (nor
+            # does the copy of the forward's memory a "value" source took)
             target.set_(source.untyped_storage(), source.storage_offset() + offset, size, stride)
+            if mode is None and layout["storage"] == "shared":
+                mode = "hidden"
             return _WRITE_BACK[mode](target, value) if mode is not None else target
         if layout["storage"] == "value":
             if (tuple(value.stride()), value.storage_offset()) != (tuple(stride), offset):
@@ -220,10 +223,12 @@ def fix_write_backs(gm: torch.fx.GraphModule | torch.fx.Graph, modes: dict[str, 
             with graph.inserting_before(graph.output_node()):
                 sources[layout["source"]] = graph.call_function(
                     torch.ops.aten.alias.default, (_state_node(graph, layout["source"], target_name),))
+    written = {}  # a target's write-back: where a later target sharing its new storage finds it
     for node, layout, mode in relaid:
-        source = sources.get(layout["source"]) if layout["storage"] == "other" else None
+        source = sources.get(layout["source"]) if layout["storage"] == "other" else written.get(layout["source"])
         with graph.inserting_before(graph.output_node()):
             last = graph.call_function(write_back_layout, (*node.args, source, layout, mode))
+        written[target_name(node.args[0])] = last
         last.meta.update(node.meta)
         node.replace_all_uses_with(last)
         graph.erase_node(node)

@@ -292,6 +292,41 @@ def test_as_strided_with_a_storage_offset_eager_counts_otherwise_is_refused():
     assert_matches_eager(F(f), (torch.randn(2, 4),), inputs_require_grad=False)  # it starts its storage
 
 
+def _both_to_the_value(x, z, v):
+    x.set_(v[1:])
+    z.set_(v)
+
+
+def _the_second_to_a_view_of_the_value(x, z, v):
+    x.set_(v)
+    z.set_(v[1:].t())
+
+
+def _the_second_through_the_first_then_updated(x, z, v):
+    x.set_(v)
+    z.set_(x[0])
+    z.mul_(2)
+
+
+def _apart_then_relaid(x, z, v):
+    x.set_(v[1:])
+    z.set_(v[:1])
+    x.t_()
+
+
+@pytest.mark.parametrize("body", [_both_to_the_value, _the_second_to_a_view_of_the_value,
+                                  _the_second_through_the_first_then_updated, _apart_then_relaid])
+def test_inputs_set__to_memory_the_forward_made_share_it_as_in_eager(body):
+    class SetToAValue(torch.nn.Module):
+        def forward(self, x, z, w):
+            v = w * 2
+            with torch.no_grad():
+                body(x, z, v)
+            return v, x.detach() + 0
+    assert_matches_eager(SetToAValue(), (torch.randn(2, 4), torch.randn(3), torch.randn(3, 4)),
+                         inputs_require_grad=False)
+
+
 # --- inputs sharing memory ----------------------------------------------------
 
 class MutatesSecondReadsFirst(torch.nn.Module):
