@@ -22,7 +22,7 @@ import dataclasses
 import torch
 import torch.utils._pytree as pytree
 
-from . import _torch
+from . import _torch, input_aliasing
 from .errors import ExportError, user_location
 
 _SHADOW = "_predispatch_eager_layout"
@@ -64,17 +64,18 @@ def _shadow_inputs(inputs: list) -> Start:
             meta[key].resize_(needed)
         shadow = torch.empty(0, dtype=t.dtype, device="meta").set_(meta[key], offset, size, stride)
         setattr(t, _SHADOW, shadow)
-        storages.append(_storage_ref(shadow))
+        storages.append(input_aliasing.storage(shadow))
         offsets.append(offset)
     return Start(storages, offsets)
 
 
 def of(t: torch.Tensor) -> tuple[tuple, tuple, int, object] | None:
-    """Eager's (size, strides, storage offset, storage) of ``t``, if shadowed."""
+    """Eager's (size, strides, storage offset, storage) of ``t``, if shadowed
+    (and the shadow saw every change: its size is functionalization's)."""
     shadow = getattr(t, _SHADOW, None)
-    if shadow is None:
+    if shadow is None or tuple(shadow.size()) != _torch.layout(t)[0]:
         return None
-    return tuple(shadow.size()), tuple(shadow.stride()), shadow.storage_offset(), _storage_ref(shadow)
+    return tuple(shadow.size()), tuple(shadow.stride()), shadow.storage_offset(), input_aliasing.storage(shadow)
 
 
 def follow(func, args, kwargs, out) -> None:
@@ -181,9 +182,7 @@ def _on_shadows(func, args, kwargs):
 @contextlib.contextmanager
 def _unseen():
     """Meta work no mode traces (the shadows are not the program's)."""
-    from torch.utils._python_dispatch import _disable_current_modes
-
-    with _torch.torch_function_modes_suspended(), _disable_current_modes(), torch.no_grad():
+    with _torch.outer_trace_suspended(None), torch.no_grad():
         yield
 
 
@@ -195,8 +194,3 @@ def _concrete_layout(t) -> tuple[tuple, tuple, int] | None:
         return None
     return layout
 
-
-def _storage_ref(shadow: torch.Tensor):
-    from torch.multiprocessing.reductions import StorageWeakRef
-
-    return StorageWeakRef(shadow.untyped_storage())
