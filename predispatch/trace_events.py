@@ -751,7 +751,10 @@ class _Recorder(_torch.TorchFunctionMode):
         for t, old in (self._watch or {}).values():
             new = self._current_node(t)
             if new is not None and new is not old:
-                pairs[new] = (old, _made_by_a_view(t), getattr(t, _SWAPPED, False))
+                swapped = getattr(t, _SWAPPED, False)
+                if swapped and isinstance(own := getattr(t, _OWN_HISTORY, None), torch.fx.Node):
+                    old = own  # a set_() target's history is its own, whatever its memory held
+                pairs[new] = (old, _made_by_a_view(t), swapped)
         for view, old in self._views_at_entry.values():
             new = _torch.materialized_node(view)  # replayed inside the span, or not at all
             if new is not None and new is not old:  # the grad-mode value, even if first used after a mutation

@@ -2897,3 +2897,32 @@ class ViewOfAHistorylessValueMadeBeforeASwap(nn.Module):
 
 def test_a_view_made_before_a_swap_of_a_value_without_history_is_exported():
     assert_sound(ViewOfAHistorylessValueMadeBeforeASwap(), inputs((3, 4)), inputs_require_grad=True)
+
+
+# 100. (seed 11305, twelfth session; refused before it too, 4 programs of
+# 456) A clone of a buffer set_() to a parameter's memory, updated there in
+# grad mode, then set_() to a row of another shape: refused as a leaf (the
+# parameter) given another shape. The tensor's history is its own (none):
+# set_ shares the parameter's memory, not its history. The second swap's
+# kept history was the value the memory held; it is now the history the
+# set_() target keeps.
+
+class CloneSwappedToAParameterThenToAnotherShape(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.register_buffer("n", torch.zeros(()))
+
+    def forward(self, x):
+        v0 = self.n.clone()
+        v1 = v0.unsqueeze(0)
+        with torch.no_grad():
+            v0.set_(self.lin.bias)
+        v0.sub_(v0)
+        with torch.no_grad():
+            v0.set_(v1)
+        return v0.unsqueeze(0)
+
+
+def test_a_swapped_tensor_keeps_its_own_history_across_a_second_swap():
+    assert_sound(CloneSwappedToAParameterThenToAnotherShape(), inputs((3, 4)), inputs_require_grad=True)
