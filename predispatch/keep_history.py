@@ -129,8 +129,10 @@ def _refuse_reshaped_history(kept: _Kept, modes, output_kinds: list[str] | None 
     moved = kept.swapped and (tuple(va.shape), va.stride(), va.storage_offset()) != (
         tuple(vb.shape), vb.stride(), vb.storage_offset())
     # the program reduces a gradient to the new shape, then to the history's, which must broadcast
-    # to it; eager's reaches the history as its reader made it (unreduced where the reader broadcast)
-    unreducible = not _broadcasts(tuple(va.shape), tuple(vb.shape))
+    # to it; eager's reaches the history as its reader made it, unreduced where the reader broadcast
+    # the tensor (elsewhere both raise)
+    unreducible = not _broadcasts(tuple(va.shape), tuple(vb.shape)) and any(
+        _broadcasts(tuple(va.shape), shape) and shape != tuple(vb.shape) for shape in map(_shape, later))
     if not unreducible and (not (leaf or view) or not (reshaped or (view and moved))):
         return  # eager's history reduces the gradient as the program's does
     modes = modes if modes is not None else grad_modes(old.graph)
@@ -254,10 +256,16 @@ def _differentiated(readers: list, modes, shown: set | None = None) -> bool:
     return False
 
 
-def _broadcasts(old: tuple, new: tuple) -> bool:
+def _shape(node: torch.fx.Node) -> tuple | None:
+    val = node.meta.get("val")
+    return tuple(val.shape) if isinstance(val, torch.Tensor) else None
+
+
+def _broadcasts(old: tuple, new: tuple | None) -> bool:
     """Does ``old`` broadcast to ``new`` (can autograd reduce a gradient of
     ``new``'s shape to it)?"""
-    return len(old) <= len(new) and all(o == n or o == 1 for o, n in zip(reversed(old), reversed(new)))
+    return new is not None and len(old) <= len(new) and all(
+        o == n or o == 1 for o, n in zip(reversed(old), reversed(new)))
 
 
 def _same_elements_broadcast(old: tuple, new: tuple) -> bool:

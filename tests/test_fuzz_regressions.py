@@ -2926,3 +2926,29 @@ class CloneSwappedToAParameterThenToAnotherShape(nn.Module):
 
 def test_a_swapped_tensor_keeps_its_own_history_across_a_second_swap():
     assert_sound(CloneSwappedToAParameterThenToAnotherShape(), inputs((3, 4)), inputs_require_grad=True)
+
+
+# 101. (seed 11309, twelfth session; refused by 93's first rule, 4 programs
+# of 438) A difference of shape (3,) set_() to a buffer of shape (3, 4) and
+# returned: no reader broadcasts it, so a gradient reaching its history has
+# the new shape in eager too, which both reject alike (autograd raises in
+# eager's backward and in the program's). The refusal of a history that does
+# not broadcast to the new shape now asks for a reader that broadcasts the
+# tensor to a shape the history takes (93's add_).
+
+class DifferenceSwappedToABufferOfAnotherShape(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("b", torch.randn(3, 4, generator=torch.Generator().manual_seed(0)))
+
+    def forward(self, y, z):
+        v0 = z[1:]
+        v1 = v0 - v0
+        with torch.no_grad():
+            v1.set_(self.b)
+        return v1
+
+
+def test_a_history_no_reader_broadcasts_is_exported():
+    x, y = inputs((3, 4), (3, 4))
+    assert_sound(DifferenceSwappedToABufferOfAnotherShape(), (y, x[0]), inputs_require_grad=False)
