@@ -295,7 +295,7 @@ def _insert_keep_history(graph, old, new, after, position, reshapes: list, targe
             continue
         if not user.meta.get(OWN_HISTORY_READ):
             user.replace_input_with(new, kept)
-        elif user.args[0] is new and new.meta.get(SWAPPED_HISTORY):
+        elif user.args[0] is new and user.meta.get(SWAPPED_HISTORY):
             user.args = (kept, *user.args[1:])  # a set_() target's history is new's, kept
     return kept
 
@@ -483,19 +483,10 @@ def _own_history_reads(graph: torch.fx.Graph, analyze) -> list[_Kept]:
     later writes of its memory): histories kept as the stage's own are, and
     checked as they are. (``analyze()``: the nodes that may require grad,
     asked where there is a read.)"""
-    reads = {n: swapped for n in graph.nodes if n.target is KEEP_HISTORY and n.meta.get(OWN_HISTORY_READ)
-             and (swapped := _swap_history(n.args[0])) is not None}
+    reads = [n for n in graph.nodes if n.target is KEEP_HISTORY and n.meta.get(SWAPPED_HISTORY)]
     may_grad = analyze() if reads else set()
-    return [_Kept(n.args[0], n.args[1], tuple(n.users), eager_view=swapped == SWAPPED_VIEW, swapped=True)
-            for n, swapped in reads.items() if n.args[0] in may_grad]
-
-
-def _swap_history(node: torch.fx.Node) -> str | None:
-    """If ``node`` is the history a set_() target had (or that, kept): what
-    the recorder knew of the target (see ``SWAPPED_HISTORY``)."""
-    while node.target in _KEEPS and not node.meta.get(SWAPPED_HISTORY):
-        node = node.args[-1]
-    return node.meta.get(SWAPPED_HISTORY)
+    return [_Kept(n.args[0], n.args[1], tuple(n.users), eager_view=n.meta[SWAPPED_HISTORY] == SWAPPED_VIEW,
+                  swapped=True) for n in reads if n.args[0] in may_grad]
 
 
 def drop_historyless_own_reads(graph: torch.fx.Graph, analyze) -> None:

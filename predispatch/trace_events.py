@@ -85,10 +85,11 @@ _SWAPPED_AT = "_predispatch_swapped_at"  # where, last
 OWN_HISTORY_READ = "predispatch_own_history_read"
 # a copy writing values only: the written tensor's history is not the memory's (copy_pass)
 VALUES_ONLY = "predispatch_values_only"
-# node.meta key: the value a set_() target had, whose history it keeps; the value
-# says whether the target is an eager view (made by a view op), not one relaid in place
+# node.meta key: a keep_history read of a set_() target's own history (the value it had);
+# the value says whether the target is an eager view (made by a view op), not one relaid in place
 SWAPPED_HISTORY = "predispatch_swapped_history"
 SWAPPED_VIEW, _SWAPPED_NO_VIEW = "of a view", "of no view"
+_SWAP_HISTORY = "_predispatch_swap_history"  # on a set_() target: (its own history's node, view or not)
 
 
 def user_swap_location(t: torch.Tensor) -> str | None:
@@ -274,7 +275,7 @@ class _Recorder(_torch.TorchFunctionMode):
             node = _torch.current_node(out)
             node.args = (*leading, *node.args[len(leading):])
             if op is ops.KEEP_HISTORY:
-                node.meta[OWN_HISTORY_READ] = True
+                _mark_own_read(node, t)
             return out
         return pytree.tree_map_only(_torch.FunctionalTensor, read, out)
 
@@ -325,7 +326,7 @@ class _Recorder(_torch.TorchFunctionMode):
                     with graph.inserting_after(mark):
                         reads[value] = graph.call_function(op, (*leading, value))
                     if op is ops.KEEP_HISTORY:
-                        reads[value].meta[OWN_HISTORY_READ] = True
+                        _mark_own_read(reads[value], t)
                     reads[value].meta.update({k: v for k, v in node.meta.items()
                                               if k in ("stack_trace", "nn_module_stack")})
                     reads[value].meta["val"] = value.meta.get("val")
@@ -471,8 +472,8 @@ class _Recorder(_torch.TorchFunctionMode):
         if before is None or hasattr(t, _OWN_HISTORY):
             return
         setattr(t, _OWN_HISTORY, before)
-        # as the history stage keeps it (a no_grad update), and checks its shape (see SWAPPED_HISTORY)
-        before.meta[SWAPPED_HISTORY] = SWAPPED_VIEW if _made_by_a_view(t) else _SWAPPED_NO_VIEW
+        # its reads: as the history stage keeps it (a no_grad update), shape checked (see SWAPPED_HISTORY)
+        setattr(t, _SWAP_HISTORY, (before, SWAPPED_VIEW if _made_by_a_view(t) else _SWAPPED_NO_VIEW))
         self._any_leaf = True
 
     def _mutate_detached_alias(self, func, args, kwargs):
@@ -529,7 +530,7 @@ class _Recorder(_torch.TorchFunctionMode):
             copy = ops.KEEP_HISTORY(detached, detached)
             node = _torch.current_node(copy)
             node.args = (own, value)
-            node.meta[OWN_HISTORY_READ] = True
+            _mark_own_read(node, detached)
         if getattr(func, "__name__", None) in _METADATA_UPDATES:  # a new layout, the same values
             if alias is detached:
                 func(copy, *args[1:], **kwargs)
@@ -765,6 +766,15 @@ class _Recorder(_torch.TorchFunctionMode):
 
 _RENORMING_LOOKUPS = {f: inspect.signature(f) for f in (F.embedding, F.embedding_bag)}
 _DATA = torch._C.TensorBase.__dict__["data"]  # torch-function modes see its __get__ / __set__
+
+
+def _mark_own_read(node: torch.fx.Node, t: torch.Tensor) -> None:
+    """``node``, ``keep_history(own, value)``, reads ``t``'s own history; a
+    set_() target's kept from before the swap is marked as such."""
+    node.meta[OWN_HISTORY_READ] = True
+    swap = getattr(t, _SWAP_HISTORY, None)
+    if swap is not None and swap[0] is node.args[0]:  # (not an own history given it later)
+        node.meta[SWAPPED_HISTORY] = swap[1]
 
 
 def _made_by_a_view(t: torch.Tensor) -> bool:

@@ -2952,3 +2952,28 @@ class DifferenceSwappedToABufferOfAnotherShape(nn.Module):
 def test_a_history_no_reader_broadcasts_is_exported():
     x, y = inputs((3, 4), (3, 4))
     assert_sound(DifferenceSwappedToABufferOfAnotherShape(), (y, x[0]), inputs_require_grad=False)
+
+
+# 102. (seed 11314, twelfth session; from before it) A detached alias updated
+# in grad mode (its own history: none), then its base set_() to an input:
+# the alias, returned, required grad in the program and not in eager. The
+# base's swap marked the value node it kept as "a set_() target's history",
+# and that node was also the alias's own history: the history stage gave the
+# alias's read the base's kept history. The mark is now on the set_()
+# target's own reads, not on the value they share.
+
+class DetachedAliasUpdatedThenItsBaseSwapped(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        v0 = self.lin.bias.sum()
+        v1 = v0.detach()
+        v1.mul_(v1)
+        v0.set_(x)
+        return v1
+
+
+def test_a_detached_alias_keeps_its_own_history_when_its_base_is_swapped():
+    assert_sound(DetachedAliasUpdatedThenItsBaseSwapped(), inputs((3, 4)), inputs_require_grad=True)
