@@ -29,7 +29,7 @@ from torch._higher_order_ops.wrap import (
 from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
 from torch.export import _trace as _export_trace
 from torch.fx._lazy_graph_module import _LazyGraphModule, _make_graph_module, _use_lazy_graph_module
-from torch.fx.experimental.proxy_tensor import get_proxy_mode, get_proxy_slot
+from torch.fx.experimental.proxy_tensor import _AttrProxy, get_proxy_mode, get_proxy_slot
 from torch.nn.modules import module as _nn_module
 from torch.overrides import TorchFunctionMode
 
@@ -1427,3 +1427,34 @@ def below_autograd():
     """Ops run without autograd (their results require no grad, as traced
     FunctionalTensors' do), grad mode as it is."""
     return torch._C._AutoDispatchBelowAutograd()
+
+
+def ambient_modes() -> tuple:
+    """The global modes a layer's Python code can switch without a block: grad mode, the default dtype."""
+    return torch.is_grad_enabled(), torch.get_default_dtype()
+
+
+def restore_ambient_modes(saved: tuple) -> bool:
+    """Put back what :func:`ambient_modes` saved; whether anything had changed."""
+    grad, dtype = saved
+    if (grad, dtype) == ambient_modes():
+        return False
+    torch._C._set_grad_enabled(grad)
+    torch.set_default_dtype(dtype)
+    return True
+
+
+_CALL_IMPL_CODE = _nn_module.Module._call_impl.__code__
+
+
+def bound_to_receiver(forward, module: torch.nn.Module, caller) -> object:
+    """``forward`` bound to the object ``module`` was called through, where
+    ``caller`` is the module call's frame: torch's module-stack tracer calls a
+    module shared between paths through an attribute proxy (its attributes the
+    module's) that names its submodules by the path it was reached by."""
+    if getattr(forward, "__self__", None) is not module or caller.f_code is not _CALL_IMPL_CODE:
+        return forward
+    receiver = caller.f_locals.get("self")
+    if isinstance(receiver, _AttrProxy) and receiver.get_base() is module:
+        return forward.__func__.__get__(receiver)
+    return forward

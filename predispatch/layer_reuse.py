@@ -42,6 +42,7 @@ import torch.utils._pytree as pytree
 
 from . import _torch
 from .host_random import host_generator_states, restore_host_generators
+from .python_state import PythonState, Watch
 
 _ENV = "PREDISPATCH_LAYER_REUSE"
 _enabled: list[bool] = []
@@ -178,7 +179,10 @@ class _CallLog(_torch.TorchFunctionMode):
         return _constant(x, self.keep)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
+        with Watch.paused():  # torch's and the log's own code: not the layer's
+            return self._logged_call(func, args, kwargs or {})
+
+    def _logged_call(self, func, args, kwargs):
         with torch._C.DisableTorchFunction():  # the log's own reads: no mode below sees them
             called = self.encode(args, new=False), self.encode(kwargs, new=False), _ambient()
             if self.guide is not None:
@@ -263,26 +267,6 @@ def _swapped(module: torch.nn.Module, replacements: dict):
             table[name] = t
 
 
-_TABLES = ("_parameters", "_buffers", "_modules")
-
-
-def _attributes(module: torch.nn.Module) -> list:
-    """The module's and its submodules' attributes (their tables' entries too)."""
-    return [(table, dict(table)) for m in module.modules()
-            for table in (vars(m), *(vars(m)[name] for name in _TABLES))]
-
-
-def _restored(before: list) -> bool:
-    """Put the attributes back as ``before`` found them; whether any had changed."""
-    changed = False
-    for table, entries in before:
-        if table.keys() != entries.keys() or any(table[k] is not v for k, v in entries.items()):
-            changed = True
-            table.clear()
-            table.update(entries)
-    return changed
-
-
 def _hooked(module: torch.nn.Module) -> bool:
     """Hooks inside the layer see its tensors, which a stamped call has none of."""
     if _torch.global_module_hooks():
@@ -291,26 +275,27 @@ def _hooked(module: torch.nn.Module) -> bool:
                or getattr(m, "_backward_pre_hooks", None) for m in module.modules() if m is not module)
 
 
-def _replay(forward, flat: list, spec, state: list, module, guide=None):
+def _replay(forward, flat: list, spec, state: list, module, guide, named):
     """The log of ``forward`` run on fresh meta tensors (symbolic sizes at their example values) with the trace
-    suspended; None where the call cannot be compared so (it reads another
-    tensor, draws host random numbers, changes the module's attributes, fails)."""
+    suspended, or None where the call cannot be compared so (it reads another
+    tensor, draws host random numbers, changes Python state it can reach,
+    fails); and the globals its code named (``named`` where given, see :func:`_isolated`)."""
     tracer = _torch.current_tracer()
     num_calls = dict(tracer.num_calls)  # the replay's module calls are not the trace's
     try:
-        return _logged(forward, flat, spec, state, module, guide)
+        return _logged(forward, flat, spec, state, module, guide, named)
     finally:
         tracer.num_calls.clear()
         tracer.num_calls.update(num_calls)
 
 
-def _logged(forward, flat: list, spec, state: list, module, guide):
+def _logged(forward, flat: list, spec, state: list, module, guide, named):
     tensors = [x for x in flat if isinstance(x, torch.Tensor)] + state
     with torch._C.DisableTorchFunction():  # metadata reads, not the layer's
         layouts = {id(t): ([_torch.size_hint(v) for v in t.shape], [_torch.size_hint(v) for v in t.stride()],
                            t.dtype, t.requires_grad) for t in tensors}
     if any(None in size or None in stride for size, stride, _, _ in layouts.values()):
-        return None
+        return None, named
     with _torch.trace_suspended():
         fakes = {}
         for t in tensors:
@@ -321,25 +306,40 @@ def _logged(forward, flat: list, spec, state: list, module, guide):
         fake_flat = [fakes[id(x)] if isinstance(x, torch.Tensor) else x for x in flat]
         args, kwargs = pytree.tree_unflatten(fake_flat, spec)
         log = _CallLog([fakes[id(t)] for t in tensors], guide)
-        generators = host_generator_states()
-        failed = changed = False
-        try:
-            with _swapped(module, fakes):
-                attributes = _attributes(module)
-                try:
-                    # above autograd, as the trace's FunctionalTensors are: results do not require grad
-                    with torch.device("meta"), _torch.below_autograd(), log:
-                        out = forward(*args, **kwargs)
-                    returned = log.encode(out, new=False)
-                except Exception:
-                    failed = True
-                finally:
-                    changed = _restored(attributes)  # the replay's Python side effects on the modules
-        finally:
-            drew = restore_host_generators(generators)
-        if failed or log.external or drew or changed:
-            return None
-        return log.calls, returned, log.keep
+        with _swapped(module, fakes):
+            return _isolated(forward, args, kwargs, module, log, named)
+
+
+def _isolated(forward, args, kwargs, module, log, named):
+    """``forward`` run under ``log``, the Python state it could reach put
+    back as it was: its log (None where it failed, wrote that state, or
+    reached state that could not be put back, then stopped before it runs)
+    and the (globals, names) of the code it ran. ``named``: those of an
+    earlier replay of the kind, saved up front; None: every frame watched."""
+    reached = PythonState()
+    reached.reach(module, args, kwargs)
+    for namespace, names in named or ():
+        reached.name_globals(namespace, names)
+    if reached.unseeable is not None:
+        return None, named
+    generators, ambient = host_generator_states(), _torch.ambient_modes()
+    failed = False
+    watch = Watch(reached) if named is None else contextlib.nullcontext()
+    try:
+        # above autograd, as the trace's FunctionalTensors are: results do not require grad
+        with watch, torch.device("meta"), _torch.below_autograd(), log:
+            out = forward(*args, **kwargs)
+        returned = log.encode(out, new=False) if reached.unseeable is None else None
+    except Exception:
+        failed = True
+    finally:
+        changed = reached.restore()  # the replay's Python side effects
+        changed |= _torch.restore_ambient_modes(ambient)
+        drew = restore_host_generators(generators)
+    learned = reached.code_names if named is None and not failed and reached.unseeable is None else named
+    if failed or reached.unseeable is not None or log.external or drew or changed:
+        return None, learned
+    return (log.calls, returned, log.keep), learned
 
 
 # ---------------------------------------------------------------- templates
@@ -396,6 +396,7 @@ class LayerReuse:
     def __init__(self, root: torch.nn.Module, recorder, stamper):
         self.recorder, self.stamper = recorder, stamper
         self.templates: dict = {}
+        self.named: dict = {}  # key -> the (globals, names) of the code its first complete replay ran
         self.keep: list = []
         self.stamped: list[_Stamped] = []
         with torch._C.DisableTorchFunction():  # metadata reads, not the forward's
@@ -422,7 +423,8 @@ class LayerReuse:
 
     def _wrapped(self, module, forward):
         def reused_forward(*args, **kwargs):  # not named forward: stack traces skip it
-            return self.call(module, forward, sys._getframe(1), args, kwargs)
+            caller = sys._getframe(1)
+            return self.call(module, _torch.bound_to_receiver(forward, module, caller), caller, args, kwargs)
         return reused_forward
 
     def call(self, module, forward, caller, args, kwargs):
@@ -443,7 +445,7 @@ class LayerReuse:
         if len(templates) >= _MAX_TEMPLATES or sum(t is None for _, t in templates) >= 2 or _hooked(module):
             return forward(*args, **kwargs)  # nothing to reuse here, likely: no replays
         guide = next((logged[0] for logged, template in templates if template is not None), None)
-        log = _replay(forward, flat, spec, state, module, guide)
+        log, self.named[key] = _replay(forward, flat, spec, state, module, guide, self.named.get(key))
         if log is None:
             return forward(*args, **kwargs)
         for logged, template in templates:

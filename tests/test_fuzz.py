@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, assume, given, note, settings
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repo root: tools.fuzz
 
 from tools.fuzz.generator import programs  # noqa: E402
+from tools.fuzz.layered import layered_programs  # noqa: E402
 from tools.fuzz.oracle import FAILURE, INVALID, check  # noqa: E402
 
 CI_PROFILE = settings(
@@ -68,9 +69,7 @@ class _Shrinking:
         return outcome
 
 
-@CI_PROFILE
-@given(programs())
-def test_random_programs_match_eager_or_are_refused(program):
+def _check_program(program):
     outcome = _Shrinking.check(program)  # a failing example prints as its source (Program._repr_pretty_)
     if outcome is None:
         return
@@ -78,3 +77,16 @@ def test_random_programs_match_eager_or_are_refused(program):
     if outcome.status == FAILURE:
         note(f"failure: {outcome.reason}\n{outcome.detail}")
         raise outcome.exc if outcome.exc is not None else AssertionError(outcome.reason)
+
+
+@CI_PROFILE
+@given(programs())
+def test_random_programs_match_eager_or_are_refused(program):
+    _check_program(program)
+
+
+@settings(CI_PROFILE, max_examples=40)
+@given(layered_programs())
+def test_repeated_layers_sharing_python_state_match_eager_and_reuse_changes_nothing(program):
+    """Layer reuse under fuzzing: each program also compares reuse on and off node for node."""
+    _check_program(program)

@@ -14,29 +14,8 @@ import torch.nn as nn
 
 import predispatch
 from predispatch import layer_reuse
+from predispatch.testing import assert_same_program
 from predispatch.testing.eager import assert_matches_eager
-
-
-def _canonical(ep) -> tuple:
-    lines = []
-
-    def walk(gm, prefix):
-        names = {n: n.name if n.op == "placeholder" else f"{prefix}{i}" for i, n in enumerate(gm.graph.nodes)}
-        for n in gm.graph.nodes:
-            val = n.meta.get("val")
-            lines.append((
-                names[n], n.op, str(n.target), repr(torch.fx.node.map_arg((n.args, n.kwargs), names.get)),
-                (tuple(val.shape), val.stride(), val.dtype, val.requires_grad) if isinstance(val, torch.Tensor)
-                else repr(val),
-                repr(n.meta.get("nn_module_stack")), n.meta.get("stack_trace"), repr(n.meta.get("torch_fn")),
-                sorted(k for k in n.meta if k.startswith("predispatch"))))
-        for name, sub in gm.named_children():
-            if isinstance(sub, torch.fx.GraphModule):
-                walk(sub, name + ".")
-
-    walk(ep.graph_module, "")
-    sig = ep.graph_signature
-    return lines, [(s.kind, s.target) for s in sig.input_specs], [(s.kind, s.target) for s in sig.output_specs]
 
 
 def export_both(module, args):
@@ -46,11 +25,7 @@ def export_both(module, args):
     with layer_reuse.reuse_layers(True):
         reused = predispatch.export_predispatch(module, args)
         report = layer_reuse.last_report
-    a, b = _canonical(plain), _canonical(reused)
-    assert a[1:] == b[1:]
-    for x, y in zip(a[0], b[0]):
-        assert x == y
-    assert len(a[0]) == len(b[0])
+    assert_same_program(plain, reused)
     return reused, report
 
 
@@ -267,7 +242,7 @@ def test_dynamic_shapes_are_stamped():
     with layer_reuse.reuse_layers(True):
         reused = predispatch.export_predispatch(module, _x(), dynamic_shapes=dims)
         report = layer_reuse.last_report
-    assert _canonical(plain) == _canonical(reused)
+    assert_same_program(plain, reused)
     assert (report.templates, report.stamped) == (2, 2)
     x = torch.randn(5, 7, 8)
     torch.testing.assert_close(reused.module()(x), module(x))
@@ -314,7 +289,7 @@ def test_dynamic_bert_is_stamped():
     with layer_reuse.reuse_layers(True):
         reused = predispatch.export_predispatch(model, (), kwargs, dynamic_shapes=dims)
         report = layer_reuse.last_report
-    assert _canonical(plain) == _canonical(reused)
+    assert_same_program(plain, reused)
     assert (report.templates, report.stamped) == (2, 2)
     ids = torch.randint(0, 64, (3, 11))
     inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}

@@ -20,8 +20,10 @@ import expecttest
 from ..printing import format_program
 from .eager import assert_matches_eager
 from .invariants import assert_invariants
+from .structure import assert_same_program, program_structure
 
-__all__ = ["GraphTestCase", "assert_invariants", "assert_matches_eager", "format_program"]
+__all__ = ["GraphTestCase", "assert_invariants", "assert_matches_eager", "assert_same_program", "format_program",
+           "program_structure"]
 
 
 class GraphTestCase(expecttest.TestCase):

@@ -136,6 +136,20 @@ BF16_TOLERANCE = 2e-2  # rtol and atol when the program uses bf16 autocast
 _counter = itertools.count()
 
 
+def built(code: str, tag: str):
+    """(``M()``, ``args``) of a program's ``code``, exec'd as a module of its
+    own, registered in linecache (tracebacks and ExportError messages show
+    the program's lines)."""
+    import torch
+    import torch.nn as nn
+
+    filename = f"<{tag}-{next(_counter)}>"
+    linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
+    namespace = {"torch": torch, "nn": nn, "__name__": tag.replace("-", "_")}
+    exec(compile(code, filename, "exec"), namespace)
+    return namespace["M"](), namespace["args"]
+
+
 @dataclasses.dataclass
 class Program:
     stmts: list[Stmt]
@@ -220,17 +234,8 @@ class Program:
 
     # -- building ---------------------------------------------------------
     def build(self):
-        """(module, args): exec the source (registered in linecache, so
-        tracebacks and ExportError messages show the program's lines)."""
-        import torch
-        import torch.nn as nn
-
-        filename = f"<fuzz-program-{next(_counter)}>"
-        code = self.module_source + "\n" + self.args_source
-        linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
-        namespace = {"torch": torch, "nn": nn, "__name__": "fuzz_program"}
-        exec(compile(code, filename, "exec"), namespace)
-        return namespace["M"](), namespace["args"]
+        """(module, args): exec the source (see :func:`built`)."""
+        return built(self.module_source + "\n" + self.args_source, "fuzz-program")
 
     @classmethod
     def from_source(cls, source: str) -> "Program":

@@ -10,8 +10,10 @@
 * **matched** — ``assert_matches_eager`` passed (outputs, gradients of
   inputs and parameters, buffers, parameters and inputs afterwards, in both
   grad modes, graph invariants, re-export stable).
-* **failure** — anything else: a mismatch, any other exception, or an
-  ExportError raised by the re-export of ``ep.module()`` (G7). Never skipped.
+* **failure** — anything else: a mismatch, any other exception, an
+  ExportError raised by the re-export of ``ep.module()`` (G7), or, for a
+  program with repeated layers, a program with layer reuse on that is not,
+  node for node, the program with it off. Never skipped.
 """
 from __future__ import annotations
 
@@ -25,6 +27,8 @@ import warnings
 import torch
 
 import predispatch
+from predispatch import layer_reuse
+from predispatch.testing import assert_same_program
 from predispatch.testing.eager import assert_matches_eager, run_module
 
 from .generator import Program
@@ -67,6 +71,15 @@ def _quiet():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         yield
+
+
+def assert_same_without_reuse(module, args) -> None:
+    """The program with layer reuse on is, node for node, the program with it off."""
+    programs = []
+    for enabled in (True, False):
+        with layer_reuse.reuse_layers(enabled):
+            programs.append(predispatch.export_predispatch(module, args))
+    assert_same_program(*programs, what="layer reuse on vs off")
 
 
 def run_eager(module, args, inputs_require_grad: bool) -> None:
@@ -147,4 +160,9 @@ def _check(program: Program) -> Outcome:
                            traceback.format_exc(), e)
         except Exception as e:
             return Outcome(FAILURE, category(e), traceback.format_exc(), e)
+        if getattr(program, "repeated_layers", False):
+            try:
+                assert_same_without_reuse(module, args)
+            except Exception as e:
+                return Outcome(FAILURE, "layer reuse changed the program: " + category(e), traceback.format_exc(), e)
     return Outcome(MATCHED)

@@ -3,7 +3,8 @@
     python -m tools.fuzz.run --examples 1000 --seed 0     # from the repo root
     python -m tools.fuzz.run --replay failure.py --minimize
 
-Draws N programs (``tools.fuzz.generator.programs``), checks each against
+Draws N programs (``tools.fuzz.generator.programs``; one in five with
+repeated layers sharing Python state, ``tools.fuzz.layered``), checks each against
 eager (``tools.fuzz.oracle.check``) and prints: programs generated, valid,
 matched, rejected (by reason), invalid (eager raised, by reason) and every
 failure as a pasteable test plus its error; with ``--minimize`` also a
@@ -18,7 +19,8 @@ import time
 
 from hypothesis import HealthCheck, Phase, given, seed, settings
 
-from .generator import Program, programs
+from .generator import Program
+from .layered import LayeredProgram, any_programs
 from .minimize import minimize
 from .oracle import FAILURE, INVALID, MATCHED, REJECTED, check
 
@@ -30,7 +32,7 @@ def fuzz(n: int, seed_value: int, max_statements: int, progress=None):
     @seed(seed_value)
     @settings(max_examples=n, phases=[Phase.generate], database=None, deadline=None,
               suppress_health_check=list(HealthCheck), report_multiple_bugs=False)
-    @given(programs(max_statements=max_statements))
+    @given(any_programs(max_statements=max_statements))
     def one(program):
         results.append((program, check(program)))
         if progress is not None:
@@ -86,12 +88,13 @@ def report(results, elapsed: float, *, error_lines: int, minimized: dict, refusa
 def replay(path: str, *, minimize_it: bool) -> int:
     """Check one program given as source (e.g. a failure pasted into a file)."""
     with open(path) as f:
-        program = Program.from_source(f.read())
+        source = f.read()
+    program = (LayeredProgram if "class Layer(nn.Module)" in source else Program).from_source(source)
     outcome = check(program)
     print(f"{outcome.status}: {outcome.reason}" if outcome.reason else outcome.status)
     if outcome.status == FAILURE:
         print(outcome.detail)
-        if minimize_it:
+        if minimize_it and isinstance(program, Program):
             small = minimize(program, lambda c: (lambda oc: oc.status == FAILURE
                                                  and oc.reason == outcome.reason)(check(c)))
             print("MINIMAL program:")
@@ -133,7 +136,7 @@ def main(argv=None) -> int:
     minimized = {}
     if args.minimize:
         for p, o in results:
-            if o.status == FAILURE and o.reason not in minimized:
+            if o.status == FAILURE and o.reason not in minimized and isinstance(p, Program):
                 reason = o.reason
                 minimized[reason] = minimize(
                     p, lambda c, r=reason: (lambda oc: oc.status == FAILURE and oc.reason == r)(check(c)))
