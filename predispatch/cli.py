@@ -123,7 +123,7 @@ def op_summary(ep, policy) -> str:
     """Which composites the program keeps, and which ops it uses, by count."""
     import torch
 
-    from .region_utils import graph_modules
+    from .ir.region_graphs import graph_modules
 
     counts = collections.Counter(
         node.target for gm in graph_modules(ep.graph_module) for node in gm.graph.nodes

@@ -2828,7 +2828,7 @@ def test_a_leaf_swapped_to_another_shape_then_written_through_a_sharer_is_refuse
 # updated: the program laid x at offset 0 of z's storage (functionalization's
 # offsets count from a base an update replaces by a fresh tensor at offset
 # 0). Layouts are now followed on meta shadows of the inputs, as eager lays
-# them out (predispatch.eager_layout; more cases in test_mutation_kinds).
+# them out (predispatch.trace.eager_layout; more cases in test_mutation_kinds).
 
 class SwappedToAnOffsetInputThenUpdated(nn.Module):
     def __init__(self):

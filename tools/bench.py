@@ -2,7 +2,7 @@
 
 The floor is one forward pass on fake tensors; torch.export runs non-strict.
 predispatch is measured with layer reuse (the default) and without it
-("pd-noreuse": every layer traced; see predispatch.layer_reuse).
+("pd-noreuse": every layer traced; see predispatch.trace.layer_reuse).
 
     python tools/bench.py                    # everything (takes a while)
     python tools/bench.py --quick            # a small subset, < 2 minutes
@@ -250,7 +250,7 @@ def export_pd(model, args):
 
 
 def export_pd_without_reuse(model, args):
-    """Every layer traced (predispatch.layer_reuse off)."""
+    """Every layer traced (predispatch.trace.layer_reuse off)."""
     with predispatch.reuse_layers(False):
         return export_pd(model, args)
 

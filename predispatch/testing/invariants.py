@@ -6,8 +6,8 @@ import torch
 import torch.fx
 
 from .. import _torch
-from ..autograd_function_op import AUTOGRAD_FUNCTION
-from ..region_utils import graph_modules, mutable_op_nodes
+from ..ir.autograd_function_op import AUTOGRAD_FUNCTION
+from ..ir.region_graphs import graph_modules, mutable_op_nodes
 
 _REGION_HOPS = (_torch.wrap_with_set_grad_enabled, _torch.wrap_with_autocast)
 _SIDE_EFFECTS = (_torch.SET_GRAD_ENABLED, _torch.ENTER_AUTOCAST, _torch.EXIT_AUTOCAST)

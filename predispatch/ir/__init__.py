@@ -1,0 +1,1 @@
+"""The records, node-meta keys and ops every stage shares: predispatch's IR."""

@@ -1,0 +1,1 @@
+"""The ExportedProgram predispatch returns: its metadata, write-backs, and its printed form."""
