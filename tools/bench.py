@@ -59,6 +59,7 @@ import torch.utils._pytree as pytree  # noqa: E402
 from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 
 import predispatch  # noqa: E402
+from predispatch.program import region_runtime  # noqa: E402
 
 CHILD_TAG = "BENCH_CHILD "
 EXPORTERS = ("torch", "predispatch", "pd-noreuse", "floor")  # pd-noreuse: layer reuse off
@@ -497,7 +498,7 @@ def fwd_bwd_seconds(fn, params, args) -> float:
 
 def torch_fwd_bwd_seconds(fn, params, args) -> float:
     """torch.export's program as users have it: with torch's own region calls."""
-    with predispatch._torch.torch_region_runtime():
+    with region_runtime.torch_region_runtime():
         return fwd_bwd_seconds(fn, params, args)
 
 

@@ -181,3 +181,28 @@ def rename_placeholder(node: torch.fx.Node, name: str) -> None:
     """A placeholder's name and argument name (the graph's namespace kept unique)."""
     node.target = name
     node._rename(name)
+
+
+def process_export_inputs(module, args, kwargs, dynamic_shapes) -> tuple:
+    """torch.export's checks and normalization of the example inputs:
+    (args, kwargs, input tree spec, dynamic shapes, verify_additional_inputs)."""
+    return _export_trace._process_export_inputs(module, args, kwargs, dynamic_shapes)
+
+
+def original_state_dict(module) -> dict:
+    """The module's state before the trace, as torch.export keeps it in the program."""
+    return _export_trace._get_original_state_dict(module)
+
+
+def non_strict_export(module, args, kwargs, dynamic_shapes, in_spec, aten_stage):
+    """torch.export's non-strict front end (fake inputs, dynamic shapes, lifting,
+    placeholder names) around ``aten_stage``, our trace in place of its own."""
+    return _export_trace._non_strict_export(
+        mod=module, args=args, kwargs=kwargs, dynamic_shapes=dynamic_shapes,
+        preserve_module_call_signature=(), orig_in_spec=in_spec,
+        prefer_deferred_runtime_asserts_over_guards=False, _to_aten_func=aten_stage)
+
+
+def backend_decompositions_ignored():
+    """torch.export's own guard against decompositions a backend registered."""
+    return _export_trace._ignore_backend_decomps()

@@ -205,3 +205,32 @@ def _saved_for_backward() -> dict[str, tuple[frozenset, bool]]:
             saved[str(schema.name)] = (frozenset(a.nctype.name for a in info.all_saved_inputs),
                                        bool(info.all_saved_outputs))
     return saved
+
+
+OpOverload = torch._ops.OpOverload  # one overload of an op: what a graph node calls
+OpOverloadPacket = torch._ops.OpOverloadPacket  # torch.ops.aten.linear: every overload of it
+SET_GRAD_ENABLED_NAME = "torch._C._set_grad_enabled"  # as a user writes the bare switch
+# the Python binding of ``_assert_tensor_metadata`` (one overload: the binding cannot pick another)
+ASSERT_TENSOR_METADATA_BINDING = torch._C._VariableFunctions._assert_tensor_metadata
+
+
+def known_to_dispatcher(op: OpOverload) -> bool:
+    """False for TorchScript-only overloads (``aten::add.t``): no traced graph can call them."""
+    try:
+        torch._C._dispatch_find_schema_or_throw(op._schema.name, op._schema.overload_name)
+    except RuntimeError:
+        return False
+    return True
+
+
+def redispatch_below_autograd(op: OpOverload, keyset, *args):
+    """``op`` run past the autograd keys of ``keyset`` (an op's kernel calling the layer below it)."""
+    with torch._C._AutoDispatchBelowAutograd():
+        return op.redispatch(keyset & torch._C._after_autograd_keyset, *args)
+
+
+def control_flow_ops_module():
+    """The module holding torch's control-flow higher-order ops (cond, while_loop, scan, map)."""
+    import torch._higher_order_ops
+
+    return torch._higher_order_ops

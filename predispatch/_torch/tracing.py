@@ -22,7 +22,6 @@ from torch.fx.experimental.proxy_tensor import ProxyTorchDispatchMode, track_ten
 from torch.utils._python_dispatch import _detect_infra_mode, _disable_infra_mode
 
 from .ops import SET_GRAD_ENABLED, may_return_a_view
-from .runtime import _GRAD_REGION_CODES
 
 
 def autocast_devices() -> list[str]:
@@ -40,6 +39,15 @@ def autocast_nesting() -> int:
 _GRAD_MODE_FILE = "autograd" + ("\\" if sys.platform == "win32" else "/") + "grad_mode.py"
 
 
+_GRAD_MODE_BLOCKS: dict = {}  # code of a grad-mode block's __enter__ / __exit__ -> "enter" / "exit"
+
+
+def register_grad_mode_block(cls) -> None:
+    """``cls`` (a context manager of predispatch's own, whose ``__enter__`` and
+    ``__exit__`` set grad mode) opens and closes a block as torch's do."""
+    _GRAD_MODE_BLOCKS.update({cls.__enter__.__code__: "enter", cls.__exit__.__code__: "exit"})
+
+
 def grad_mode_caller() -> tuple[str, object] | None:
     """Which grad-mode context manager is calling ``_set_grad_enabled`` now.
 
@@ -51,8 +59,8 @@ def grad_mode_caller() -> tuple[str, object] | None:
     found = None
     while frame is not None:
         code = frame.f_code
-        if code in _GRAD_REGION_CODES:  # a region of a program being exported again
-            return _GRAD_REGION_CODES[code], frame.f_locals["self"]
+        if code in _GRAD_MODE_BLOCKS:  # a region of a program being exported again
+            return _GRAD_MODE_BLOCKS[code], frame.f_locals["self"]
         if code.co_filename.endswith(_GRAD_MODE_FILE):
             # clone() (the decorator form) makes a fresh object: its methods own the block
             if code.co_name in ("__init__", "__enter__", "__exit__", "__call__"):
@@ -432,3 +440,6 @@ def bound_to_receiver(forward, module: torch.nn.Module, caller) -> object:
     if isinstance(receiver, _AttrProxy) and receiver.get_base() is module:
         return forward.__func__.__get__(receiver)
     return forward
+
+
+FAKE_TENSOR_LOGGER = "torch._subclasses.fake_tensor"  # the logger that prints a shape error's traceback

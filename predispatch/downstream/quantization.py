@@ -1,5 +1,6 @@
-"""PT2E quantization through regions (contract §6): torchao's
-``prepare_pt2e`` / ``prepare_qat_pt2e`` / ``convert_pt2e``, with the same
+"""PT2E quantization through regions (contract §6), inside every region too.
+
+torchao's ``prepare_pt2e`` / ``prepare_qat_pt2e`` / ``convert_pt2e``, with the same
 calling convention, run on the whole program (every region, nested ones
 too) rather than on its top-level graph only; the regions stay.
 

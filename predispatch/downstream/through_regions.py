@@ -1,6 +1,8 @@
-"""Whole-graph passes through regions: inline every region with a record of
-where each node came from, run the pass on the flat graph, then outline the
-regions again, with the same names, kinds and modes.
+"""Whole-graph passes through regions: inlined, run on the flat graph, outlined again.
+
+Every region is inlined with a record of where each node came from, the
+pass runs on the flat graph, then the regions are outlined again, with the
+same names, kinds and modes.
 
     >>> prepared = through_regions(ep.module(), lambda gm: prepare_pt2e(gm, quantizer))
 
@@ -21,7 +23,7 @@ import torch
 import torch.fx
 
 from ..passes.regions import outline_region
-from ..ir.region_graphs import inline_region, regions
+from ..ir.regions import inline_region, regions
 
 PLACE = "predispatch_region"  # node.meta key: the path of region keys the node runs in
 

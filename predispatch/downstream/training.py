@@ -1,6 +1,7 @@
-"""``compile_training``: trace a program's forward and backward ahead of time,
-and check at run time that the backward runs under the autocast state it was
-traced for (contract §3).
+"""``compile_training``: a program's forward and backward traced ahead of time (contract §3).
+
+It checks at run time that the backward runs under the autocast state it
+was traced for.
 
     >>> train = compile_training(ep)
     >>> out = train(x); out.sum().backward()
@@ -37,13 +38,13 @@ from collections.abc import Callable
 
 import torch
 import torch.fx
-import torch.utils._pytree as pytree
 from torch.export.graph_signature import InputKind
 
+from .._torch import pytree
 from .. import _torch
 from ..policies.autocast_policy import AutocastPolicy, autocast_policy
 from ..errors import BackwardAutocastMismatchError, BackwardAutocastMismatchWarning
-from ..program.program import read_before_mutation, write_back_under_no_grad, write_back_with_grad
+from ..program.write_backs import read_before_mutation, write_back_under_no_grad, write_back_with_grad
 
 
 class CallNotSupportedError(RuntimeError):
@@ -146,7 +147,7 @@ def sensitive_ops(gm: torch.fx.GraphModule) -> dict[str, list[str]]:
     """Per device, the ops of ``gm`` that autocast on that device would cast."""
     found: dict[str, set] = {}
     for node in gm.graph.nodes:
-        if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+        if node.op != "call_function" or not isinstance(node.target, _torch.OpOverload):
             continue
         val = node.meta.get("val")
         vals = val if isinstance(val, (list, tuple)) else [val]

@@ -1,1 +1,1 @@
-"""The records, node-meta keys and ops every stage shares: predispatch's IR."""
+"""What every stage shares, predispatch's IR: the trace's records, node-meta keys, our ops, regions, the program's record."""

@@ -32,6 +32,7 @@ import re
 import torch
 
 from .. import _torch
+from .bodies import call_body
 
 
 class _AutogradFunctionOp(_torch.HigherOrderOperator):
@@ -70,7 +71,7 @@ class FunctionSpec:
 
 
 def _forward_outputs(fwd, inputs, num_outputs):
-    return tuple(_torch.call_subgraph(fwd, *inputs)[:num_outputs])
+    return tuple(call_body(fwd, inputs, {})[:num_outputs])
 
 
 @AUTOGRAD_FUNCTION.py_impl(_torch.DispatchKey.CompositeExplicitAutograd)
@@ -166,7 +167,7 @@ class _RunFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, fwd, bwd, spec: FunctionSpec, *inputs):
-        results = _torch.call_subgraph(fwd, *inputs)
+        results = call_body(fwd, inputs, {})
         outputs, saved = results[:spec.num_outputs], results[spec.num_outputs:]
         ctx.bwd, ctx.spec = bwd, spec
         ctx.save_for_backward(*saved)
@@ -186,7 +187,7 @@ class _RunFunction(torch.autograd.Function):
                 shape, dtype, device = ctx.output_meta[i]
                 g = torch.zeros(shape, dtype=dtype, device=device)
             fed.append(g.contiguous())  # as traced
-        results = _torch.call_subgraph(ctx.bwd, *fed, *ctx.saved_tensors)
+        results = call_body(ctx.bwd, (*fed, *ctx.saved_tensors), {})
         grad_inputs = [None] * len(ctx.needs_input_grad)  # fwd, bwd, spec, *inputs
         for i, g in zip(spec.grad_inputs, results):
             grad_inputs[3 + i] = g

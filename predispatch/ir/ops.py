@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import torch
 
+from .. import _torch
+
 _LIB = torch.library.Library("predispatch", "FRAGMENT")
 _LIB.define("keep_history(Tensor old, Tensor new) -> Tensor")
 _LIB.define("keep_history_if_no_grad(Tensor old, Tensor new) -> Tensor")
@@ -32,8 +34,7 @@ class _History(torch.autograd.Function):
     def forward(ctx, old, new, op, keyset, of_old):
         ctx.of_old = of_old
         ctx.set_materialize_grads(False)  # no gradient is none: not zeros of new's shape for old
-        with torch._C._AutoDispatchBelowAutograd():
-            return op.redispatch(keyset & torch._C._after_autograd_keyset, old, new)
+        return _torch.redispatch_below_autograd(op, keyset, old, new)
 
     @staticmethod
     def backward(ctx, grad):

@@ -1,6 +1,7 @@
-"""Stage 2, regions: grad-mode and autocast blocks become higher-order ops.
+"""The regions stage: grad-mode and autocast blocks become higher-order ops.
 
-One pass serves both kinds, driven by the table ``REGION_KINDS``: it reads
+One pass serves both kinds, driven by the table ``REGION_KINDS``
+(:mod:`predispatch.ir.regions`): it reads
 the block markers of the flat captured graph into a tree (nesting as in the
 source), decides which blocks are regions (a top-level block always is; a
 nested one only if it changes the state its enclosing region set), and
@@ -17,37 +18,15 @@ from __future__ import annotations
 
 import dataclasses
 import operator
-from typing import Callable
 
 import torch
 import torch.fx
 
 from .. import _torch
 from ..errors import ExportError, node_location
+from ..ir.regions import AUTOCAST, GRAD, RegionKind, delete_unused_submodules
 from ..trace.grad_mode_reads import DERIVED, GRAD_MODE_READ, UNKNOWN
 from ..trace.recorder import GRAD_BLOCK
-
-
-@dataclasses.dataclass(frozen=True)
-class RegionKind:
-    """A kind of region: its higher-order op and how its submodule is named."""
-
-    name: str
-    hop: object
-    label: Callable[[tuple], str]  # region arguments -> submodule name prefix
-
-
-def _autocast_label(args) -> str:
-    device, dtype, enabled, _cache = args
-    if not enabled:
-        return "autocast_off"
-    return f"autocast_{str(dtype).replace('torch.', '')}" if dtype is not None else f"autocast_{device}"
-
-
-GRAD = RegionKind("grad", _torch.wrap_with_set_grad_enabled,
-                  lambda args: "enable_grad" if args[0] else "no_grad")
-AUTOCAST = RegionKind("autocast", _torch.wrap_with_autocast, _autocast_label)
-REGION_KINDS = (GRAD, AUTOCAST)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,7 +89,7 @@ def read_blocks(graph: torch.fx.Graph) -> tuple[list[Block], list[torch.fx.Node]
             continue
         if m.phase == "bare":
             raise ExportError(
-                f"a bare torch._C._set_grad_enabled call, outside any grad-mode context "
+                f"a bare {_torch.SET_GRAD_ENABLED_NAME} call, outside any grad-mode context "
                 f"manager, cannot be exported soundly, at {_where(node)}")
         if m.phase == "enter" and m.kind is GRAD and m.key not in exits:  # a function-call toggle
             _read_toggle(node, m, stack, top, redundant, reads)
@@ -272,24 +251,6 @@ def replace_blocks_with_regions(gm: torch.fx.GraphModule) -> torch.fx.GraphModul
     delete_unused_submodules(gm)
     gm.recompile()
     return gm
-
-
-def delete_unused_submodules(gm: torch.fx.GraphModule) -> None:
-    """``gm.delete_all_unused_submodules()``, keeping what a used submodule
-    holds: torch's keeps only the module a get_attr node names, and would
-    delete the regions inside an autograd Function's subgraphs."""
-    used = set()
-    for node in gm.graph.nodes:
-        if node.op in ("get_attr", "call_module"):
-            parts = node.target.split(".")
-            used.update(".".join(parts[:i + 1]) for i in range(len(parts)))
-            try:
-                held = gm.get_submodule(node.target)
-            except AttributeError:  # a parameter, buffer or constant
-                continue
-            used.update(f"{node.target}.{name}" for name, _ in held.named_modules() if name)
-    for name in [name for name, _ in gm.named_modules() if name and name not in used]:
-        gm.delete_submodule(name)
 
 
 def _outline(gm: torch.fx.GraphModule, block: Block) -> None:

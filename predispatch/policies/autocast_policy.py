@@ -15,6 +15,7 @@ import dataclasses
 import torch
 
 from .. import _torch
+from ..ir.program_meta import program_meta
 
 BACKWARD_MODES = ("same_as_forward", "off")
 MISMATCH_ACTIONS = ("error", "warn", "do_nothing")
@@ -100,6 +101,4 @@ def _check_action(value):
 
 def autocast_policy(ep) -> AutocastPolicy:
     """The backward autocast policy recorded in an exported program (G6)."""
-    from ..program.program import program_meta
-
     return AutocastPolicy.from_json(program_meta(ep).get("autocast_policy", {}))

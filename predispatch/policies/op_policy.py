@@ -97,22 +97,18 @@ class OpPolicy:
 def _in_dispatcher(op) -> bool:
     """False for TorchScript-only overloads (``aten::add.t``, even ``aten.add.default``):
     the dispatcher does not know them, so no traced graph can call them."""
-    try:
-        torch._C._dispatch_find_schema_or_throw(op._schema.name, op._schema.overload_name)
-    except RuntimeError:
-        return False
-    return True
+    return _torch.known_to_dispatcher(op)
 
 
 def _overloads(op) -> frozenset:
     """The overloads ``op`` stands for: itself, or each dispatcher overload of a packet."""
-    if isinstance(op, torch._ops.OpOverloadPacket):
+    if isinstance(op, _torch.OpOverloadPacket):
         overloads = (getattr(op, name) for name in op.overloads())
         ops = frozenset(o for o in overloads if _in_dispatcher(o))
         if not ops:
             raise ValueError(f"{op} has no overload the dispatcher knows (TorchScript-only op)")
         return ops
-    if not isinstance(op, torch._ops.OpOverload):
+    if not isinstance(op, _torch.OpOverload):
         raise ValueError("expected an op overload (torch.ops.aten.linear.default) or a packet "
                          f"(torch.ops.aten.linear, meaning each of its overloads), got {op!r}")
     if not _in_dispatcher(op):

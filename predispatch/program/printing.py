@@ -26,13 +26,15 @@ import torch
 import torch.fx
 from torch.export import ExportedProgram
 
+from .. import _torch
 from ..ir.autograd_function_op import AUTOGRAD_FUNCTION
+from ..policies.autocast_policy import autocast_policy
 
 
 def _op_name(target) -> str:
-    if isinstance(target, torch._ops.OpOverload):
+    if isinstance(target, _torch.OpOverload):
         return f"{target.namespace}.{target._opname}.{target._overloadname}"
-    if isinstance(target, torch._ops.HigherOrderOperator):
+    if isinstance(target, _torch.HigherOrderOperator):
         return target.name()
     if target is operator.getitem:
         return "getitem"
@@ -41,9 +43,9 @@ def _op_name(target) -> str:
 
 def _base_name(node: torch.fx.Node) -> str:
     if node.op == "call_function":
-        if isinstance(node.target, torch._ops.OpOverload):
+        if isinstance(node.target, _torch.OpOverload):
             return node.target._opname
-        if isinstance(node.target, torch._ops.HigherOrderOperator):
+        if isinstance(node.target, _torch.HigherOrderOperator):
             subs = _subgraphs(node)  # named for its (first) submodule
             return subs[0][0].target.removesuffix("_fwd") if subs else node.target.name()
         return _op_name(node.target)
@@ -132,7 +134,7 @@ def _subgraphs(node: torch.fx.Node) -> list[tuple[torch.fx.Node, tuple | None]]:
     its placeholders take (None: they keep their own names). A region's take
     the arguments after it; an autograd Function's forward takes its inputs,
     its backward gradients and saved tensors."""
-    if node.op != "call_function" or not isinstance(node.target, torch._ops.HigherOrderOperator):
+    if node.op != "call_function" or not isinstance(node.target, _torch.HigherOrderOperator):
         return []
     subs = [a for a in node.args if isinstance(a, torch.fx.Node) and a.op == "get_attr"]
     if node.target is AUTOGRAD_FUNCTION:
@@ -147,8 +149,6 @@ def format_program(ep_or_gm) -> str:
     parts = _format_graphs("forward", gm)
     if isinstance(ep_or_gm, ExportedProgram):
         parts.append(format_signature(ep_or_gm))
-        from ..policies.autocast_policy import autocast_policy
-
         policy = autocast_policy(ep_or_gm)
         parts.append(f"autocast policy: {policy.describe()}")
     return "\n".join(parts) + "\n"

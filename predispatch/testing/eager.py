@@ -17,7 +17,8 @@ import numbers
 import warnings
 
 import torch
-import torch.utils._pytree as pytree
+
+from .._torch import pytree
 
 
 @dataclasses.dataclass

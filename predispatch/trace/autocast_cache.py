@@ -19,8 +19,8 @@ not require grad is never cached) and ``current`` otherwise.
 from __future__ import annotations
 
 import torch
-import torch.utils._pytree as pytree
 
+from .._torch import pytree
 from .. import _torch
 from ..ir import ops
 

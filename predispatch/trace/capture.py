@@ -1,4 +1,4 @@
-"""Stage 1, capture: trace a module into a flat functional pre-dispatch graph.
+"""The capture stage of a module's export: a flat functional pre-dispatch graph.
 
 torch.export's non-strict front end makes the fake inputs, solves dynamic
 shapes, lifts parameters, buffers and constants and names placeholders; its
@@ -67,7 +67,6 @@ def _strip_key(key: str) -> str:
 
 def _aten_stage(policy: OpPolicy, record: TraceRecord):
     """torch.export's ``_to_aten_func`` hook, doing our functional pre-dispatch trace."""
-    t = _torch.export_trace
 
     def to_aten(mod, fake_args, fake_kwargs, fake_params_buffers, constant_attrs,
                 produce_guards_callback=None, *, transform=lambda f: f, **_unused):
@@ -85,7 +84,7 @@ def _aten_stage(policy: OpPolicy, record: TraceRecord):
             stack.enter_context(_torch.restoring_module_attributes(getattr(mod, "_export_root", mod)))
             stack.enter_context(_torch.reparametrize_module(
                 mod, fake_params_buffers, tie_weights=True, strict=True, stack_weights=True))
-            stack.enter_context(t._ignore_backend_decomps())
+            stack.enter_context(_torch.backend_decompositions_ignored())
             stack.enter_context(_torch.compiling_state_context())
             stack.enter_context(torch.enable_grad())
             stack.enter_context(_torch.decompose_by(policy.should_decompose))
@@ -122,21 +121,17 @@ def _refuse_backward_hooks(module: torch.nn.Module) -> None:
             "register it on ep.module()")
 
 
-def capture(module, args, kwargs, dynamic_shapes, policy: OpPolicy) -> Captured:
+def capture_module(module, args, kwargs, dynamic_shapes, policy: OpPolicy, record: TraceRecord) -> Captured:
+    """The capture stage of a module's export: torch.export's front end, our trace as its aten stage."""
     _refuse_backward_hooks(module)
-    t = _torch.export_trace
     args, kwargs, orig_in_spec, dynamic_shapes, verify_additional_inputs = (
-        t._process_export_inputs(module, args, kwargs, dynamic_shapes))
-    original_state_dict = t._get_original_state_dict(module)
-    record = TraceRecord()
+        _torch.process_export_inputs(module, args, kwargs, dynamic_shapes))
+    original_state_dict = _torch.original_state_dict(module)
     _torch.clear_fake_dispatch_cache()  # one export's entries are not another's (see there)
     with (_data_dependence_as_export_error(),
           _functionalization_errors_as_export_errors(), _garbage_collection_paused()):
-        artifact = t._non_strict_export(
-            mod=module, args=args, kwargs=kwargs, dynamic_shapes=dynamic_shapes,
-            preserve_module_call_signature=(), orig_in_spec=orig_in_spec,
-            prefer_deferred_runtime_asserts_over_guards=False,
-            _to_aten_func=_aten_stage(policy, record))
+        artifact = _torch.non_strict_export(module, args, kwargs, dynamic_shapes, orig_in_spec,
+                                            _aten_stage(policy, record))
     return Captured(artifact, record, args, kwargs, dynamic_shapes,
                     original_state_dict, verify_additional_inputs)
 

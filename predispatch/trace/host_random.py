@@ -20,8 +20,8 @@ import contextlib
 import math
 import sys
 
-import torch.utils._pytree as pytree
 
+from .._torch import pytree
 from ..errors import ExportError, is_library_file, user_location
 from .patching import patched
 

@@ -54,7 +54,7 @@ _DRAWS = frozenset({"normal_", "uniform_", "bernoulli_", "exponential_", "cauchy
 class OutOfPlace:
     """``self.copy_(functional(...))`` for an in-place op."""
 
-    functional: torch._ops.OpOverload
+    functional: _torch.OpOverload
     for_history: bool  # a row of the history kind (see the module docstring)
     random: bool  # a draw: ``self`` gives its shape, not a history
 
@@ -140,7 +140,7 @@ def traced_as(op, grad_enabled: bool) -> OutOfPlace | Unrecorded | GrowingResize
 
 @functools.lru_cache(maxsize=None)
 def _rule(op) -> OutOfPlace | Unrecorded | GrowingResize | None:
-    if not (isinstance(op, torch._ops.OpOverload) and op.namespace == "aten"
+    if not (isinstance(op, _torch.OpOverload) and op.namespace == "aten"
             and torch.Tag.inplace in op.tags):
         return None
     name = op._schema.name.split("::")[1]
@@ -159,7 +159,7 @@ def _rule(op) -> OutOfPlace | Unrecorded | GrowingResize | None:
     return None
 
 
-def _functional_variant(op) -> torch._ops.OpOverload | None:
+def _functional_variant(op) -> _torch.OpOverload | None:
     """The out-of-place op taking the same arguments (by name) and mutating none."""
     name = op._schema.name.split("::")[1].rstrip("_")
     wanted = {a.name for a in op._schema.arguments}

@@ -10,9 +10,9 @@ import contextlib
 import sys
 
 import torch
-import torch._higher_order_ops
 import torch.autograd.forward_ad
 
+from .. import _torch
 from ..errors import ExportError, is_library_file, user_location
 from .patching import patched
 
@@ -50,7 +50,7 @@ _REFUSED_CALLS = {
        for name in ("manual_seed", "seed", "set_rng_state")},
     (torch.random, "fork_rng"): _RNG_CALL,
     (torch, "cond"): _CONTROL_FLOW_CALL,
-    **{(torch._higher_order_ops, name): _CONTROL_FLOW_CALL
+    **{(_torch.control_flow_ops_module(), name): _CONTROL_FLOW_CALL
        for name in ("cond", "while_loop", "scan", "map", "associative_scan")},
 }
 

@@ -5,8 +5,8 @@ straight-through estimator's input gets round()'s zero gradient). Here, while
 the forward is traced, the call becomes one op carrying both
 (:mod:`predispatch.ir.autograd_function_op`), as subgraphs traced at the call
 from the user's ``forward`` and ``backward`` by the module's own pipeline
-(:func:`subgraph`: functional, regions, kept histories), with the running
-trace suspended:
+(:func:`predispatch.trace.autograd_function.subgraphs.subgraph`: functional,
+regions, kept histories), with the running trace suspended:
 
 * the forward, on fresh fake inputs of the arguments' metadata, under
   no_grad as eager runs it, returning its outputs and what its ctx keeps for
@@ -33,8 +33,8 @@ import dataclasses
 import inspect
 
 import torch
-import torch.utils._pytree as pytree
 
+from ..._torch import pytree
 from ... import _torch
 from .ctx import (
     Passed,
@@ -48,6 +48,7 @@ from .ctx import (
     unfixed_state,
 )
 from ...ir.autograd_function_op import AUTOGRAD_FUNCTION, FunctionSpec, output_values, placeholders
+from .subgraphs import MutatedInput, subgraph
 from ...errors import ExportError, exception_location, user_location
 from ..patching import patched, patches_suspended
 
@@ -81,94 +82,10 @@ def capturing_autograd_functions():
     return patched(torch.autograd.Function, "apply", capturing)
 
 
-class _Body(torch.nn.Module):
-    """A function as a module, for the pipeline that traces modules."""
-
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, *args):
-        return self.fn(*args)
-
-
-class _MutatedInput(Exception):
-    """A subgraph updates one of its inputs in place."""
-
-
-def subgraph(fn, fake_inputs: list, names: list[str], autocast_cache: bool):
-    """``fn(*fake_inputs)`` traced by the module's pipeline (capture, kept
-    histories, dead code, copies, regions, G1's net), placeholders named
-    ``names``; an autocast block that does not say gets ``autocast_cache``.
-    Returns the graph module and its tensor constants, which it takes as its
-    last inputs (see :func:`_lift_constants`)."""
-    from types import SimpleNamespace
-
-    from torch.export.graph_signature import (
-        InputKind,
-        InputSpec,
-        OutputKind,
-        OutputSpec,
-        TensorArgument,
-    )
-
-    from ..capture import history_nodes
-    from ...passes.writes import replace_writes
-    from ...pipeline import keep_histories, refuse_remaining_mutations
-    from ..functional_trace import functional_trace
-    from ...passes.regions import replace_blocks_with_regions
-    from ..recorder import TraceRecord, recording
-
-    body, record = _Body(fn), TraceRecord()
-    with _torch.autocast_cache_enabled(autocast_cache), recording(body, record, str), \
-            _torch.autocast_cache_enabled(False):  # as make_fx traces
-        gm, signature, _views = functional_trace(body, fake_inputs, {}, keep=lambda: history_nodes(record),
-                                                 on_retrace=record.clear)
-    if signature.user_inputs_to_mutate:
-        raise _MutatedInput()
-    for node, name in zip(placeholders(gm), names):
-        _torch.rename_placeholder(node, name)
-    constants = _lift_constants(gm)
-    inputs = placeholders(gm)
-    outputs = gm.graph.output_node().args[0]
-    signature = SimpleNamespace(
-        input_specs=[InputSpec(InputKind.USER_INPUT, TensorArgument(n.name), None) for n in inputs],
-        output_specs=[OutputSpec(OutputKind.USER_OUTPUT, TensorArgument(getattr(o, "name", "")), None)
-                      for o in outputs])
-    keep_histories(SimpleNamespace(gm=gm, signature=signature, record=record), body)
-    gm.graph.eliminate_dead_code()
-    replace_writes(gm)
-    replace_blocks_with_regions(gm)
-    refuse_remaining_mutations(gm)
-    gm.recompile()
-    return gm, constants
-
-
-def _lift_constants(gm: torch.fx.GraphModule) -> list[torch.Tensor]:
-    """Tensor constants of the Function's code (``torch.tensor(data)``) become
-    placeholders after the others: the op takes them as inputs, which
-    torch.export lifts as the program's constants (a subgraph's own tensor
-    attributes would be neither lifted nor serialized)."""
-    constants = []
-    for node in [n for n in gm.graph.nodes if n.op == "get_attr"]:
-        value = getattr(gm, node.target)
-        if not isinstance(value, torch.Tensor):
-            continue
-        with gm.graph.inserting_after(placeholders(gm)[-1]) if placeholders(gm) else \
-                gm.graph.inserting_before(next(iter(gm.graph.nodes))):
-            lifted = gm.graph.placeholder(f"constant_{len(constants)}")
-        lifted.meta.update(node.meta)
-        node.replace_all_uses_with(lifted)
-        gm.graph.erase_node(node)
-        delattr(gm, node.target)
-        constants.append(value)
-    return constants
-
-
 def _inline_no_grad_regions(gm: torch.fx.GraphModule) -> None:
     """The forward's top-level no_grad block (ours: the op runs the forward
     under no_grad, as eager does) inlined."""
-    from ...ir.region_graphs import inline_region, regions
+    from ...ir.regions import inline_region, regions
 
     for region in [r for r in regions(gm) if r.depth == 0 and r.owner is gm and r.args == (False,)]:
         inline_region(gm, region)
@@ -235,7 +152,7 @@ def _trace_call(cls, args, positions, tensors, where) -> _Traced:
             phase = "backward"
             bwd, grad_outputs, grad_inputs = _trace_backward(cls, args, positions, fwd, state,
                                                              needs_input_grad, where, cache)
-    except _MutatedInput:
+    except MutatedInput:
         raise refused(name, where, (
             f"its {phase} updates an input in place (an input of the forward, or a saved tensor "
             "or a gradient in the backward): cannot be exported soundly; compute a new tensor "

@@ -1,5 +1,4 @@
-"""The ``ctx`` a Function's forward and backward get while they are traced,
-and what may cross from one to the other.
+"""The ``ctx`` a traced Function's forward and backward get, and what may cross between them.
 
 A ctx attribute reaches the traced backward as it is when it is fixed at
 export time (a number, a string, a dtype, a function: baked into the
@@ -20,8 +19,8 @@ import types
 from typing import Callable
 
 import torch
-import torch.utils._pytree as pytree
 
+from ..._torch import pytree
 from ... import _torch
 from ...errors import ExportError
 

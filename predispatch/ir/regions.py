@@ -1,19 +1,20 @@
-"""Region utilities for passes and pattern matchers that must see inside
-regions rather than silently skip them.
+"""Regions in a graph: the kinds of region the IR has, walking them, inlining one.
+
+A region is a higher-order-op call of a submodule: ``wrap_with_set_grad_enabled``
+(kind "grad") or ``wrap_with_autocast`` (kind "autocast"), one row each of
+:data:`REGION_KINDS`, nested as in the source. For passes and pattern
+matchers that must see inside regions rather than silently skip them::
 
     >>> for r in regions(ep):
     ...     print(r.depth, r.name, r.kind, r.args)
     0 no_grad_0 grad (False,)
     1 autocast_bfloat16_1 autocast ('cpu', torch.bfloat16, True, True)
-
-``inline_regions(ep)`` is for consumers that cannot handle higher-order ops.
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
 import operator
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 import torch.fx
@@ -21,11 +22,30 @@ from torch.export import ExportedProgram
 
 from .. import _torch
 from .autograd_function_op import AUTOGRAD_FUNCTION
-from ..program.program import PredispatchProgram, program_meta, set_program_meta
-from ..passes.regions import delete_unused_submodules
 
-_KIND = {_torch.wrap_with_set_grad_enabled: "grad", _torch.wrap_with_autocast: "autocast",
-         AUTOGRAD_FUNCTION: "autograd_function"}
+
+@dataclasses.dataclass(frozen=True)
+class RegionKind:
+    """A kind of region: its higher-order op and how its submodule is named."""
+
+    name: str
+    hop: object
+    label: Callable[[tuple], str]  # region arguments -> submodule name prefix
+
+
+def _autocast_label(args) -> str:
+    device, dtype, enabled, _cache = args
+    if not enabled:
+        return "autocast_off"
+    return f"autocast_{str(dtype).replace('torch.', '')}" if dtype is not None else f"autocast_{device}"
+
+
+GRAD = RegionKind("grad", _torch.wrap_with_set_grad_enabled,
+                  lambda args: "enable_grad" if args[0] else "no_grad")
+AUTOCAST = RegionKind("autocast", _torch.wrap_with_autocast, _autocast_label)
+REGION_KINDS = (GRAD, AUTOCAST)
+# a higher-order op -> the kind of region it calls (an autograd Function's op: walked into, no region)
+_KIND = {**{kind.hop: kind.name for kind in REGION_KINDS}, AUTOGRAD_FUNCTION: "autograd_function"}
 # where each op's submodule and its inputs are among its arguments (after the
 # mode arguments of a region; an autograd Function's backward comes between)
 _SUBMODULE = {"grad": 1, "autocast": 4, "autograd_function": 0}
@@ -92,38 +112,11 @@ def _walk(gm: torch.fx.GraphModule, depth: int) -> Iterator[Region]:
             yield from _walk(sub, depth + 1)
 
 
-def _function_calls(gm: torch.fx.GraphModule) -> list[Region]:
+def function_calls(gm: torch.fx.GraphModule) -> list[Region]:
     """``gm``'s own autograd Function ops, as regions whose body is the forward."""
     return [Region("autograd_function", (), getattr(gm, node.args[0].target), node, gm, 0)
             for node in gm.graph.nodes
             if node.op == "call_function" and node.target is AUTOGRAD_FUNCTION]
-
-
-_DTYPE_GUARD = torch.ops.aten._assert_tensor_metadata.default
-
-
-def _drop_guards_of_autocast_dtypes(gm: torch.fx.GraphModule) -> None:
-    """Refresh the nodes' values after autocast regions are inlined. A
-    ``.to()`` guard checks the dtype its input had when traced; where an
-    inlined autocast made that dtype, the input's dtype now depends on the
-    caller's mode, so the guard goes."""
-    stale = []
-
-    def check(node):
-        if node.target is _DTYPE_GUARD:
-            dtype = node.args[0].meta["val"].dtype
-            traced = node.kwargs["dtype"] if "dtype" in node.kwargs else node.args[3]
-            if dtype != traced:
-                stale.append(node)
-                node.target = _SKIPPED  # while values are refreshed
-
-    _torch.refresh_fake_values(gm, before_node=check)
-    for node in stale:
-        gm.graph.erase_node(node)
-
-
-def _SKIPPED(*args, **kwargs):
-    return None
 
 
 def inline_region(owner: torch.fx.GraphModule, region: Region) -> None:
@@ -166,40 +159,21 @@ def _moved_up(owner: torch.fx.GraphModule, submodule: torch.fx.GraphModule, targ
     return candidate
 
 
-def inline_regions(ep: ExportedProgram) -> ExportedProgram:
-    """A copy of ``ep`` with every region inlined as plain ops.
+def delete_unused_submodules(gm: torch.fx.GraphModule) -> None:
+    """``gm.delete_all_unused_submodules()``, keeping what a used submodule
+    holds: torch's keeps only the module a get_attr node names, and would
+    delete the regions inside an autograd Function's subgraphs."""
+    used = set()
+    for node in gm.graph.nodes:
+        if node.op in ("get_attr", "call_module"):
+            parts = node.target.split(".")
+            used.update(".".join(parts[:i + 1]) for i in range(len(parts)))
+            try:
+                held = gm.get_submodule(node.target)
+            except AttributeError:  # a parameter, buffer or constant
+                continue
+            used.update(f"{node.target}.{name}" for name, _ in held.named_modules() if name)
+    for name in [name for name, _ in gm.named_modules() if name and name not in used]:
+        gm.delete_submodule(name)
 
-    For consumers that cannot handle higher-order ops. The grad-mode and
-    autocast semantics of the regions are LOST: the inlined ops run under
-    whatever mode the caller has (a no_grad block's ops now record autograd
-    history, an autocast block's ops are no longer autocast: their values
-    show the dtypes they compute in without autocast, and the ``.to()``
-    guards on dtypes autocast made are dropped). An autograd Function's op is
-    replaced by its forward: its custom backward is LOST too (the program
-    differentiates the forward's ops).
-    """
-    gm = copy.deepcopy(ep.graph_module)
-    record = program_meta(gm)  # it may live on a region's node, which inlining removes
-    autocast_inlined = False
-    while True:
-        top = [r for r in regions(gm) if r.depth == 0 and r.owner is gm] + _function_calls(gm)
-        if not top:
-            break
-        for region in top:
-            autocast_inlined |= region.kind == "autocast"
-            inline_region(gm, region)
-    delete_unused_submodules(gm)
-    gm.graph.eliminate_dead_code(is_impure_node=lambda n: n.op in ("placeholder", "output") or n.is_impure())
-    if autocast_inlined:  # the nodes' values say what autocast made
-        _drop_guards_of_autocast_dtypes(gm)
-    set_program_meta(gm, record)
-    gm.recompile()
-    signature = copy.deepcopy(ep.graph_signature)
-    outputs = gm.graph.output_node().args[0]
-    for spec, node in zip(signature.output_specs, outputs):
-        if hasattr(spec.arg, "name") and isinstance(node, torch.fx.Node):
-            spec.arg.name = node.name
-    new = ep._update(gm, signature)
-    if isinstance(ep, PredispatchProgram):
-        new.__class__ = PredispatchProgram
-    return new
+
