@@ -21,7 +21,7 @@ from .passes.writes import replace_writes
 from .errors import ExportError, node_location
 from .passes.history import (
     drop_unseen_leaves,
-    keep_history_pass,
+    insert_kept_histories,
     may_require_grad,
     refuse_updates_of_saved_values,
     refuse_views_of_reshaped_inputs,
@@ -112,9 +112,9 @@ def keep_histories(captured: Captured, module: torch.nn.Module) -> None:
     requiring = {name for name, p in module.named_parameters(remove_duplicate=False)
                  if p.requires_grad}
     gm, sig = captured.gm, captured.signature
-    keep_history_pass(gm, captured.record.replacements,
-                      lambda modes: may_require_grad(gm, sig, requiring, modes),
-                      [s.kind.name for s in sig.output_specs], _write_backs(sig))
+    insert_kept_histories(gm, captured.record.replacements,
+                          lambda modes: may_require_grad(gm, sig, requiring, modes),
+                          [s.kind.name for s in sig.output_specs], _write_backs(sig))
     refuse_updates_of_saved_values(captured.record.swap_updates, lambda: may_require_grad(gm, sig, requiring),
                                    gm.graph, [s.kind.name for s in sig.output_specs])
     refuse_views_of_reshaped_inputs(gm.graph, _reshaped_covers(captured),
