@@ -29,7 +29,7 @@ from .trace.recorder import TraceRecord  # moving to ir/records.py
 from .passes import dead_code, functional_check, history, regions, signature, writes
 from .passes.history import (
     drop_unseen_leaves,
-    keep_history_pass,
+    insert_kept_histories,
     may_require_grad,
     refuse_updates_of_saved_values,
     refuse_views_of_reshaped_inputs,
@@ -98,9 +98,9 @@ def _keep_histories(gm: torch.fx.GraphModule, sig, record: TraceRecord, module: 
     a re-export of the program (which holds the kept histories) sees them."""
     requiring = {name for name, p in module.named_parameters(remove_duplicate=False)
                  if p.requires_grad}
-    keep_history_pass(gm, record.replacements,
-                      lambda modes: may_require_grad(gm, sig, requiring, modes),
-                      [s.kind.name for s in sig.output_specs], _write_backs(sig))
+    insert_kept_histories(gm, record.replacements,
+                          lambda modes: may_require_grad(gm, sig, requiring, modes),
+                          [s.kind.name for s in sig.output_specs], _write_backs(sig))
     refuse_updates_of_saved_values(record.swap_updates, lambda: may_require_grad(gm, sig, requiring),
                                    gm.graph, [s.kind.name for s in sig.output_specs])
     refuse_views_of_reshaped_inputs(gm.graph, _reshaped_covers(gm, sig, record),

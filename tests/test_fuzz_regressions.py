@@ -416,7 +416,7 @@ def test_stale_autocast_cache_variants_are_refused_or_match(module):
 # 9. (a regression of the fix for 1) export.py runs copy_pass.replace_copies
 # before keep_histories: the trace recorded `v.copy_(y)` under no_grad as a
 # Replacement whose `new` node is the aten.copy node, which replace_copies
-# has erased, so keep_history_pass skips it (`_alive(r.new)` is false) and
+# has erased, so insert_kept_histories skips it (`_alive(r.new)` is false) and
 # `v` loses its autograd history (eager: v keeps its grad_fn, x gets a
 # gradient). Fix: run replace_copies after keep_histories (checked: that
 # makes these pass), or map the record's nodes through the rewrite.
@@ -481,7 +481,7 @@ def test_view_of_no_grad_view_does_not_require_grad():
 
 
 # --------------------------------------------------------------------------
-# 11. keep_history_pass inserts a keep_history node for every replacement,
+# 11. insert_kept_histories inserts a keep_history node for every replacement,
 # used or not. For an intermediate mutated under no_grad and never read
 # again the node is dead, yet it keeps the region returning the mutated
 # value; the re-export of ep.module() has neither, so G7 fails (an extra
@@ -535,13 +535,13 @@ def test_set_grad_enabled_decorator_inside_forward():
 
 
 # --------------------------------------------------------------------------
-# 13. keep_history.may_require_grad runs once, before keep_history_pass
+# 13. keep_history.may_require_grad runs once, before insert_kept_histories
 # inserts anything, and counts a value computed under no_grad as never
 # requiring grad. A parameter updated under no_grad is read through
 # keep_history later, so it does require grad, and so do values computed
 # from it in grad mode (here in an enable_grad block nested in the no_grad
 # block); but they are missing from may_grad, so when they are mutated under
-# no_grad keep_history_pass skips them (`old not in may_grad`) and their
+# no_grad insert_kept_histories skips them (`old not in may_grad`) and their
 # history is lost: eager gives `w` a gradient, the program gives None. (The
 # fuzzer's form: `self.lin.bias[0] = self.n` then `v0 = self.n + self.lin.bias`
 # under enable_grad, then `v0.mul_(0)`.) Fix: let may_grad follow the

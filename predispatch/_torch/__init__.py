@@ -22,6 +22,7 @@ from .ops import (  # noqa: F401
     has_own_functionalization_kernel,
     HigherOrderOperator,
     impure_by_op,
+    is_functional_overload,
     known_to_dispatcher,
     mark_side_effectful,
     OP_TYPES,
@@ -37,6 +38,7 @@ from .ops import (  # noqa: F401
 from .functionalization import (  # noqa: F401
     FunctionalTensor,
     FunctionalTensorMode,
+    apply_pending_updates,
     current_node,
     fake_as_strided,
     from_functional,
@@ -82,6 +84,7 @@ from .runtime import (  # noqa: F401
 )
 from .tracing import (  # noqa: F401
     ambient_modes,
+    any_autocast_enabled,
     autocast_cache_default,
     autocast_cache_enabled,
     autocast_devices,
@@ -118,6 +121,8 @@ from .tracing import (  # noqa: F401
     restore_ambient_modes,
     returns_a_view,
     size_hint,
+    torch_function_disabled,
+    torch_function_enabled,
     torch_function_modes_suspended,
     TorchFunctionMode,
     trace_suspended,

@@ -95,6 +95,12 @@ def functional_write(target: FunctionalTensor, value: FunctionalTensor, *, hidde
         target.mark_mutation_hidden_from_autograd()
 
 
+def apply_pending_updates(t: FunctionalTensor) -> None:
+    """Bring ``t`` up to date with the writes made through its aliases
+    (functionalization applies them lazily, at the next read)."""
+    torch._sync(t)
+
+
 def functional_mode() -> FunctionalTensorMode:
     return FunctionalTensorMode(pre_dispatch=True, export=True, _allow_token_discovery=True)
 

@@ -132,6 +132,11 @@ def written_arguments(func) -> tuple:
 OP_TYPES = (torch._ops.OpOverload, torch._ops.OpOverloadPacket, HigherOrderOperator)
 
 
+def is_functional_overload(target) -> bool:
+    """Is ``target`` an op overload (``aten.add.Tensor``) whose schema writes nothing?"""
+    return isinstance(target, torch._ops.OpOverload) and not target._schema.is_mutable
+
+
 def may_return_a_view(op) -> bool:
     """Can ``op``'s eager result be a view (a view op, or a composite whose
     decomposition may return one: ``linear`` of a vector, ``reshape``)? True

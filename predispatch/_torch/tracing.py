@@ -28,6 +28,17 @@ def autocast_devices() -> list[str]:
     return [d for d in torch._C._autocast_supported_devices() if hasattr(torch, d)]
 
 
+# Is autocast on for any device? (a global state an op's result metadata depends on)
+any_autocast_enabled = torch._C._is_any_autocast_enabled
+
+# A block whose torch calls reach no torch-function mode nor subclass override: predispatch's
+# own reads of tensor metadata, which are not the traced module's torch calls
+torch_function_disabled = torch._C.DisableTorchFunction
+
+# Inside torch_function_disabled, a block whose torch calls reach the modes again (the module's own)
+torch_function_enabled = torch._C._EnableTorchFunction
+
+
 def autocast_nesting() -> int:
     """How many autocast blocks are open (torch has no getter: read it by a
     balanced increment/decrement, which changes nothing)."""

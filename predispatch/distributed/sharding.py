@@ -46,7 +46,6 @@ import inspect
 import os
 
 import torch
-import torch.utils._pytree as pytree
 
 from .. import _torch
 from . import collectives, fsdp
@@ -238,7 +237,7 @@ def _lowering_call(module, sharded: dict, gradients: list):
                     f"the module's fake eager run met DTensor.{missed.call} (to {missed.placements}) "
                     "where its trace met none: the forward moves DTensors differently from run to run; "
                     "cannot be exported soundly")
-            for leaf in pytree.tree_leaves(out):
+            for leaf in _torch.pytree.tree_leaves(out):
                 if isinstance(leaf, _torch.DTensor):
                     styles = "".join(f", through its {name}" for name in _styles_on(module))
                     raise ExportError(
@@ -314,66 +313,74 @@ def _boundaries_lowered(boundaries):
     """``DTensor.from_local`` / ``redistribute`` / ``to_local`` /
     ``full_tensor`` lowered; the k-th boundary takes its gradient's placement
     from ``boundaries``."""
-    DTensor, DTensorSpec, TensorMeta = _torch.DTensor, _torch.DTensorSpec, _torch.TensorMeta
-
-    def next_gradient(call: str, dst: tuple) -> tuple:
-        seen = next(boundaries, None)
-        if seen is None or (seen.call, seen.placements) != (call, dst):
-            raise ExportError(
-                f"{_by_style('DTensor.' + call)} at {user_location()} (to {', '.join(dst)}) is not the call "
-                f"the module's fake eager run met at this point ({seen and f'{seen.call} to {seen.placements}'}): "
-                "the forward moves DTensors differently from run to run; cannot be exported soundly")
-        return seen.gradient if seen.gradient is not None else tuple(_grad_text(p) for p in dst)
-
-    def from_local(_original):
-        def call(local_tensor, device_mesh=None, placements=None, *, run_check=False, shape=None,
-                 stride=None, grad_placements=None):
-            if run_check:
-                raise ExportError(f"DTensor.from_local(..., run_check=True) at {user_location()}: "
-                                  "its check broadcasts in place; pass run_check=False")
-            mesh = device_mesh or _torch.current_mesh()
-            placements = _normalized(placements or [_torch.Replicate()] * mesh.ndim, local_tensor.dim())
-            if shape is None or stride is None:
-                shape, stride = _torch.global_tensor_info(local_tensor, mesh, placements)
-            src = tuple(placement_text(p) for p in placements)
-            seen = next_gradient("from_local", src)
-            grad = tuple(placement_text(p) for p in grad_placements) if grad_placements else seen
-            local = _moved(local_tensor, mesh, src, src, grad, _by_style("DTensor.from_local"))
-            spec = DTensorSpec(mesh, placements, tensor_meta=TensorMeta(torch.Size(shape), tuple(stride),
-                                                                         local_tensor.dtype))
-            return _torch.make_dtensor(local, spec, local.requires_grad)
-        return call
-
-    def redistribute(_original):
-        def call(self, device_mesh=None, placements=None, *, async_op=False, forward_dtype=None,
-                 backward_dtype=None):
-            if forward_dtype is not None or backward_dtype is not None:
-                raise ExportError(f"DTensor.redistribute(forward_dtype/backward_dtype) at "
-                                  f"{user_location()} is not supported")
-            mesh = device_mesh or self.device_mesh
-            placements = _normalized(placements or [_torch.Replicate()] * mesh.ndim, self.dim())
-            src = tuple(placement_text(p) for p in self.placements)
-            dst = tuple(placement_text(p) for p in placements)
-            local = _moved(_torch.local_tensor(self), mesh, src, dst, next_gradient("redistribute", dst),
-                           _by_style("DTensor.redistribute"))
-            spec = DTensorSpec(mesh, placements, tensor_meta=_torch.dtensor_spec(self).tensor_meta)
-            return _torch.make_dtensor(local, spec, local.requires_grad)
-        return call
-
-    def to_local(_original):
-        def call(self, *, grad_placements=None):
-            return _torch.local_tensor(self)
-        return call
-
-    def full_tensor(_original):
-        def call(self, *, grad_placements=None):
-            replicated = self.redistribute(self.device_mesh, [_torch.Replicate()] * self.device_mesh.ndim)
-            return _torch.local_tensor(replicated)
-        return call
-
-    with patched(DTensor, "from_local", from_local), patched(DTensor, "redistribute", redistribute), \
-            patched(DTensor, "to_local", to_local), patched(DTensor, "full_tensor", full_tensor):
+    DTensor = _torch.DTensor
+    from_local = functools.partial(_lowered_from_local, boundaries)
+    redistribute = functools.partial(_lowered_redistribute, boundaries)
+    with patched(DTensor, "from_local", lambda _original: from_local), \
+            patched(DTensor, "redistribute", lambda _original: redistribute), \
+            patched(DTensor, "to_local", lambda _original: _lowered_to_local), \
+            patched(DTensor, "full_tensor", lambda _original: _lowered_full_tensor):
         yield
+
+
+def _next_gradient(boundaries, call: str, dst: tuple) -> tuple:
+    """Where the gradient arrives (placements, as text) at this boundary,
+    ``DTensor.<call>`` to ``dst``: as the module's fake eager run met it at
+    this point (``boundaries``, in call order), which must be the same call."""
+    seen = next(boundaries, None)
+    if seen is None or (seen.call, seen.placements) != (call, dst):
+        raise ExportError(
+            f"{_by_style('DTensor.' + call)} at {user_location()} (to {', '.join(dst)}) is not the call "
+            f"the module's fake eager run met at this point ({seen and f'{seen.call} to {seen.placements}'}): "
+            "the forward moves DTensors differently from run to run; cannot be exported soundly")
+    return seen.gradient if seen.gradient is not None else tuple(_grad_text(p) for p in dst)
+
+
+def _lowered_from_local(boundaries, local_tensor, device_mesh=None, placements=None, *, run_check=False,
+                        shape=None, stride=None, grad_placements=None):
+    """``DTensor.from_local``: the traced local tensor, its gradient moved
+    back from where it arrives (``grad_placements`` where given), wrapped."""
+    if run_check:
+        raise ExportError(f"DTensor.from_local(..., run_check=True) at {user_location()}: "
+                          "its check broadcasts in place; pass run_check=False")
+    mesh = device_mesh or _torch.current_mesh()
+    placements = _normalized(placements or [_torch.Replicate()] * mesh.ndim, local_tensor.dim())
+    if shape is None or stride is None:
+        shape, stride = _torch.global_tensor_info(local_tensor, mesh, placements)
+    src = tuple(placement_text(p) for p in placements)
+    seen = _next_gradient(boundaries, "from_local", src)
+    grad = tuple(placement_text(p) for p in grad_placements) if grad_placements else seen
+    local = _moved(local_tensor, mesh, src, src, grad, _by_style("DTensor.from_local"))
+    meta = _torch.TensorMeta(torch.Size(shape), tuple(stride), local_tensor.dtype)
+    return _torch.make_dtensor(local, _torch.DTensorSpec(mesh, placements, tensor_meta=meta), local.requires_grad)
+
+
+def _lowered_redistribute(boundaries, self, device_mesh=None, placements=None, *, async_op=False,
+                          forward_dtype=None, backward_dtype=None):
+    """``DTensor.redistribute``: the local shard moved by explicit
+    collectives, its gradient moved back from where it arrives."""
+    if forward_dtype is not None or backward_dtype is not None:
+        raise ExportError(f"DTensor.redistribute(forward_dtype/backward_dtype) at "
+                          f"{user_location()} is not supported")
+    mesh = device_mesh or self.device_mesh
+    placements = _normalized(placements or [_torch.Replicate()] * mesh.ndim, self.dim())
+    src = tuple(placement_text(p) for p in self.placements)
+    dst = tuple(placement_text(p) for p in placements)
+    local = _moved(_torch.local_tensor(self), mesh, src, dst, _next_gradient(boundaries, "redistribute", dst),
+                   _by_style("DTensor.redistribute"))
+    spec = _torch.DTensorSpec(mesh, placements, tensor_meta=_torch.dtensor_spec(self).tensor_meta)
+    return _torch.make_dtensor(local, spec, local.requires_grad)
+
+
+def _lowered_to_local(self, *, grad_placements=None):
+    """``DTensor.to_local``: the traced local shard."""
+    return _torch.local_tensor(self)
+
+
+def _lowered_full_tensor(self, *, grad_placements=None):
+    """``DTensor.full_tensor``: replicated (a lowered redistribute), then the local shard."""
+    replicated = self.redistribute(self.device_mesh, [_torch.Replicate()] * self.device_mesh.ndim)
+    return _torch.local_tensor(replicated)
 
 
 _STYLE_FILE = os.path.join(_DTENSOR_DIR, "parallel", "style.py")
@@ -402,11 +409,11 @@ class _LocalOps(_torch.TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        flat, spec = pytree.tree_flatten((args, kwargs))
+        flat, spec = _torch.pytree.tree_flatten((args, kwargs))
         if not any(isinstance(a, _torch.DTensor) for a in flat):
             return func(*args, **kwargs)
         fake_out, same_as, moves = _placements_of(func, flat, spec)
-        if not any(isinstance(o, torch.Tensor) for o in pytree.tree_leaves(fake_out)):
+        if not any(isinstance(o, torch.Tensor) for o in _torch.pytree.tree_leaves(fake_out)):
             return fake_out  # metadata: DTensor's global answer
         local = []
         for i, a in enumerate(flat):
@@ -416,7 +423,7 @@ class _LocalOps(_torch.TorchFunctionMode):
                                     tuple(_grad_text(p) for p in dst), f"{_name(func)} on DTensors"))
             else:
                 local.append(_torch.local_tensor(a) if isinstance(a, _torch.DTensor) else a)
-        local_args, local_kwargs = pytree.tree_unflatten(local, spec)
+        local_args, local_kwargs = _torch.pytree.tree_unflatten(local, spec)
         out = func(*local_args, **local_kwargs)
         return _wrapped(func, out, fake_out, flat, same_as)
 
@@ -431,7 +438,7 @@ def _placements_of(func, flat: list, spec):
     moves: dict = {}
     with _torch.outer_trace_suspended(_torch.fake_mode_of(local)):
         fakes = [_fake_like(a) for a in flat]
-        fake_args, fake_kwargs = pytree.tree_unflatten(fakes, spec)
+        fake_args, fake_kwargs = _torch.pytree.tree_unflatten(fakes, spec)
         try:
             with _implicit_redistributions_seen(func, fakes, moves), torch.no_grad():
                 out = func(*fake_args, **fake_kwargs)
@@ -440,7 +447,7 @@ def _placements_of(func, flat: list, spec):
         except Exception as e:
             raise ExportError(f"{_name(func)} on DTensors at {user_location()} could not be "
                               f"lowered to local tensors: {_first_line(e)}") from e
-    same_as = [next((i for i, f in enumerate(fakes) if o is f), None) for o in pytree.tree_leaves(out)]
+    same_as = [next((i for i, f in enumerate(fakes) if o is f), None) for o in _torch.pytree.tree_leaves(out)]
     return out, same_as, moves
 
 
@@ -457,8 +464,8 @@ def _fake_like(a):
 def _wrapped(func, out, fake_out, flat: list, same_as: list):
     """The local outputs as DTensors of the fake run's placements; an
     in-place op's output is its DTensor argument."""
-    out_flat, out_spec = pytree.tree_flatten(out)
-    fakes = pytree.tree_leaves(fake_out)
+    out_flat, out_spec = _torch.pytree.tree_flatten(out)
+    fakes = _torch.pytree.tree_leaves(fake_out)
     if len(out_flat) != len(fakes):
         raise ExportError(f"{_name(func)} on DTensors at {user_location()}: its local and DTensor "
                           "outputs differ in structure")
@@ -476,7 +483,7 @@ def _wrapped(func, out, fake_out, flat: list, same_as: list):
             wrapped.append(_torch.make_dtensor(o, _torch.dtensor_spec(f), requires_grad=o.requires_grad))
         else:
             wrapped.append(o)
-    return pytree.tree_unflatten(wrapped, out_spec)
+    return _torch.pytree.tree_unflatten(wrapped, out_spec)
 
 
 @contextlib.contextmanager
@@ -545,11 +552,11 @@ def _boundary_gradients(module, args: tuple, kwargs: dict) -> list:
                 patched(_torch.DTensor, "redistribute", hooked("redistribute")), torch.enable_grad():
             fake_state = {name: _fake_leaf(fake_mode, t) for name, t in state.items()}
             # floating inputs require grad: gradients reach every boundary they may at run time
-            fake_args, fake_kwargs = pytree.tree_map_only(
+            fake_args, fake_kwargs = _torch.pytree.tree_map_only(
                 torch.Tensor, lambda t: _fake_leaf(fake_mode, t, t.is_floating_point()), (args, kwargs))
             out = torch.func.functional_call(module, fake_state, fake_args, fake_kwargs)
             forward_running = False
-            outs = [o for o in pytree.tree_leaves(out) if isinstance(o, torch.Tensor) and o.requires_grad]
+            outs = [o for o in _torch.pytree.tree_leaves(out) if isinstance(o, torch.Tensor) and o.requires_grad]
             if outs:
                 torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
         _refuse_moved_gradients(fake_state)

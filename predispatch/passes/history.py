@@ -379,8 +379,8 @@ def _same_dtype(a: torch.fx.Node, b: torch.fx.Node) -> bool:
     return isinstance(va, torch.Tensor) and isinstance(vb, torch.Tensor) and va.dtype == vb.dtype
 
 
-def keep_history_pass(gm: torch.fx.GraphModule, replacements, analyze,
-                      output_kinds: list[str] | None = None, write_backs: dict | None = None) -> list[torch.fx.Node]:
+def insert_kept_histories(gm: torch.fx.GraphModule, replacements, analyze, output_kinds: list[str] | None = None,
+                          write_backs: dict | None = None) -> list[torch.fx.Node]:
     """Insert keep_history after each span that replaced a value that may
     require grad; later uses read it. ``analyze(modes)`` gives the nodes that
     may require grad (see :func:`may_require_grad`); it is asked again after
@@ -389,93 +389,170 @@ def keep_history_pass(gm: torch.fx.GraphModule, replacements, analyze,
     keep_history_if_no_grad (``output_kinds``: the output specs' kinds, in
     order: a write-back needs none). Returns the inserted nodes."""
     graph = gm.graph
+    modes = _modes_after_replaying_views(graph, replacements)
+    if not replacements:  # nothing replaced: no analysis unless a pass below needs one
+        _refuse_and_tidy(graph, [], lambda: analyze(None), modes, analyze, output_kinds, write_backs)
+        return []
+    keeper = _HistoryKeeper(graph, replacements, analyze, modes, output_kinds)
+    for r in replacements:
+        keeper.keep(r)
+    final_modes = keeper.modes if keeper.modes is not None else grad_modes(graph)
+    _refuse_and_tidy(graph, keeper.reshapes, lambda: keeper.may_grad, final_modes, analyze, output_kinds,
+                     write_backs)
+    return keeper.kept
+
+
+def _modes_after_replaying_views(graph: torch.fx.Graph, replacements) -> dict | None:
+    """Views made with grad on (the caller's views among its inputs too),
+    read in the caller's mode, replayed in grad mode; then the grad modes
+    (see :func:`grad_modes`) where a replay or an update made in grad mode
+    needs them (None: none does)."""
     replays = [n for n in graph.nodes if GRAD_VIEW_REPLAY in n.meta or INPUT_VIEW in n.meta]
     modes = grad_modes(graph) if replays or any(r.in_grad_mode for r in replacements) else None
-    if replays:  # views made with grad on (the caller's views among its inputs too), read in the caller's mode
+    if replays:
         replay_in_grad_mode(graph, [n for n in replays if modes.get(n) is None and (
             INPUT_VIEW in n.meta or modes.get(n.meta[GRAD_VIEW_REPLAY]) is True)])
         modes = grad_modes(graph)
-    if not replacements:  # nothing replaced: no analysis unless a pass below needs one
-        for kept_history in _own_history_reads(graph, lambda: analyze(None)):
-            _refuse_reshaped_history(kept_history, modes, output_kinds, write_backs)
-        keep_callers_mode_view_histories(graph)
-        detach_no_grad_view_replays(graph, lambda: analyze(None))
-        drop_historyless_own_reads(graph, lambda: analyze(None))
-        return []
-    may_grad, may_grad_off = analyze(None), (analyze(modes) if modes is not None else set())
-    position = {n: i for i, n in enumerate(graph.nodes)}
-    history_of = {}  # a replaced value -> the node whose autograd history it carries
-    # a caller's-mode update whose history no later read showed: (its old, its segment's end)
-    deferred: dict[torch.fx.Node, tuple[torch.fx.Node, torch.fx.Node]] = {}
-    kept, reshapes, done, live = [], [], set(), _live_nodes(graph)
-    # writes through a detached alias are hidden from autograd, also where grad mode is on
-    hidden = {r.old: r.new for r in replacements if r.detached_alias_at is not None}
-    for r in replacements:
-        if r.swapped and not r.in_grad_mode and _alive(r.old, graph) and r.old in may_grad:
-            _refuse_views_made_before_a_swap(r.old, r.new, position, modes)  # (its new value may be read by none)
-        if not (_alive(r.old, graph) and _alive(r.new, graph) and _alive(r.exit, graph)):
-            continue
-        if r.in_grad_mode and _written_hidden(r.old, r.new, hidden):
-            continue
-        if not r.in_grad_mode:
-            old, new = _replayed_bases(r.old, r.new, r.exit, position, live)
-            if old is not r.old:  # the bases' tensor: not known to be a view or not
-                history_of.setdefault(r.new, history_of.get(r.old, r.old))  # the view's, for its next update
-                r = dataclasses.replace(r, old=old, new=new, eager_view=None)
-            if (r.old, r.new, r.exit) in done:
-                continue
-            done.add((r.old, r.new, r.exit))
-        if r.old in deferred and not r.in_grad_mode:
-            # a hidden or no_grad update keeps the history the caller's mode gave the value:
-            # the update's under grad mode, the first old one's under no_grad
-            first, exit = deferred.pop(r.old)
-            node = _insert_keep_history(graph, first, r.old, exit, position, reshapes,
-                                        KEEP_HISTORY_IF_NO_GRAD, needed=True)
-            history_of[r.old] = node
-            kept.append(node)
-            position = {n: i for i, n in enumerate(graph.nodes)}
-            modes[node] = modes.get(exit)
-            may_grad_off, may_grad = analyze(modes), analyze(None)
-        old = history_of.get(r.old, r.old)  # mutated again later: chain to the first old
-        if r.in_grad_mode:
-            replays = [u for u in r.new.users  # inside the segment, replays in an enable_grad block
-                       if GRAD_VIEW_REPLAY in u.meta and position.get(u, len(position)) <= position[r.exit]]
-            r.exit = _before_view_replays(min(replays, key=position.get) if replays else r.exit)
-            if position.get(r.new, -1) > position[r.exit]:
-                continue  # a replay after the segment: it reads the kept base
-            if modes.get(r.exit) is not None:
-                continue  # inside a grad block: the update's history, as the graph has it
-            if not (old in may_grad_off or old in kept) or not _same_dtype(old, r.new):
-                continue
-            _merge_replays(r.new, position[r.exit], position)  # a relaid value is read through its replays
-            if not _read_later_where_history_shows(old, r.new, r.exit, position, modes, graph, output_kinds):
-                history_of[r.new] = old  # a later update in the caller's mode chains to it
-                deferred[r.new] = (old, r.exit)
-                continue
-            node = _insert_keep_history(graph, old, r.new, r.exit, position, reshapes,
-                                        KEEP_HISTORY_IF_NO_GRAD, about=r)
-        else:
-            # (a write through a detached alias, in grad mode, may give the new value a history
-            # eager's tensor does not get: kept, as none, also where the old value has none)
-            hidden_history = r.detached_alias_at is not None and r.new in may_grad
-            if not (old in may_grad or old in kept or hidden_history) or not _same_dtype(old, r.new):
-                continue
-            node = _insert_keep_history(graph, old, r.new, r.exit, position, reshapes, about=r)
-        history_of[r.new] = old if node is None else node  # None: no later use needs it
-        if node is not None:
-            kept.append(node)
-            position = {n: i for i, n in enumerate(graph.nodes)}
-            if modes is not None:
-                modes[node] = modes.get(r.exit)
-                may_grad_off = analyze(modes)
-            may_grad = analyze(None)
-    final_modes = modes if modes is not None else grad_modes(graph)
-    for kept_history in reshapes + _own_history_reads(graph, lambda: may_grad):  # a gradient reaches a history kept later too
-        _refuse_reshaped_history(kept_history, final_modes, output_kinds, write_backs)
+    return modes
+
+
+def _refuse_and_tidy(graph: torch.fx.Graph, kept: list[_Kept], may_grad, modes, analyze, output_kinds,
+                     write_backs) -> None:
+    """Once every history is kept: the ``kept`` ones and the recorder's own
+    reads (``may_grad()``: the nodes that may require grad) refused where
+    eager's differs (a gradient reaches a history kept later too); then the
+    views' histories in the caller's mode, the no_grad view replays and the
+    own reads without a history put right."""
+    for kept_history in kept + _own_history_reads(graph, may_grad):
+        _refuse_reshaped_history(kept_history, modes, output_kinds, write_backs)
     keep_callers_mode_view_histories(graph)
     detach_no_grad_view_replays(graph, lambda: analyze(None))
     drop_historyless_own_reads(graph, lambda: analyze(None))
-    return kept
+
+
+class _HistoryKeeper:
+    """What :func:`insert_kept_histories` carries from one replacement to the
+    next: the positions of the nodes, the analyses (redone after each
+    insertion), the history each replaced value carries, the caller's-mode
+    updates deferred, the histories kept."""
+
+    def __init__(self, graph: torch.fx.Graph, replacements, analyze, modes: dict | None, output_kinds):
+        self.graph, self.analyze, self.modes, self.output_kinds = graph, analyze, modes, output_kinds
+        self.may_grad = analyze(None)
+        self.may_grad_off = analyze(modes) if modes is not None else set()  # under a no_grad caller
+        self.position = _positions(graph)
+        self.history_of = {}  # a replaced value -> the node whose autograd history it carries
+        # a caller's-mode update whose history no later read showed: (its old, its segment's end)
+        self.deferred: dict[torch.fx.Node, tuple[torch.fx.Node, torch.fx.Node]] = {}
+        self.kept: list[torch.fx.Node] = []  # the keep_history nodes inserted
+        self.reshapes: list[_Kept] = []  # the histories kept, checked once all are
+        self.done: set = set()  # (old, new, exit) of the no_grad replacements handled
+        self.live = _live_nodes(graph)
+        # writes through a detached alias are hidden from autograd, also where grad mode is on
+        self.hidden = {r.old: r.new for r in replacements if r.detached_alias_at is not None}
+
+    def keep(self, r) -> None:
+        """Keep the history the :class:`Replacement` ``r`` replaced, where a later use can see it."""
+        self._check_views_made_before_a_swap(r)
+        r = self._to_keep(r)
+        if r is None:
+            return
+        if r.old in self.deferred and not r.in_grad_mode:
+            self._keep_deferred(r.old)
+        old = self.history_of.get(r.old, r.old)  # mutated again later: chain to the first old
+        if r.in_grad_mode:
+            self._keep_in_callers_mode(r, old)
+        elif self._no_grad_update_needs_keep(r, old):
+            self._note(r, old, _insert_keep_history(self.graph, old, r.new, r.exit, self.position, self.reshapes,
+                                                    about=r))
+
+    def _check_views_made_before_a_swap(self, r) -> None:
+        """A set_() target's views made before the swap, where its history may require grad."""
+        if r.swapped and not r.in_grad_mode and _alive(r.old, self.graph) and r.old in self.may_grad:
+            # (its new value may be read by none)
+            _refuse_views_made_before_a_swap(r.old, r.new, self.position, self.modes)
+
+    def _to_keep(self, r):
+        """``r`` as its history is kept (a relaid view's: its bases'), or None
+        where none is: one of its nodes is gone, a grad-mode update was
+        written through detached aliases alone, the same update was handled."""
+        if not (_alive(r.old, self.graph) and _alive(r.new, self.graph) and _alive(r.exit, self.graph)):
+            return None
+        if r.in_grad_mode:
+            return None if _written_hidden(r.old, r.new, self.hidden) else r
+        old, new = _replayed_bases(r.old, r.new, r.exit, self.position, self.live)
+        if old is not r.old:  # the bases' tensor: not known to be a view or not
+            self.history_of.setdefault(r.new, self.history_of.get(r.old, r.old))  # the view's, for its next update
+            r = dataclasses.replace(r, old=old, new=new, eager_view=None)
+        if (r.old, r.new, r.exit) in self.done:
+            return None
+        self.done.add((r.old, r.new, r.exit))
+        return r
+
+    def _keep_deferred(self, value: torch.fx.Node) -> None:
+        """A hidden or no_grad update of ``value``, a caller's-mode update's
+        result, keeps the history the caller's mode gave it: the update's
+        under grad mode, the first old one's under no_grad."""
+        first, exit = self.deferred.pop(value)
+        node = _insert_keep_history(self.graph, first, value, exit, self.position, self.reshapes,
+                                    KEEP_HISTORY_IF_NO_GRAD, needed=True)
+        self.history_of[value] = node
+        self._inserted(node, exit)
+
+    def _no_grad_update_needs_keep(self, r, old: torch.fx.Node) -> bool:
+        # (a write through a detached alias, in grad mode, may give the new value a history
+        # eager's tensor does not get: kept, as none, also where the old value has none)
+        hidden_history = r.detached_alias_at is not None and r.new in self.may_grad
+        return (old in self.may_grad or old in self.kept or hidden_history) and _same_dtype(old, r.new)
+
+    def _keep_in_callers_mode(self, r, old: torch.fx.Node) -> None:
+        """An update made in grad mode outside every grad block: under a
+        no_grad caller it keeps ``old``'s history (keep_history_if_no_grad),
+        where a later read shows it; else deferred to the value's next update."""
+        replay = self._first_view_replay_in_segment(r)  # inside the segment, a replay in an enable_grad block
+        r.exit = _before_view_replays(replay if replay is not None else r.exit)
+        if not self._callers_mode_update_needs_keep(r, old):
+            return
+        _merge_replays(r.new, self.position[r.exit], self.position)  # a relaid value is read through its replays
+        if not _read_later_where_history_shows(old, r.new, r.exit, self.position, self.modes, self.graph,
+                                               self.output_kinds):
+            self.history_of[r.new] = old  # a later update in the caller's mode chains to it
+            self.deferred[r.new] = (old, r.exit)
+            return
+        self._note(r, old, _insert_keep_history(self.graph, old, r.new, r.exit, self.position, self.reshapes,
+                                                KEEP_HISTORY_IF_NO_GRAD, about=r))
+
+    def _first_view_replay_in_segment(self, r) -> torch.fx.Node | None:
+        end = self.position[r.exit]
+        replays = [u for u in r.new.users
+                   if GRAD_VIEW_REPLAY in u.meta and self.position.get(u, len(self.position)) <= end]
+        return min(replays, key=self.position.get) if replays else None
+
+    def _callers_mode_update_needs_keep(self, r, old: torch.fx.Node) -> bool:
+        """Not where ``r.new`` is a replay after the segment (it reads the
+        kept base), nor inside a grad block (the update's history, as the
+        graph has it), nor where ``old`` has no history under a no_grad caller."""
+        return (self.position.get(r.new, -1) <= self.position[r.exit] and self.modes.get(r.exit) is None
+                and (old in self.may_grad_off or old in self.kept) and _same_dtype(old, r.new))
+
+    def _note(self, r, old: torch.fx.Node, node: torch.fx.Node | None) -> None:
+        """``r.new`` carries ``node``'s history (None: no later use needed one: ``old``'s)."""
+        self.history_of[r.new] = old if node is None else node
+        if node is not None:
+            self._inserted(node, r.exit)
+
+    def _inserted(self, node: torch.fx.Node, exit: torch.fx.Node) -> None:
+        """``node`` was inserted after ``exit``: positions and analyses redone."""
+        self.kept.append(node)
+        self.position = _positions(self.graph)
+        if self.modes is not None:
+            self.modes[node] = self.modes.get(exit)
+            self.may_grad_off = self.analyze(self.modes)
+        self.may_grad = self.analyze(None)
+
+
+def _positions(graph: torch.fx.Graph) -> dict:
+    return {n: i for i, n in enumerate(graph.nodes)}
 
 
 def _own_history_reads(graph: torch.fx.Graph, analyze) -> list[_Kept]:

@@ -20,7 +20,6 @@ import contextlib
 import dataclasses
 
 import torch
-import torch.utils._pytree as pytree
 
 from .. import _torch
 from . import input_aliasing
@@ -89,7 +88,7 @@ def follow(func, args, kwargs, out) -> None:
     if out is args[0] and name not in _LAYOUT_CHANGES:
         return  # a data update, or the tensor itself (x.float() of a float)
     source = _torch.storage_of(args[0])
-    outs = [o for o in pytree.tree_leaves(out) if isinstance(o, _torch.FunctionalTensor)]
+    outs = [o for o in _torch.pytree.tree_leaves(out) if isinstance(o, _torch.FunctionalTensor)]
     if out is not args[0] and not any(_torch.storage_of(o) == source for o in outs):
         return  # new memory: no view
     try:
@@ -100,7 +99,7 @@ def follow(func, args, kwargs, out) -> None:
         return
     if out is args[0]:
         return  # the shadow changed in place
-    for o, s in zip(outs, [s for s in pytree.tree_leaves(shadow_out) if isinstance(s, torch.Tensor)]):
+    for o, s in zip(outs, [s for s in _torch.pytree.tree_leaves(shadow_out) if isinstance(s, torch.Tensor)]):
         if _torch.storage_of(o) == source and s.device.type == "meta":
             setattr(o, _SHADOW, s)
         else:
@@ -176,7 +175,7 @@ def _on_shadows(func, args, kwargs):
         return torch.empty_strided(layout[0], layout[1], dtype=a.dtype, device="meta")
 
     with _unseen():
-        args, kwargs = pytree.tree_map(shadow, (args, kwargs))
+        args, kwargs = _torch.pytree.tree_map(shadow, (args, kwargs))
         return func(*args, **kwargs)
 
 
@@ -189,7 +188,7 @@ def _unseen():
 
 def _concrete_layout(t) -> tuple[tuple, tuple, int] | None:
     """``t``'s (wrapper's) size, strides and storage offset, None where symbolic."""
-    with torch._C.DisableTorchFunction():
+    with _torch.torch_function_disabled():
         layout = (tuple(t.size()), tuple(t.stride()), t.storage_offset())
     if not all(isinstance(v, int) for v in (*layout[0], *layout[1], layout[2])):
         return None

@@ -38,7 +38,6 @@ import sys
 import types
 
 import torch
-import torch.utils._pytree as pytree
 
 from .. import _torch
 from .host_random import host_generator_states, restore_host_generators
@@ -183,14 +182,14 @@ class _CallLog(_torch.TorchFunctionMode):
             return self._logged_call(func, args, kwargs or {})
 
     def _logged_call(self, func, args, kwargs):
-        with torch._C.DisableTorchFunction():  # the log's own reads: no mode below sees them
+        with _torch.torch_function_disabled():  # the log's own reads: no mode below sees them
             called = self.encode(args, new=False), self.encode(kwargs, new=False), _ambient()
             if self.guide is not None:
                 out = self._as_guided(func, called)
                 if out is not None:
                     return out
         out = func(*args, **kwargs)
-        with torch._C.DisableTorchFunction():
+        with _torch.torch_function_disabled():
             self.calls.append((func, called, self.encode(out, new=True)))
         return out
 
@@ -215,7 +214,7 @@ class _CallLog(_torch.TorchFunctionMode):
 
 def _ambient() -> tuple:
     """The global state an op's result metadata depends on besides its arguments."""
-    return (torch.is_grad_enabled(), torch._C._is_any_autocast_enabled(), torch.is_inference_mode_enabled(),
+    return (torch.is_grad_enabled(), _torch.any_autocast_enabled(), torch.is_inference_mode_enabled(),
             torch.get_default_dtype())
 
 
@@ -291,7 +290,7 @@ def _replay(forward, flat: list, spec, state: list, module, guide, named):
 
 def _logged(forward, flat: list, spec, state: list, module, guide, named):
     tensors = [x for x in flat if isinstance(x, torch.Tensor)] + state
-    with torch._C.DisableTorchFunction():  # metadata reads, not the layer's
+    with _torch.torch_function_disabled():  # metadata reads, not the layer's
         layouts = {id(t): ([_torch.size_hint(v) for v in t.shape], [_torch.size_hint(v) for v in t.stride()],
                            t.dtype, t.requires_grad) for t in tensors}
     if any(None in size or None in stride for size, stride, _, _ in layouts.values()):
@@ -304,7 +303,7 @@ def _logged(forward, flat: list, spec, state: list, module, guide, named):
                 fakes[id(t)] = torch.empty_strided(size, stride, dtype=dtype, device="meta",
                                                    requires_grad=requires_grad)
         fake_flat = [fakes[id(x)] if isinstance(x, torch.Tensor) else x for x in flat]
-        args, kwargs = pytree.tree_unflatten(fake_flat, spec)
+        args, kwargs = _torch.pytree.tree_unflatten(fake_flat, spec)
         log = _CallLog([fakes[id(t)] for t in tensors], guide)
         with _swapped(module, fakes):
             return _isolated(forward, args, kwargs, module, log, named)
@@ -399,7 +398,7 @@ class LayerReuse:
         self.named: dict = {}  # key -> the (globals, names) of the code its first complete replay ran
         self.keep: list = []
         self.stamped: list[_Stamped] = []
-        with torch._C.DisableTorchFunction():  # metadata reads, not the forward's
+        with _torch.torch_function_disabled():  # metadata reads, not the forward's
             self.layers = _repeated_modules(root)
         global last_report
         last_report = self.report = ReuseReport()
@@ -433,9 +432,9 @@ class LayerReuse:
         if mark is None or _torch.autocast_nesting() != 0 or any(
                 torch.is_autocast_enabled(d) for d in _torch.autocast_devices()):
             return forward(*args, **kwargs)
-        flat, spec = pytree.tree_flatten((args, kwargs))
+        flat, spec = _torch.pytree.tree_flatten((args, kwargs))
         state = _state(module)
-        with torch._C.DisableTorchFunction():  # metadata reads, not the layer's
+        with _torch.torch_function_disabled():  # metadata reads, not the layer's
             keyed = _key(module, flat, spec, state)
         if keyed is None:
             return forward(*args, **kwargs)
@@ -450,7 +449,7 @@ class LayerReuse:
             return forward(*args, **kwargs)
         for logged, template in templates:
             if template is not None and logged[:2] == log[:2]:
-                with torch._C.DisableTorchFunction():  # no torch call is the layer's
+                with _torch.torch_function_disabled():  # no torch call is the layer's
                     out = self._stamp(template, module, caller, flat, state)
                 if out is not None:
                     self.report.stamped += 1
@@ -466,14 +465,14 @@ class LayerReuse:
     def _trace(self, module, forward, caller, flat, state, args, kwargs, mark):
         tracer = _torch.current_tracer()
         inputs = [x for x in flat if isinstance(x, torch.Tensor)] + state
-        with torch._C.DisableTorchFunction():  # metadata reads, not the layer's
+        with _torch.torch_function_disabled():  # metadata reads, not the layer's
             in_nodes = [_torch.materialized_node(t) for t in inputs]
             counters = [_torch.storage_counters(t) for t in inputs]
         counts, num_calls = dict(tracer.torch_fn_counts), dict(tracer.num_calls)
         depth, (module_key, (module_path, _)) = len(tracer.module_stack), list(tracer.module_stack.items())[-1]
         start = _torch.last_node(tracer.graph)
         out = forward(*args, **kwargs)
-        with torch._C.DisableTorchFunction():  # metadata reads, not the layer's
+        with _torch.torch_function_disabled():  # metadata reads, not the layer's
             return out, self._template(inputs, in_nodes, counters, counts, num_calls, depth, module_key,
                                        module_path, caller, start, out, mark)
 
@@ -485,7 +484,7 @@ class LayerReuse:
         if (self.recorder.reuse_mark() != mark or None in in_nodes
                 or [_torch.storage_counters(t) for t in inputs] != counters):
             return None
-        out_flat, out_spec = pytree.tree_flatten(out)
+        out_flat, out_spec = _torch.pytree.tree_flatten(out)
         outputs = _outputs(out_flat, inputs, set(nodes))
         offsets = _torch_fn_offsets(nodes, counts, tracer.torch_fn_counts)
         module_calls = {p: (num_calls.get(p, 0), n) for p, n in tracer.num_calls.items()
@@ -505,72 +504,121 @@ class LayerReuse:
         """The call's outputs, made by copying the template's nodes; None where
         the module calls it makes would be named otherwise than the template's."""
         tracer = _torch.current_tracer()
-        graph = tracer.graph
         stack = list(tracer.module_stack.items())
         module_key, (module_path, _) = stack[-1]
-        moved_calls = {_moved(p, template.module_path, module_path): counts
-                       for p, counts in template.module_calls.items()}
-        if any(tracer.num_calls.get(p, 0) != before for p, (before, _) in moved_calls.items()):
+        # the modules the template's call called, named under this call's path: (calls before, after)
+        module_calls = {_moved(p, template.module_path, module_path): counts
+                        for p, counts in template.module_calls.items()}
+        if any(tracer.num_calls.get(p, 0) != before for p, (before, _) in module_calls.items()):
             return None
         inputs = [x for x in flat if isinstance(x, torch.Tensor)] + state
-        before = [_torch.materialized_node(t) for t in inputs]
-        now = [_torch.current_node(t) for t in inputs]
-        if any(a is not b for a, b in zip(before, now)):
-            raise Retrace()  # a stale view brought up to date here, not where the layer reads it
-        env = {}
-        for old, new in zip(template.inputs, now):
-            if env.setdefault(old, new) is not new:
-                raise Retrace()
-        outer = {k: (fqn, _class_name(cls)) for k, (fqn, cls) in stack}
+        env = _nodes_read(template, inputs)
         call_site = self.stamper.call_site_text(caller) if self.stamper is not None else None
-        moved_site = call_site is not None and call_site != template.call_site
-        counts = tracer.torch_fn_counts
-        stacks, traces = {}, {}  # this call's, per distinct stack and stack trace of the template's
+        relocation = _Relocation(template, {k: (fqn, _class_name(cls)) for k, (fqn, cls) in stack},
+                                 module_key, module_path, call_site if call_site != template.call_site else None,
+                                 tracer.torch_fn_counts)
         for node in template.nodes:
-            copy = _torch.copy_node(graph, node, lambda a: env.get(a, a))  # a symbolic size made before: shared
-            env[node] = copy
-            meta = copy.meta
-            if "nn_module_stack" in meta:
-                inner = template.inner_stacks[node]
-                whole = stacks.get(id(inner))
-                if whole is None:
-                    whole = stacks[id(inner)] = {**outer, **{
-                        _moved(k, template.module_key, module_key): (_moved(fqn, template.module_path, module_path), cls)
-                        for k, (fqn, cls) in inner}}
-                meta["nn_module_stack"] = dict(whole)  # a node's own, as the tracer gives each
-            trace = meta.get("stack_trace")
-            if trace and moved_site:
-                if trace not in traces:
-                    traces[trace] = call_site + trace[len(template.call_site):]
-                meta["stack_trace"] = traces[trace]
-            if node in template.torch_fns:
-                f, offset = template.torch_fns[node]
-                meta["torch_fn"] = (f"{f.__name__}_{counts.get(f, 0) + offset}", node.meta["torch_fn"][1])
-        for f, n in template.increments.items():
-            counts[f] = counts.get(f, 0) + n
-        for p, (_, after) in moved_calls.items():
-            tracer.num_calls[p] = after
-        tracer.torch_fn_metadata = template.last_fn
-        made = {}
-        leaves = []
-        for kind, value in template.outputs:
-            if kind == "value":
-                leaves.append(value)
-                continue
-            node, requires_grad = value
-            if node not in made:
-                made[node] = _torch.traced_output(_torch.fresh_like(node.meta["val"], requires_grad), env[node])
-            leaves.append(made[node])
-        tensors = [*inputs, *made.values()]
+            env[node] = relocation.copied(tracer.graph, node, env)
+        _advance_counters(tracer, template, module_calls)
+        made, leaves = _outputs_made(template, env)
+        tensors = [*inputs, *made]
         self.stamped.append(_Stamped(tensors, [_torch.storage_counters(t) for t in tensors]))
-        return pytree.tree_unflatten(leaves, template.out_spec)
+        return _torch.pytree.tree_unflatten(leaves, template.out_spec)
 
     def check_stamped(self) -> None:
         """After the forward: no stamped call's tensors were mutated since."""
-        with torch._C.DisableTorchFunction():  # metadata reads, not the forward's
+        with _torch.torch_function_disabled():  # metadata reads, not the forward's
             changed = any([_torch.storage_counters(t) for t in s.tensors] != s.counters for s in self.stamped)
         if changed:
             raise Retrace()
+
+
+def _nodes_read(template: _Template, inputs: list) -> dict:
+    """The template's input nodes -> this call's nodes of its ``inputs``;
+    :class:`Retrace` where a stale view is brought up to date here (not where
+    the layer reads it) or where the inputs alias otherwise than the template's."""
+    before = [_torch.materialized_node(t) for t in inputs]
+    now = [_torch.current_node(t) for t in inputs]
+    if any(a is not b for a, b in zip(before, now)):
+        raise Retrace()
+    env = {}
+    for old, new in zip(template.inputs, now):
+        if env.setdefault(old, new) is not new:
+            raise Retrace()
+    return env
+
+
+@dataclasses.dataclass
+class _Relocation:
+    """A template's nodes as copied at this call: their module stack under
+    this call's module path, their stack traces from this call's site
+    (``call_site``: None where it is the template's), their ``torch_fn``
+    counted from this call's start (``counts``: the tracer's so far)."""
+
+    template: _Template
+    outer: dict  # this call's module-stack entries, around and including the layer's
+    module_key: str
+    module_path: str
+    call_site: str | None
+    counts: dict
+    stacks: dict = dataclasses.field(default_factory=dict)  # id of a template's inner stack -> this call's
+    traces: dict = dataclasses.field(default_factory=dict)  # a template's stack trace -> this call's
+
+    def copied(self, graph: torch.fx.Graph, node: torch.fx.Node, env: dict) -> torch.fx.Node:
+        """``node`` copied into ``graph``, reading ``env``'s nodes for the template's."""
+        copy = _torch.copy_node(graph, node, lambda a: env.get(a, a))  # a symbolic size made before: shared
+        meta = copy.meta
+        if "nn_module_stack" in meta:
+            meta["nn_module_stack"] = dict(self._module_stack(node))  # a node's own, as the tracer gives each
+        trace = meta.get("stack_trace")
+        if trace and self.call_site is not None:
+            meta["stack_trace"] = self._stack_trace(trace)
+        if node in self.template.torch_fns:
+            f, offset = self.template.torch_fns[node]
+            meta["torch_fn"] = (f"{f.__name__}_{self.counts.get(f, 0) + offset}", node.meta["torch_fn"][1])
+        return copy
+
+    def _module_stack(self, node: torch.fx.Node) -> dict:
+        inner = self.template.inner_stacks[node]
+        whole = self.stacks.get(id(inner))
+        if whole is None:
+            template = self.template
+            whole = self.stacks[id(inner)] = {**self.outer, **{
+                _moved(k, template.module_key, self.module_key): (
+                    _moved(fqn, template.module_path, self.module_path), cls)
+                for k, (fqn, cls) in inner}}
+        return whole
+
+    def _stack_trace(self, trace: str) -> str:
+        if trace not in self.traces:
+            self.traces[trace] = self.call_site + trace[len(self.template.call_site):]
+        return self.traces[trace]
+
+
+def _advance_counters(tracer, template: _Template, module_calls: dict) -> None:
+    """The tracer's counts of torch functions and module calls as after the
+    template's call (``module_calls``: its module calls, named as here)."""
+    counts = tracer.torch_fn_counts
+    for f, n in template.increments.items():
+        counts[f] = counts.get(f, 0) + n
+    for p, (_, after) in module_calls.items():
+        tracer.num_calls[p] = after
+    tracer.torch_fn_metadata = template.last_fn
+
+
+def _outputs_made(template: _Template, env: dict) -> tuple[list, list]:
+    """(the new traced tensors, the call's output leaves): a fresh traced
+    tensor for each output node of the template's copied (once per node)."""
+    made, leaves = {}, []
+    for kind, value in template.outputs:
+        if kind == "value":
+            leaves.append(value)
+            continue
+        node, requires_grad = value
+        if node not in made:
+            made[node] = _torch.traced_output(_torch.fresh_like(node.meta["val"], requires_grad), env[node])
+        leaves.append(made[node])
+    return list(made.values()), leaves
 
 
 def _inner_stacks(nodes, depth: int) -> dict:
@@ -626,8 +674,9 @@ def _copyable(nodes, in_nodes: set, depth: int) -> bool:
     copy shares), with no metadata but torch's own, no unbacked symbols."""
     made = set()
     for node in nodes:
-        if node.op != "call_function" or not (_is_functional_op(node.target) or node.target is _GETITEM
-                                              or (_is_symbolic(node) and _is_size_arithmetic(node.target))):
+        if node.op != "call_function" or not (
+                _torch.is_functional_overload(node.target) or node.target is _GETITEM
+                or (_is_symbolic(node) and _is_size_arithmetic(node.target))):
             return False
         if not node.meta.keys() <= _COPIED_META or _torch.free_unbacked_symbols(node.meta.get("val")):
             return False
@@ -637,10 +686,6 @@ def _copyable(nodes, in_nodes: set, depth: int) -> bool:
             return False
         made.add(node)
     return True
-
-
-def _is_functional_op(target) -> bool:
-    return isinstance(target, torch._ops.OpOverload) and not target._schema.is_mutable
 
 
 def _is_symbolic(node) -> bool:
