@@ -142,46 +142,20 @@ def may_return_a_view(op) -> bool:
     decomposition may return one: ``linear`` of a vector, ``reshape``)? True
     where unknown (a higher-order op's ``getitem``, another library's op)."""
     if not isinstance(op, torch._ops.OpOverload):
-        return getattr(op, "__module__", None) != "predispatch.ir.ops" and op is not None
-    if op.namespace == "predispatch":
-        return False  # its own ops return new tensors
+        return op is not None
     return bool(op.is_view) or torch._C._dispatch_has_kernel_for_dispatch_key(
         op.name(), "CompositeImplicitAutograd")
 
 
-# ops autograd knows without a derivatives.yaml formula, whose backward saves no tensor:
-# copy (its gradient is grad, cast; copy_'s is written by hand), the *_like factories
-# (no gradient reaches their input)
-_SAVE_NOTHING = frozenset({"copy", "full_like", "zeros_like", "ones_like", "empty_like", "rand_like",
-                           "randn_like", "randint_like"})
+def saved_for_backward(op) -> tuple[frozenset, bool] | None:
+    """(the names of the inputs ``op``'s backward saves, whether it saves its
+    result) as torch's derivatives.yaml says; None where it has no formula
+    there (a composite, a higher-order op, an op of another library)."""
+    return _saved_for_backward().get(op_overload_name(op))
 
 
-def saves_its_result(op) -> bool:
-    """Does ``op``'s backward read its own output (``relu``, ``exp``: their
-    formulas in the derivatives.yaml torch ships)? True where unknown (a
-    composite, a higher-order op, an op of another library)."""
-    if getattr(op, "namespace", None) == "predispatch":
-        return False  # its own ops save nothing
-    if _overload_key(op) in _SAVE_NOTHING:
-        return False
-    saved = _saved_for_backward().get(_overload_key(op))
-    return True if saved is None else saved[1]
-
-
-def saves_its_input(op, position: int | None) -> bool:
-    """Does ``op``'s backward read the tensor it takes at positional
-    ``position`` (``mul`` its factors; ``add`` none; predispatch's ops
-    none)? True where unknown."""
-    if getattr(op, "namespace", None) == "predispatch" or _overload_key(op) in _SAVE_NOTHING:
-        return False  # its own ops save nothing
-    saved = _saved_for_backward().get(_overload_key(op))
-    schema = getattr(op, "_schema", None)
-    if saved is None or position is None or schema is None or position >= len(schema.arguments):
-        return True
-    return schema.arguments[position].name in saved[0]
-
-
-def _overload_key(op) -> str | None:
+def op_overload_name(op) -> str | None:
+    """``mul.Tensor``, ``relu`` (an aten op's name as derivatives.yaml writes it)."""
     name = getattr(op, "_schema", None) and op._schema.name.removeprefix("aten::")
     overload = getattr(op, "_overloadname", "")
     return f"{name}.{overload}" if overload and overload != "default" else name

@@ -23,6 +23,7 @@ import torch.fx
 from torch.export.graph_signature import InputKind
 
 from .. import _torch
+from .saved_for_backward import saves_its_input, saves_its_result
 from ..errors import ExportError, node_location
 from ..ir.ops import KEEP_HISTORY, KEEP_HISTORY_IF_NO_GRAD, REQUIRES_GRAD
 from .regions import grad_modes
@@ -816,9 +817,9 @@ def refuse_updates_of_saved_values(updates: list, analyze, graph: torch.fx.Graph
     for value, readers, where in updates:
         # the op that made the value saved it only if it was differentiated; one reading it saves it
         # for another operand's gradient too (mul(value, w): w's), whether or not the value requires grad
-        made_saving = (value.op == "call_function" and _torch.saves_its_result(value.target)
+        made_saving = (value.op == "call_function" and saves_its_result(value.target)
                        and value in may_grad and value in differentiated)
-        read_saving = any(op in may_grad and op in differentiated and _torch.saves_its_input(op.target, position)
+        read_saving = any(op in may_grad and op in differentiated and saves_its_input(op.target, position)
                           for op, position in readers)
         if made_saving or read_saving:
             raise ExportError(
