@@ -25,7 +25,7 @@ import torch.fx
 from .. import _torch
 from ..errors import ExportError, node_location
 from ..trace.grad_mode_reads import DERIVED, GRAD_MODE_READ, UNKNOWN
-from ..trace.recorder import GRAD_BLOCK
+from ..ir.meta_keys import GRAD_BLOCK
 
 
 @dataclasses.dataclass(frozen=True)

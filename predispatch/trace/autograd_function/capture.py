@@ -117,7 +117,8 @@ def subgraph(fn, fake_inputs: list, names: list[str], autocast_cache: bool):
     from ...pipeline import keep_histories, refuse_remaining_mutations
     from ..functional_trace import functional_trace
     from ...passes.regions import replace_blocks_with_regions
-    from ..recorder import TraceRecord, recording
+    from ...ir.records import TraceRecord
+    from ..recorder.session import recording
 
     body, record = _Body(fn), TraceRecord()
     with _torch.autocast_cache_enabled(autocast_cache), recording(body, record, str), \
