@@ -25,7 +25,7 @@ from typing import Callable
 
 import torch
 
-from .trace.recorder import TraceRecord  # moving to ir/records.py
+from .ir.records import TraceRecord
 from .passes import dead_code, functional_check, history, regions, signature, writes
 from .passes.history import (
     drop_unseen_leaves,
@@ -39,7 +39,8 @@ from .policies.autocast_policy import AutocastPolicy
 from .policies.op_policy import OpPolicy
 from .program import program
 from .trace import capture as trace_capture
-from .trace import functional_trace, recorder
+from .trace import functional_trace
+from .trace import recorder
 from .trace.autograd_function import body as trace_body
 from .trace.autograd_function.subgraphs import FunctionBody, subgraphs_traced_by
 from . import _torch

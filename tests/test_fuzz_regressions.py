@@ -173,7 +173,7 @@ def test_parameter_updated_inside_autocast_is_refused_or_matches():
 # data of the base changes (its version counter too) but its autograd
 # identity does not: a leaf stays a leaf whose later uses get gradients, an
 # intermediate keeps its grad_fn. The trace records it as a grad-mode
-# mutation (trace_events watches no_grad spans only), so (a) a parameter or
+# mutation (the recorder watches no_grad spans only), so (a) a parameter or
 # an input is written back with `copy_` in grad mode, which autograd refuses
 # on a leaf that requires grad ("a leaf Variable that requires grad is being
 # used in an in-place operation"), and (b) no keep_history is inserted, so
@@ -261,7 +261,7 @@ def test_grad_mode_mutation_saved_by_its_own_op(module, require):
 
 # --------------------------------------------------------------------------
 # 7. A view made before a no_grad block and mutated inside it: the recorder
-# (trace_events._Recorder) watches only the tensors passed to functions
+# (the recorder) watches only the tensors passed to functions
 # inside the span, i.e. the view, not its base. The base's new value (a
 # slice_scatter/select_scatter computed under no_grad) is never recorded as
 # a replacement, so no keep_history is inserted, and later uses of the base
@@ -349,7 +349,7 @@ def test_subgraph_placeholder_names_are_stable_on_reexport(module):
 
 
 # --------------------------------------------------------------------------
-# 4b. The refusal of 4 (trace_events._refuse_stale_autocast_cache) fired only
+# 4b. The refusal of 4 (the recorder's _refuse_stale_autocast_cache) fired only
 # for an in-place op whose first argument *is* a parameter while autocast is
 # enabled (views and inputs: fixed in cbbb265; the nested
 # autocast(enabled=False) case is still open). Eager's cache (cached_cast: any leaf that requires grad, keyed by

@@ -75,7 +75,8 @@ def render_stages() -> str:
 
 
 def _path(module) -> str:
-    return str(Path(module.__file__).resolve().relative_to(PACKAGE.parent))
+    path = Path(module.__file__).resolve().relative_to(PACKAGE.parent)
+    return f"{path.parent}/" if path.name == "__init__.py" else str(path)
 
 
 # the package's layers, lowest first (tests/test_layout.py checks that imports point down them)

@@ -24,6 +24,12 @@ def current_node(t: torch.Tensor) -> torch.fx.Node | None:
     return materialized_node(t)
 
 
+def replay_if_stale(t: FunctionalTensor) -> None:
+    """Functionalization's sync: a view whose base was updated since is
+    replayed from it now (in the current grad mode), as at its next use."""
+    torch._sync(t)
+
+
 def materialized_node(t: FunctionalTensor) -> torch.fx.Node | None:
     """The graph node of the value ``t`` last got, up to date or not."""
     inner = torch._from_functional_tensor(t.elem)

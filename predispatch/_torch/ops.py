@@ -137,6 +137,16 @@ def is_functional_overload(target) -> bool:
     return isinstance(target, torch._ops.OpOverload) and not target._schema.is_mutable
 
 
+def op_library(func) -> str | None:
+    """The library (namespace) an op overload or overload packet belongs to
+    (``aten``, ``prims``, a custom op's own); None for anything else."""
+    if isinstance(func, torch._ops.OpOverload):
+        return func._schema.name.split("::")[0]
+    if isinstance(func, torch._ops.OpOverloadPacket):
+        return func._qualified_op_name.split("::")[0]
+    return None
+
+
 def may_return_a_view(op) -> bool:
     """Can ``op``'s eager result be a view (a view op, or a composite whose
     decomposition may return one: ``linear`` of a vector, ``reshape``)? True

@@ -186,6 +186,17 @@ def fake_mode_of(t: torch.Tensor):
     return inner.fake_mode if isinstance(inner, FakeTensor) else detect_fake_mode()
 
 
+def torch_function_off():
+    """No torch-function handling at all (modes and subclasses alike) for the
+    calls made meanwhile: a torch-function mode's own bookkeeping calls."""
+    return torch._C.DisableTorchFunction()
+
+
+# the Tensor attributes whose ``__get__`` / ``__set__`` torch-function modes see as the func called
+TENSOR_DATA = torch._C.TensorBase.__dict__["data"]
+TENSOR_REQUIRES_GRAD = torch._C.TensorBase.__dict__["requires_grad"]
+
+
 @contextlib.contextmanager
 def torch_function_modes_suspended():
     """No torch-function mode (the trace's recorders) sees the calls made meanwhile."""

@@ -27,7 +27,7 @@ from .saved_for_backward import saves_its_input, saves_its_result
 from ..errors import ExportError, node_location
 from ..ir.ops import KEEP_HISTORY, KEEP_HISTORY_IF_NO_GRAD, REQUIRES_GRAD
 from .regions import grad_modes
-from ..trace.recorder import (
+from ..ir.meta_keys import (
     GRAD_BLOCK,
     GRAD_VIEW_REPLAY,
     INPUT_VIEW,

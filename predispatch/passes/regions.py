@@ -26,7 +26,7 @@ from .. import _torch
 from ..errors import ExportError, node_location
 from ..ir.regions import AUTOCAST, GRAD, RegionKind, delete_unused_submodules
 from ..trace.grad_mode_reads import DERIVED, GRAD_MODE_READ, UNKNOWN
-from ..trace.recorder import GRAD_BLOCK
+from ..ir.meta_keys import GRAD_BLOCK
 
 
 @dataclasses.dataclass(frozen=True)

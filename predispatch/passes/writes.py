@@ -29,7 +29,7 @@ from __future__ import annotations
 import torch
 import torch.fx
 
-from ..trace.recorder import VALUES_ONLY
+from ..ir.meta_keys import VALUES_ONLY
 
 aten = torch.ops.aten
 

@@ -24,7 +24,8 @@ from .. import _torch
 from ..errors import ExportError, exception_location
 from .functional_trace import functional_trace
 from ..policies.op_policy import OpPolicy
-from .recorder import TraceRecord, recording
+from ..ir.records import TraceRecord
+from .recorder.session import recording
 
 _ROOT = "_export_root."
 

@@ -20,7 +20,8 @@ from ... import _torch
 from ...ir.autograd_function_op import placeholders
 from ..capture import history_nodes
 from ..functional_trace import functional_trace
-from ..recorder import TraceRecord, recording
+from ...ir.records import TraceRecord
+from ..recorder.session import recording
 from .subgraphs import FunctionBody, MutatedInput
 
 
