@@ -19,6 +19,8 @@ from torch._functorch._aot_autograd.input_output_analysis import (
 from torch._functorch._aot_autograd.schemas import GraphSignature
 from torch._functorch._aot_autograd.utils import create_tree_flattened_fn
 
+from .patching import patched
+
 
 # torch.export's non-strict front end (fake inputs, dynamic shapes, guards,
 # signature, constants, placeholder names, module call graph): reused as is.
@@ -58,8 +60,6 @@ def build_exported_program(cls, module, artifact, signature, *, args, kwargs, dy
     """An ``ExportedProgram`` (of class ``cls``) from a finished artifact."""
     from torch._export.verifier import TrainingIRVerifier
     from torch.export import exported_program as _exported_program
-
-    from ..trace.patching import patched
 
     t = _export_trace
     t._EXPORT_MODULE_HIERARCHY = t._get_module_hierarchy(module)
@@ -106,8 +106,6 @@ def produce_aten_artifact(**kwargs):
     """torch.export's ``_produce_aten_artifact`` (its passes after the trace),
     with torch-function modes off: torch.export's own mode, still on around its
     aten stage, would see each of the passes' metadata reads (a sixth of their time)."""
-    from ..trace.patching import patched
-
     with patched(_export_trace, "_replace_unbacked_bindings", _unbacked_bindings_recomputed_where_any), \
             torch._C.DisableTorchFunction():
         return _export_trace._produce_aten_artifact(**kwargs)

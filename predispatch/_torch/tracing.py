@@ -22,6 +22,7 @@ from torch.fx.experimental.proxy_tensor import ProxyTorchDispatchMode, track_ten
 from torch.utils._python_dispatch import _detect_infra_mode, _disable_infra_mode
 
 from .ops import SET_GRAD_ENABLED, may_return_a_view
+from .patching import patches_suspended
 
 
 def autocast_devices() -> list[str]:
@@ -307,9 +308,7 @@ def _meta_like(node: torch.fx.Node) -> torch.Tensor:
 def trace_suspended():
     """Until exit, torch calls run on plain tensors as if no trace ran: no
     torch-function mode, no dispatch mode (functionalization, proxy, fake), no
-    Python dispatcher, the thread's patches (:mod:`predispatch.trace.patching`) serving as the originals."""
-    from ..trace.patching import patches_suspended
-
+    Python dispatcher, the thread's patches (:mod:`predispatch._torch.patching`) serving as the originals."""
     popped, dispatch_modes = [], []
     try:
         while torch._C._len_torch_function_stack() > 0:

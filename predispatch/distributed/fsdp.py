@@ -33,7 +33,7 @@ import torch
 
 from .. import _torch
 from ..errors import ExportError
-from ..trace.patching import patches_suspended
+from .._torch.patching import patches_suspended
 
 
 def fsdp_modules(module: torch.nn.Module) -> list:

@@ -50,7 +50,8 @@ import torch
 from .. import _torch
 from . import collectives, fsdp
 from ..errors import ExportError, exception_location, user_location
-from ..trace.patching import patched
+from ..ir.program_meta import program_meta
+from .._torch.patching import patched
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,8 +80,6 @@ def sharded_layouts(ep_or_gm) -> dict:
         >>> layout = predispatch.sharded_layouts(ep)["up.weight"]
         >>> layout.placements, layout.global_shape   # ("S(0)",), (16, 8)
     """
-    from ..program.program import program_meta
-
     return {name: Layout(**{k: tuple(v) if isinstance(v, list) and k != "mesh_ranks" else v
                             for k, v in fields.items()})
             for name, fields in program_meta(ep_or_gm).get("sharding", {}).items()}

@@ -1,4 +1,6 @@
-"""The ``node.meta`` keys the trace writes on the graph's nodes and the later
+"""The ``node.meta`` keys the trace writes and the later stages read.
+
+The ``node.meta`` keys the trace writes on the graph's nodes and the later
 stages read (the recorder of :mod:`predispatch.trace.recorder` sets them; the
 history, regions and writes passes act on them), with the values some take."""
 
@@ -18,9 +20,14 @@ REPLAY_OF = "predispatch_replay_of"
 # a keep_history read of a detached alias's own history (the value it keeps is
 # the update's, which a later keep of the base's history must not replace)
 OWN_HISTORY_READ = "predispatch_own_history_read"
-# a copy writing values only: the written tensor's history is not the memory's (copy_pass)
+# a copy writing values only: the written tensor's history is not the memory's (passes/writes.py)
 VALUES_ONLY = "predispatch_values_only"
 # a keep_history read of a set_() target's own history (the value it had); the
 # value says whether the target is an eager view (made by a view op), not one relaid in place
 SWAPPED_HISTORY = "predispatch_swapped_history"
 SWAPPED_VIEW, SWAPPED_NO_VIEW = "of a view", "of no view"  # SWAPPED_HISTORY's values
+# a grad-mode read (torch.is_grad_enabled()) in the forward: (its code, the offset of the call)
+GRAD_MODE_READ = "predispatch_grad_mode_read"
+# where the mode a set_grad_enabled(x) passes comes from, besides a read's node:
+DERIVED = "derived"  # computed from a grad-mode read: its value depends on the caller's
+UNKNOWN = "unknown"  # an origin the code does not show (an argument, an attribute)

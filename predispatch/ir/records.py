@@ -1,4 +1,6 @@
-"""What the trace hands the later stages besides the graph: the frozen-shape
+"""What the trace hands the later stages besides the graph: TraceRecord, Replacement.
+
+What the trace hands the later stages besides the graph: the frozen-shape
 records :mod:`predispatch.trace.recorder` fills while the forward runs and the
 history, signature and program stages read (:class:`TraceRecord`, its
 :class:`Replacement` entries)."""

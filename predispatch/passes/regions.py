@@ -25,8 +25,7 @@ import torch.fx
 from .. import _torch
 from ..errors import ExportError, node_location
 from ..ir.regions import AUTOCAST, GRAD, RegionKind, delete_unused_submodules
-from ..trace.grad_mode_reads import DERIVED, GRAD_MODE_READ, UNKNOWN
-from ..ir.meta_keys import GRAD_BLOCK
+from ..ir.meta_keys import DERIVED, GRAD_BLOCK, GRAD_MODE_READ, UNKNOWN
 
 
 @dataclasses.dataclass(frozen=True)

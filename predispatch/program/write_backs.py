@@ -14,6 +14,7 @@ import torch
 from .. import _torch
 from ..ir.program_meta import program_meta
 from ..trace import input_aliasing
+from ..trace.recorder import unobserved
 
 
 def write_back_with_grad(target: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
@@ -62,8 +63,6 @@ def write_back_layout(target: torch.Tensor, value: torch.Tensor, source, layout:
     ``mode`` says; on the storage of ``source`` (another input, written back
     before); or on the storage the forward made, ``value``'s."""
     if _torch.is_traced(target):  # the program is being exported again: the same change
-        from ..trace.recorder import unobserved
-
         with unobserved(), torch.no_grad():
             return target.set_(value)
     size, stride, offset = layout["size"], layout["stride"], layout["offset"]

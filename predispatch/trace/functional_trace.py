@@ -26,7 +26,7 @@ import torch
 
 from .. import _torch
 from . import eager_layout, input_aliasing, layer_reuse, recorder
-from .patching import patched
+from .._torch.patching import patched
 
 
 @dataclasses.dataclass(frozen=True)

@@ -20,7 +20,8 @@ import torch
 
 from .. import _torch
 from ..errors import is_library_file
-from .patching import patched
+from ..ir.meta_keys import DERIVED, GRAD_MODE_READ, UNKNOWN
+from .._torch.patching import patched
 
 
 @functools.lru_cache(maxsize=256)
@@ -41,8 +42,6 @@ def _current(frame) -> int | None:
 _LOADS = ("LOAD_FAST", "LOAD_DEREF", "LOAD_NAME", "LOAD_GLOBAL", "LOAD_CLASSDEREF")
 _STORES = ("STORE_FAST", "STORE_DEREF", "STORE_NAME", "STORE_GLOBAL")
 _SKIPPED = ("PRECALL", "KW_NAMES", "CACHE")
-DERIVED = "derived"  # a mode computed from a grad-mode read: its value depends on the caller's
-UNKNOWN = "unknown"  # a mode whose origin the code does not show (an argument, an attribute)
 
 
 def passed_mode(frame):
@@ -138,7 +137,6 @@ def grad_mode_read(*_):
 
 
 _torch.mark_side_effectful(grad_mode_read)
-GRAD_MODE_READ = "predispatch_grad_mode_read"  # node.meta key: (code, offset of the call)
 
 
 @contextlib.contextmanager

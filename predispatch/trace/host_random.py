@@ -23,7 +23,7 @@ import sys
 
 from .._torch import pytree
 from ..errors import ExportError, is_library_file, user_location
-from .patching import patched
+from .._torch.patching import patched
 
 _NOT_DRAWS = {"getstate", "get_state", "get_bit_generator"}
 _SEEDING = {"seed", "setstate", "set_state", "set_bit_generator"}

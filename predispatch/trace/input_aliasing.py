@@ -17,6 +17,7 @@ import dataclasses
 
 import torch
 
+from .. import _torch
 from ..errors import ExportError
 
 
@@ -156,6 +157,4 @@ def _describe(views) -> str:
 
 
 def _is_traced(t) -> bool:
-    from .. import _torch
-
     return _torch.is_traced(t)

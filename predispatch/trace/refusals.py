@@ -14,7 +14,7 @@ import torch.autograd.forward_ad
 
 from .. import _torch
 from ..errors import ExportError, is_library_file, user_location
-from .patching import patched
+from .._torch.patching import patched
 
 
 # Global state a function call changes, which a graph does not record: the

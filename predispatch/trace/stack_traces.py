@@ -21,7 +21,7 @@ import torch
 import torch.fx
 
 from .. import _torch
-from .patching import patched
+from .._torch.patching import patched
 
 
 class _Stamper(_torch.TorchFunctionMode):

@@ -1,7 +1,7 @@
 """Constructs a graph can hold, translated while the forward is traced.
 
 Each is a context manager wrapping, for the traced forward (see
-:mod:`predispatch.trace.patching`), what the construct calls, so that the trace
+:mod:`predispatch._torch.patching`), what the construct calls, so that the trace
 records what eager does: an inference-mode block as a no_grad block, a
 rebound buffer as a buffer update, an autocast block with eager's cast-cache
 flag and (given no dtype) the dtype current at run time. (What no graph can
@@ -15,7 +15,7 @@ import torch
 
 from .. import _torch
 from ..errors import ExportError, user_location
-from .patching import patched
+from .._torch.patching import patched
 
 _INFERENCE_MODES: list[bool] = []  # the modes of the inference_mode blocks open, innermost last
 

@@ -48,9 +48,10 @@ from .ctx import (
     unfixed_state,
 )
 from ...ir.autograd_function_op import AUTOGRAD_FUNCTION, FunctionSpec, output_values, placeholders
+from ...ir.regions import inline_region, regions
 from .subgraphs import MutatedInput, subgraph
 from ...errors import ExportError, exception_location, user_location
-from ..patching import patched, patches_suspended
+from ..._torch.patching import patched, patches_suspended
 
 
 def capturing_autograd_functions():
@@ -85,8 +86,6 @@ def capturing_autograd_functions():
 def _inline_no_grad_regions(gm: torch.fx.GraphModule) -> None:
     """The forward's top-level no_grad block (ours: the op runs the forward
     under no_grad, as eager does) inlined."""
-    from ...ir.regions import inline_region, regions
-
     for region in [r for r in regions(gm) if r.depth == 0 and r.owner is gm and r.args == (False,)]:
         inline_region(gm, region)
     gm.recompile()

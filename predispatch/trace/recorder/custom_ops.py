@@ -1,4 +1,6 @@
-"""Custom ops kept whole that alias their input: functionalization cannot
+"""Custom ops kept whole that return an alias of their input: refused.
+
+Custom ops kept whole that alias their input: functionalization cannot
 trace one whose schema says it returns an alias, and one that returns an
 alias although its schema says otherwise would hide it from the program.
 Both refused, naming the op and what to do instead."""

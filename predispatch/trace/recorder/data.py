@@ -1,4 +1,6 @@
-"""``t.data``: a detached alias for which the tracer records no node (the
+"""``t.data`` and ``t.data = v``: a detached alias, a storage swap.
+
+``t.data``: a detached alias for which the tracer records no node (the
 graph would keep the history). Torch-function modes see the ``data``
 attribute's ``__get__`` / ``__set__``: a read is traced as ``t.detach()``,
 whose node and alias handling are the same; ``t.data = value`` as

@@ -1,4 +1,6 @@
-"""Detached aliases updated in place. An in-place op on a ``detach()`` result
+"""Detached aliases updated in place: the base's value changes, its history does not.
+
+Detached aliases updated in place. An in-place op on a ``detach()`` result
 (or a view of one, ``t.data`` included) changes its base's values without
 autograd seeing it: like a mutation under no_grad, the base keeps its old
 history. In grad mode the alias itself gets the update's history, which

@@ -1,4 +1,6 @@
-"""Host random draws (:mod:`predispatch.trace.host_random`): a draw of
+"""Host random draws passed to a torch call: read, so refused where they change the program.
+
+Host random draws (:mod:`predispatch.trace.host_random`): a draw of
 Python's or numpy's generator passed to torch is read there, so each torch
 call's arguments are looked at while a draw is pending."""
 from __future__ import annotations

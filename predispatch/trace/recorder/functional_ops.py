@@ -1,4 +1,6 @@
-"""Each op functionalization sees (:func:`.observing.observing_ops`), before
+"""Each op functionalization sees: grad mode synced, the tensors it writes noted.
+
+Each op functionalization sees (:func:`.observing.observing_ops`), before
 it runs: a grad-mode change no torch-function mode saw is marked first, and
 the tensors it writes are noted (for the span or segment they are written
 in, and where a set_() made their memory shared)."""

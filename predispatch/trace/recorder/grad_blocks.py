@@ -1,4 +1,6 @@
-"""Grad-mode blocks. The flat graph shows only the values ``_set_grad_enabled``
+"""Grad-mode blocks: which ``_set_grad_enabled`` node enters and which exits a block.
+
+Grad-mode blocks. The flat graph shows only the values ``_set_grad_enabled``
 sets, so nesting would be lost: the recorder marks each marker node with
 which block it enters or exits (``meta_keys.GRAD_BLOCK``: phase, block id,
 what the mode passed is), as the regions pass reads it. A change of mode no

@@ -1,4 +1,6 @@
-"""Tensors read through an op. A tensor made to require grad in the forward
+"""Tensors read through an op: leaves made in the forward, aliases with a history of their own.
+
+Tensors read through an op. A tensor made to require grad in the forward
 has no node of its own in a trace above autograd, and a tensor whose eager
 history is another node than the one functionalization replays it from (a
 detached alias updated in grad mode, a set_() target, a grad-mode view of

@@ -1,4 +1,6 @@
-"""What the recorder marks on the tensors it sees: one ``_predispatch_*``
+"""The marks the recorder sets on the tensors it sees, and what a view's lineage tells.
+
+What the recorder marks on the tensors it sees: one ``_predispatch_*``
 attribute per mark (:class:`Mark`), and what a view's lineage tells (its
 base, the ``detach()`` result it is a view of, whose version counter it
 shares). A mark lives on its tensor, so it goes when the tensor goes."""

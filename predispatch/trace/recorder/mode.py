@@ -1,4 +1,6 @@
-"""The recorder: a torch-function mode pushed inside the traced forward that
+"""The recorder: a torch-function mode inside the traced forward, walking the table.
+
+The recorder: a torch-function mode pushed inside the traced forward that
 hands each torch call, with the state of one forward, down the table of
 :mod:`.table`, and follows eager's layouts around it
 (:mod:`predispatch.trace.eager_layout`)."""

@@ -1,4 +1,6 @@
-"""Seeing each op where functionalization sees it: ``observing_ops(observer)``
+"""Seeing each op where functionalization sees it (in-place updates inside library calls too).
+
+Seeing each op where functionalization sees it: ``observing_ops(observer)``
 tells ``observer`` of every op on FunctionalTensors, in-place updates inside
 library calls included (``F.relu(x, inplace=True)``), and traces the ops
 functionalization gets wrong as :mod:`predispatch.trace.inplace_rules` says;
@@ -12,7 +14,7 @@ import torch
 
 from ... import _torch
 from .. import inplace_rules
-from ..patching import patched
+from ..._torch.patching import patched
 
 _UNOBSERVED: list[bool] = []  # inside unobserved(): ops go straight to functionalization
 

@@ -1,4 +1,6 @@
-"""``F.embedding(max_norm=...)`` / ``F.embedding_bag(max_norm=...)``: the
+"""``F.embedding(max_norm=...)``: the weight's renorm made visible to the trace.
+
+``F.embedding(max_norm=...)`` / ``F.embedding_bag(max_norm=...)``: the
 lookup renorms the weight in place through a detached alias inside the
 call, where torch-function modes are off (the graph would drop the
 weight's history). Renormed first, seen by the recorder, then looked up

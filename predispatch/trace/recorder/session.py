@@ -1,4 +1,6 @@
-"""One recorded forward: :func:`recording` runs the module's forward under the
+"""One recorded forward: the module's forward run under the recorder and its patches.
+
+One recorded forward: :func:`recording` runs the module's forward under the
 recorder and everything else the trace needs while it runs, all named in
 one place (:func:`_forward_recorded`), then finishes what the recorder
 could not see until the forward returned, and notes how each input was
@@ -75,7 +77,7 @@ def _forward_recorded(module, state: TraceState, eager_autocast_cache: bool, reu
         # the stamper on top: nodes the recorder's own calls make get the user's stack too
         # (and it stamps autocast's enter/exit as wrapped for the cache flag below it)
         stamper = enter(stamping_stack_traces())
-        # what bypasses torch-function modes, wrapped where it lives (see predispatch.trace.patching)
+        # what bypasses torch-function modes, wrapped where it lives (see predispatch._torch.patching)
         enter(swaps.set_calls_to_aliases(state))  # t.set_(source)
         enter(noting_grad_mode_reads())  # torch.is_grad_enabled() read by the module's code
         enter(capturing_autograd_functions())  # autograd.Function.apply

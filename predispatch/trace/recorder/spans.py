@@ -1,4 +1,6 @@
-"""What changed between two grad-mode markers. A no_grad span replaces the
+"""What changed between two grad-mode markers: the values replaced out of autograd's sight.
+
+What changed between two grad-mode markers. A no_grad span replaces the
 values it updates without autograd seeing it: eager keeps their old
 history, functionalization does not, so the recorder notes each tensor the
 span uses at its first use (``watch``) and, where the span ends, hands the

@@ -1,4 +1,6 @@
-"""The data the recorder's handlers act on: one explicit :class:`TraceState`
+"""The data the recorder's handlers act on: one explicit TraceState per recorded forward.
+
+The data the recorder's handlers act on: one explicit :class:`TraceState`
 per recorded forward (everything the recorder remembers between torch calls,
 what a tensor carries aside: see :mod:`.marks`), and the :class:`TorchCall`
 each handler is given."""

@@ -1,4 +1,6 @@
-"""Storage swaps: ``t.set_(source)``. ``t`` takes ``source``'s storage and
+"""Storage swaps, ``t.set_(source)``: traced onto an alias, the target's history kept.
+
+Storage swaps: ``t.set_(source)``. ``t`` takes ``source``'s storage and
 layout, keeping its own autograd identity and (set_ under no_grad) its
 history: traced as ``t.set_(source.alias())``, so that ``t``'s new value is a
 node of its own, and from then on ``t`` is to the recorder what a
@@ -14,7 +16,7 @@ from ... import _torch
 from ...errors import user_location
 from ...ir import meta_keys, ops
 from .. import eager_layout
-from ..patching import patched
+from ..._torch.patching import patched
 from . import marks
 from .observing import is_unobserved, unobserved
 from .state import TraceState

@@ -1,4 +1,6 @@
-"""The recorder's table of contents: every torch call the recorder sees is
+"""The recorder's table of contents: the rules every torch call it sees walks, in order.
+
+The recorder's table of contents: every torch call the recorder sees is
 walked down :data:`RULES`, in order. A rule whose ``matches(state, call)``
 holds runs its ``handle(state, call)``, which either answers the call
 (``ANSWERS``: its result is the call's), notes something and lets the call

@@ -1,4 +1,6 @@
 """Any other torch call: run as traced, with what it reads and makes noted.
+
+Any other torch call: run as traced, with what it reads and makes noted.
 Before it, the casts eager's autocast cache would hold are looked up
 (:mod:`predispatch.trace.autocast_cache`); it runs marking the view replays
 it causes (when it reads a view made under no_grad) and reading through

@@ -1,4 +1,6 @@
-"""Views and their replays. Functionalization replays a view of an updated
+"""Views and their replays: each view's lineage, replays marked with the mode it was made in.
+
+Views and their replays. Functionalization replays a view of an updated
 tensor from its base lazily, at the view's next use, in whatever grad mode
 holds then; eager's view has the history of the mode it was made in. So
 each view the recorder sees gets its lineage marked (:func:`note_views`),

@@ -1,4 +1,4 @@
-"""Replacing a global attribute while the forward is traced.
+"""Replacing a global attribute (often torch's) for the tracing thread, while the forward is traced.
 
 Some constructs bypass torch-function modes (``Tensor.set_``, autocast and
 inference-mode enter/exit, ``autograd.Function.apply``, numpy's and Python's
@@ -7,6 +7,8 @@ serves the tracing thread only: other threads (a data loader, a second
 export) keep the original while an export runs, and it is restored on exit.
 A trace of its own in the middle of a trace (an autograd.Function's
 subgraphs) sets its own replacements up, with the outer ones suspended.
+It lives in the seam: what torch's objects are (a Python ``classmethod``, a
+C method descriptor) changes between releases.
 """
 from __future__ import annotations
 
