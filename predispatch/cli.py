@@ -17,6 +17,8 @@ import os
 import sys
 from pathlib import Path
 
+from . import _torch
+
 EXIT_USAGE = 2
 
 
@@ -94,7 +96,7 @@ def _check_save_path(path: str) -> None:
 def _quiet_fake_tensor_log():
     """A shape error is reported as one line; torch's fake tensor logger would
     also print its traceback on stderr."""
-    logger = logging.getLogger("torch._subclasses.fake_tensor")
+    logger = logging.getLogger(_torch.FAKE_TENSOR_LOGGER)
     level = logger.level
     logger.setLevel(logging.CRITICAL)
     try:
@@ -123,11 +125,11 @@ def op_summary(ep, policy) -> str:
     """Which composites the program keeps, and which ops it uses, by count."""
     import torch
 
-    from .region_utils import graph_modules
+    from .ir.regions import graph_modules
 
     counts = collections.Counter(
         node.target for gm in graph_modules(ep.graph_module) for node in gm.graph.nodes
-        if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload))
+        if node.op == "call_function" and isinstance(node.target, _torch.OpOverload))
     kept = sorted(str(op) for op in counts if policy.should_decompose(op) is False)
     lines = [f"ops: {sum(counts.values())} calls of {len(counts)} ops",
              f"kept composites: {', '.join(kept) if kept else 'none'}",
@@ -146,7 +148,7 @@ def export_command(opts) -> int:
     module.train(not opts.eval)
     dynamic_shapes = None
     if opts.dynamic_batch:
-        import torch.utils._pytree as pytree
+        pytree = _torch.pytree
 
         batch = torch.export.Dim("batch")
         to_spec = lambda x: {0: batch} if isinstance(x, torch.Tensor) and x.dim() > 0 else None  # noqa: E731

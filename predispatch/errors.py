@@ -21,7 +21,8 @@ class BackwardAutocastMismatchWarning(UserWarning):
     """Warning form of :class:`BackwardAutocastMismatchError`."""
 
 
-_LIBRARY_DIRS = (os.path.dirname(torch.__file__) + os.sep, os.path.dirname(__file__) + os.sep)
+PACKAGE_DIR = os.path.dirname(__file__) + os.sep  # predispatch itself
+_LIBRARY_DIRS = (os.path.dirname(torch.__file__) + os.sep, PACKAGE_DIR)
 
 
 def is_library_file(filename: str) -> bool:

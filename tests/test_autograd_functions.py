@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import predispatch
-from predispatch.autograd_function_op import AUTOGRAD_FUNCTION
+from predispatch.ir.autograd_function_op import AUTOGRAD_FUNCTION
 from predispatch.testing import GraphTestCase, assert_invariants
 from predispatch.testing.eager import assert_matches_eager
 

@@ -173,7 +173,7 @@ def test_parameter_updated_inside_autocast_is_refused_or_matches():
 # data of the base changes (its version counter too) but its autograd
 # identity does not: a leaf stays a leaf whose later uses get gradients, an
 # intermediate keeps its grad_fn. The trace records it as a grad-mode
-# mutation (trace_events watches no_grad spans only), so (a) a parameter or
+# mutation (the recorder watches no_grad spans only), so (a) a parameter or
 # an input is written back with `copy_` in grad mode, which autograd refuses
 # on a leaf that requires grad ("a leaf Variable that requires grad is being
 # used in an in-place operation"), and (b) no keep_history is inserted, so
@@ -261,7 +261,7 @@ def test_grad_mode_mutation_saved_by_its_own_op(module, require):
 
 # --------------------------------------------------------------------------
 # 7. A view made before a no_grad block and mutated inside it: the recorder
-# (trace_events._Recorder) watches only the tensors passed to functions
+# (the recorder) watches only the tensors passed to functions
 # inside the span, i.e. the view, not its base. The base's new value (a
 # slice_scatter/select_scatter computed under no_grad) is never recorded as
 # a replacement, so no keep_history is inserted, and later uses of the base
@@ -349,7 +349,7 @@ def test_subgraph_placeholder_names_are_stable_on_reexport(module):
 
 
 # --------------------------------------------------------------------------
-# 4b. The refusal of 4 (trace_events._refuse_stale_autocast_cache) fired only
+# 4b. The refusal of 4 (the recorder's _refuse_stale_autocast_cache) fired only
 # for an in-place op whose first argument *is* a parameter while autocast is
 # enabled (views and inputs: fixed in cbbb265; the nested
 # autocast(enabled=False) case is still open). Eager's cache (cached_cast: any leaf that requires grad, keyed by
@@ -416,7 +416,7 @@ def test_stale_autocast_cache_variants_are_refused_or_match(module):
 # 9. (a regression of the fix for 1) export.py runs copy_pass.replace_copies
 # before keep_histories: the trace recorded `v.copy_(y)` under no_grad as a
 # Replacement whose `new` node is the aten.copy node, which replace_copies
-# has erased, so keep_history_pass skips it (`_alive(r.new)` is false) and
+# has erased, so insert_kept_histories skips it (`_alive(r.new)` is false) and
 # `v` loses its autograd history (eager: v keeps its grad_fn, x gets a
 # gradient). Fix: run replace_copies after keep_histories (checked: that
 # makes these pass), or map the record's nodes through the rewrite.
@@ -481,7 +481,7 @@ def test_view_of_no_grad_view_does_not_require_grad():
 
 
 # --------------------------------------------------------------------------
-# 11. keep_history_pass inserts a keep_history node for every replacement,
+# 11. insert_kept_histories inserts a keep_history node for every replacement,
 # used or not. For an intermediate mutated under no_grad and never read
 # again the node is dead, yet it keeps the region returning the mutated
 # value; the re-export of ep.module() has neither, so G7 fails (an extra
@@ -535,13 +535,13 @@ def test_set_grad_enabled_decorator_inside_forward():
 
 
 # --------------------------------------------------------------------------
-# 13. keep_history.may_require_grad runs once, before keep_history_pass
+# 13. keep_history.may_require_grad runs once, before insert_kept_histories
 # inserts anything, and counts a value computed under no_grad as never
 # requiring grad. A parameter updated under no_grad is read through
 # keep_history later, so it does require grad, and so do values computed
 # from it in grad mode (here in an enable_grad block nested in the no_grad
 # block); but they are missing from may_grad, so when they are mutated under
-# no_grad keep_history_pass skips them (`old not in may_grad`) and their
+# no_grad insert_kept_histories skips them (`old not in may_grad`) and their
 # history is lost: eager gives `w` a gradient, the program gives None. (The
 # fuzzer's form: `self.lin.bias[0] = self.n` then `v0 = self.n + self.lin.bias`
 # under enable_grad, then `v0.mul_(0)`.) Fix: let may_grad follow the
@@ -2828,7 +2828,7 @@ def test_a_leaf_swapped_to_another_shape_then_written_through_a_sharer_is_refuse
 # updated: the program laid x at offset 0 of z's storage (functionalization's
 # offsets count from a base an update replaces by a fresh tensor at offset
 # 0). Layouts are now followed on meta shadows of the inputs, as eager lays
-# them out (predispatch.eager_layout; more cases in test_mutation_kinds).
+# them out (predispatch.trace.eager_layout; more cases in test_mutation_kinds).
 
 class SwappedToAnOffsetInputThenUpdated(nn.Module):
     def __init__(self):

@@ -1,4 +1,4 @@
-"""Layer reuse (predispatch/layer_reuse.py): repeated layers traced once.
+"""Layer reuse (predispatch/trace/layer_reuse.py): repeated layers traced once.
 
 For each case: the program with reuse on is the program with reuse off, node
 for node (op, arguments, value metadata, module stack, stack trace, torch
@@ -13,7 +13,7 @@ import torch
 import torch.nn as nn
 
 import predispatch
-from predispatch import layer_reuse
+from predispatch.trace import layer_reuse
 from predispatch.testing import assert_same_program
 from predispatch.testing.eager import assert_matches_eager
 

@@ -1,4 +1,4 @@
-"""Layer reuse and the Python state a layer reaches (predispatch/python_state.py).
+"""Layer reuse and the Python state a layer reaches (predispatch/trace/python_state.py).
 
 A replay runs a layer's Python code on meta tensors before deciding whether
 to stamp it. Whatever Python state the layer can reach — objects given as
@@ -18,7 +18,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from predispatch import layer_reuse
+from predispatch.trace import layer_reuse
 from predispatch.testing.eager import assert_matches_eager
 from test_layer_reuse import export_both
 

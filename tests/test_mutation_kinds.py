@@ -12,6 +12,7 @@ import torch
 
 import cases
 import predispatch
+from predispatch.program.program import program_meta
 from predispatch.testing.eager import assert_matches_eager
 
 
@@ -87,7 +88,7 @@ def test_two_set__calls_that_cancel_out():
         return a + b.reshape(3, 3)
     both(f, torch.ones(3, 3))
     ep = predispatch.export_predispatch(F(f), (torch.ones(3, 3),))
-    assert predispatch.program.program_meta(ep)["layouts"]["inputs_0"]["storage"] == "own"
+    assert program_meta(ep)["layouts"]["inputs_0"]["storage"] == "own"
 
 
 def test_set__of_a_buffer_under_no_grad_to_another_shape():

@@ -4,7 +4,7 @@ import types
 
 import torch
 
-from predispatch.patching import patched
+from predispatch._torch.patching import patched
 
 
 class Base:

@@ -25,7 +25,7 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInp
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 import predispatch
-from predispatch.autograd_function_op import AUTOGRAD_FUNCTION
+from predispatch.ir.autograd_function_op import AUTOGRAD_FUNCTION
 from predispatch.testing import GraphTestCase, assert_invariants
 
 _c10d = torch.ops._c10d_functional

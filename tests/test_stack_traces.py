@@ -1,5 +1,5 @@
 """Node stack traces: predispatch stamps them once per user torch call
-(predispatch/stack_traces.py) instead of letting torch capture and symbolize
+(predispatch/trace/stack_traces.py) instead of letting torch capture and symbolize
 the whole stack for every node. The result must be what torch's own per-node
 capture gives, node for node, including inside regions."""
 import contextlib
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import predispatch
-import predispatch.trace_events
+import predispatch.trace.recorder.session
 from predispatch.testing.invariants import all_graph_modules
 
 
@@ -37,7 +37,7 @@ def _tiny_llama():
 def test_stamped_stack_traces_equal_torchs_own(build, monkeypatch):
     module, args = build()
     stamped = _traces(predispatch.export_predispatch(module, args))
-    monkeypatch.setattr(predispatch.trace_events, "stamping_stack_traces", contextlib.nullcontext)
+    monkeypatch.setattr(predispatch.trace.recorder.session, "stamping_stack_traces", contextlib.nullcontext)
     by_torch = _traces(predispatch.export_predispatch(module, args))
     assert stamped == by_torch
     assert sum(trace is not None for _, trace in stamped) >= 3

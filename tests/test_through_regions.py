@@ -9,7 +9,7 @@ import torch
 import cases
 import predispatch
 from predispatch.testing.eager import assert_runs_match, run_module
-from predispatch.through_regions import PLACE, through_regions
+from predispatch.downstream.through_regions import PLACE, through_regions
 
 aten = torch.ops.aten
 CASES = {

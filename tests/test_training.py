@@ -11,7 +11,7 @@ from torch.export import Dim
 
 import predispatch
 from predispatch.testing.eager import assert_runs_match, fresh_inputs, run_module
-from predispatch.training import CallNotSupportedError
+from predispatch.downstream.training import CallNotSupportedError
 
 
 def compiled(module, args, kwargs=None, **export_kwargs):

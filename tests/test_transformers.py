@@ -36,7 +36,7 @@ import types
 import pytest
 import torch
 
-from predispatch.autograd_function_op import AUTOGRAD_FUNCTION
+from predispatch.ir.autograd_function_op import AUTOGRAD_FUNCTION
 from predispatch.testing.eager import assert_matches_eager
 from predispatch.testing.invariants import all_graph_modules
 

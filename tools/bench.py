@@ -2,7 +2,7 @@
 
 The floor is one forward pass on fake tensors; torch.export runs non-strict.
 predispatch is measured with layer reuse (the default) and without it
-("pd-noreuse": every layer traced; see predispatch.layer_reuse).
+("pd-noreuse": every layer traced; see predispatch.trace.layer_reuse).
 
     python tools/bench.py                    # everything (takes a while)
     python tools/bench.py --quick            # a small subset, < 2 minutes
@@ -59,6 +59,7 @@ import torch.utils._pytree as pytree  # noqa: E402
 from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 
 import predispatch  # noqa: E402
+from predispatch.program import region_runtime  # noqa: E402
 
 CHILD_TAG = "BENCH_CHILD "
 EXPORTERS = ("torch", "predispatch", "pd-noreuse", "floor")  # pd-noreuse: layer reuse off
@@ -250,7 +251,7 @@ def export_pd(model, args):
 
 
 def export_pd_without_reuse(model, args):
-    """Every layer traced (predispatch.layer_reuse off)."""
+    """Every layer traced (predispatch.trace.layer_reuse off)."""
     with predispatch.reuse_layers(False):
         return export_pd(model, args)
 
@@ -497,7 +498,7 @@ def fwd_bwd_seconds(fn, params, args) -> float:
 
 def torch_fwd_bwd_seconds(fn, params, args) -> float:
     """torch.export's program as users have it: with torch's own region calls."""
-    with predispatch._torch.torch_region_runtime():
+    with region_runtime.torch_region_runtime():
         return fwd_bwd_seconds(fn, params, args)
 
 

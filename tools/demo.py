@@ -14,7 +14,7 @@ import torch
 import torch.nn as nn
 
 import predispatch
-from predispatch.printing import format_program
+from predispatch.program.printing import format_program
 
 
 class TokenStatsLlama(nn.Module):

@@ -18,6 +18,15 @@ define ``module`` and ``args`` (and may define ``kwargs``, ``export_kwargs``, an
 ``after_export``, called once the example is exported: e.g. to destroy the
 process group a sharded example initialised).
 
+A page may also hold a block made from the code itself (:data:`GENERATED`):
+
+    <!-- generated: stages -->
+    (the pipeline's stages, from predispatch.pipeline.STAGES)
+    <!-- end generated -->
+
+``stages`` is the table of the pipeline's stages, ``tree`` the package's
+folders and modules, each with the first line of its docstring.
+
     python tools/design_docs.py            # rewrite the graphs in place
     python tools/design_docs.py --check    # exit 1 if any page is stale
 """
@@ -54,6 +63,49 @@ def render_example(name: str, code: str) -> str:
         scope.get("after_export", lambda: None)()  # e.g. a process group the example set up
 
 
+def render_stages() -> str:
+    """The pipeline's stages as a table: name, the modules doing the work, what it does."""
+    from predispatch.pipeline import STAGES
+
+    rows = ["| stage | modules | what it does |", "|---|---|---|"]
+    for stage in STAGES:
+        modules = ", ".join(f"`{_path(m)}`" for m in stage.modules)
+        rows.append(f"| {stage.name} | {modules} | {stage.does} |")
+    return "\n".join(rows) + "\n"
+
+
+def _path(module) -> str:
+    path = Path(module.__file__).resolve().relative_to(PACKAGE.parent)
+    return f"{path.parent}/" if path.name == "__init__.py" else str(path)
+
+
+# the package's layers, lowest first (tests/test_layout.py checks that imports point down them)
+TREE_ORDER = ("__init__.py", "_torch", "errors.py", "ir", "policies", "trace", "passes", "program", "distributed",
+              "pipeline.py", "api.py", "downstream", "testing", "cli.py", "__main__.py")
+
+
+def render_tree() -> str:
+    """The package's folders and modules, in layer order, each with the first line of its docstring."""
+    import ast
+
+    def key(path: Path):
+        top = path.relative_to(PACKAGE).parts[0]
+        return (TREE_ORDER.index(top), str(path.parent), path.name != "__init__.py", path.name)
+
+    lines = ["```"]
+    for path in sorted(PACKAGE.rglob("*.py"), key=key):
+        rel = path.relative_to(PACKAGE.parent)
+        doc = (ast.get_docstring(ast.parse(path.read_text())) or "").strip().splitlines()
+        shown = f"{rel.parent}/" if path.name == "__init__.py" else str(rel)
+        lines.append(f"{shown:<49}{doc[0] if doc else ''}".rstrip())
+    return "\n".join(lines + ["```"]) + "\n"
+
+
+PACKAGE = Path(__file__).resolve().parent.parent / "predispatch"
+GENERATED = {"stages": render_stages, "tree": render_tree}
+BLOCK = re.compile(r"<!-- generated: (?P<name>[\w-]+) -->\n.*?<!-- end generated -->\n", re.S)
+
+
 def render_page(text: str) -> str:
     def replace(match: re.Match) -> str:
         name, code = match["name"], match["code"]
@@ -61,7 +113,11 @@ def render_page(text: str) -> str:
         return (f"<!-- example: {name} -->\n```python\n{code}```\n"
                 f"<!-- graph: {name} -->\n```\n{graph}```\n<!-- end graph -->\n")
 
-    return EXAMPLE.sub(replace, text)
+    def generate(match: re.Match) -> str:
+        name = match["name"]
+        return f"<!-- generated: {name} -->\n{GENERATED[name]()}<!-- end generated -->\n"
+
+    return BLOCK.sub(generate, EXAMPLE.sub(replace, text))
 
 
 def stale_pages(pages) -> list[Path]:

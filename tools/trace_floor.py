@@ -34,7 +34,7 @@ import torch.utils._pytree as pytree  # noqa: E402
 from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 
 from predispatch import _torch  # noqa: E402
-from predispatch.functional_trace import functional_trace  # noqa: E402
+from predispatch.trace.functional_trace import functional_trace  # noqa: E402
 
 
 class _FlatOutputs(torch.nn.Module):

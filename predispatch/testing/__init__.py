@@ -7,7 +7,7 @@
             ep = predispatch.export_predispatch(Seed(), (torch.ones(2),))
             self.assertGraphExpectedInline(ep, '''...''')
 
-The program is printed by :func:`predispatch.printing.format_program`: every
+The program is printed by :func:`predispatch.program.printing.format_program`: every
 graph and subgraph, the signature and the autocast policy, with node names
 re-derived from their ops, so the text does not change with file paths, line
 numbers or torch's node-name counters. ``EXPECTTEST_ACCEPT=1`` rewrites the
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import expecttest
 
-from ..printing import format_program
+from ..program.printing import format_program
 from .eager import assert_matches_eager
 from .invariants import assert_invariants
 from .structure import assert_same_program, program_structure

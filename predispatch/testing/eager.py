@@ -17,7 +17,8 @@ import numbers
 import warnings
 
 import torch
-import torch.utils._pytree as pytree
+
+from .._torch import pytree
 
 
 @dataclasses.dataclass
@@ -39,7 +40,7 @@ def fresh_inputs(args, kwargs, requires_grad: bool):
     """Copies of the inputs (floating ones leaves requiring grad, if asked),
     aliasing as the originals do: the same tensor twice is one copy, and a
     view of another input (``f(x, x[0])``) a view of that one's copy."""
-    from ..input_aliasing import views_of_covering_inputs
+    from ..trace.input_aliasing import views_of_covering_inputs
 
     leaves, spec = pytree.tree_flatten((args, kwargs or {}))
     try:
@@ -180,7 +181,7 @@ def assert_matches_eager(module, args, kwargs=None, *, export=None, grad_modes=(
     mode; also that the graph holds G1/G3 and that re-exporting
     ``ep.module()`` gives the same graph (G7). Returns the program."""
     from .. import export_predispatch
-    from ..printing import format_program
+    from ..program.printing import format_program
     from .invariants import assert_invariants
 
     export = export or export_predispatch

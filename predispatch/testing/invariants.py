@@ -1,13 +1,14 @@
-"""Structural checks of an exported program: G1 (functional), G3 (regions),
-in every graph: regions' and autograd Functions' subgraphs too."""
+"""Structural checks of an exported program: G1 (functional) and G3 (regions), in every graph.
+
+Regions' and autograd Functions' subgraphs are checked too."""
 from __future__ import annotations
 
 import torch
 import torch.fx
 
 from .. import _torch
-from ..autograd_function_op import AUTOGRAD_FUNCTION
-from ..region_utils import graph_modules, mutable_op_nodes
+from ..ir.autograd_function_op import AUTOGRAD_FUNCTION
+from ..ir.regions import graph_modules, mutable_op_nodes
 
 _REGION_HOPS = (_torch.wrap_with_set_grad_enabled, _torch.wrap_with_autocast)
 _SIDE_EFFECTS = (_torch.SET_GRAD_ENABLED, _torch.ENTER_AUTOCAST, _torch.EXIT_AUTOCAST)

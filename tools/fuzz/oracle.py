@@ -27,7 +27,7 @@ import warnings
 import torch
 
 import predispatch
-from predispatch import layer_reuse
+from predispatch.trace import layer_reuse
 from predispatch.testing import assert_same_program
 from predispatch.testing.eager import assert_matches_eager, run_module
 

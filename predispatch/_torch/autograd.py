@@ -1,0 +1,58 @@
+"""AOTAutograd: the joint forward/backward trace compile_training makes."""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.fx
+from torch._functorch._aot_autograd.graph_capture_wrappers import disable_autocast
+from torch._functorch.aot_autograd import aot_module_simplified
+
+
+@contextlib.contextmanager
+def backward_pass_autocast(value):
+    """AOTAutograd's own knob for the autocast state the backward is traced under.
+
+    force_non_lazy_backward_lowering: trace the backward now, not at its first
+    run. Structured trace logging is paused meanwhile: it JSON-dumps this
+    config, and a torch.dtype in the list form is not JSON serializable."""
+    from torch._logging._internal import trace_log
+
+    handlers = trace_log.handlers
+    if not isinstance(value, str):
+        trace_log.handlers = []
+    try:
+        with torch._functorch.config.patch(backward_pass_autocast=value,
+                                           force_non_lazy_backward_lowering=True):
+            yield
+    finally:
+        trace_log.handlers = handlers
+
+
+def is_compiled_backward_node(node) -> bool:
+    """Is this autograd node the backward of an AOTAutograd compiled function?"""
+    return node.name() == "CompiledFunctionBackward"
+
+
+@contextlib.contextmanager
+def no_donated_buffers():
+    """While AOTAutograd compiles: no "donated buffers" (saved tensors the
+    compiled backward may free, which makes running it again an error), so
+    that the backward can run again (``retain_graph=True``) as eager's can.
+    Our backward is a plain graph, which frees nothing early anyway."""
+    from torch._functorch._aot_autograd import graph_compile
+
+    original = graph_compile.collect_bw_donated_buffer_idxs
+    graph_compile.collect_bw_donated_buffer_idxs = lambda *args, **kwargs: []
+    try:
+        yield
+    finally:
+        graph_compile.collect_bw_donated_buffer_idxs = original
+
+
+def retrace_subgraph(gm: torch.fx.GraphModule, example_inputs: list) -> torch.fx.GraphModule:
+    """``gm`` traced again by the make_fx trace in progress (its decompositions,
+    the autocast state now), as a subgraph of its own."""
+    from torch._higher_order_ops.utils import reenter_make_fx
+
+    return reenter_make_fx(gm)(*example_inputs)

@@ -1,0 +1,242 @@
+"""FunctionalTensor and its mode: wrapping, unwrapping, and what a wrapper's storage went through."""
+from __future__ import annotations
+
+import functools
+import threading
+
+import torch
+import torch.fx
+from torch._functorch._aot_autograd.functional_utils import (
+    are_all_mutations_hidden_from_autograd,
+    are_all_mutations_under_no_grad_or_inference_mode,
+    has_data_mutation,
+)
+from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
+from torch.fx.experimental.proxy_tensor import _AttrProxy, get_proxy_mode, get_proxy_slot
+
+
+def current_node(t: torch.Tensor) -> torch.fx.Node | None:
+    """The graph node holding the current value of a traced FunctionalTensor
+    (a stale view is brought up to date first, in the current grad mode)."""
+    if not isinstance(t, FunctionalTensor):
+        return None
+    torch._sync(t)
+    return materialized_node(t)
+
+
+def replay_if_stale(t: FunctionalTensor) -> None:
+    """Functionalization's sync: a view whose base was updated since is
+    replayed from it now (in the current grad mode), as at its next use."""
+    torch._sync(t)
+
+
+def materialized_node(t: FunctionalTensor) -> torch.fx.Node | None:
+    """The graph node of the value ``t`` last got, up to date or not."""
+    inner = torch._from_functional_tensor(t.elem)
+    mode = get_proxy_mode()
+    if mode is None:
+        return None
+    slot = get_proxy_slot(inner, mode.tracer, None)
+    return None if slot is None else slot.proxy.node
+
+
+def is_view(t: FunctionalTensor) -> bool:
+    return not torch._is_functional_tensor_base(t.elem)
+
+
+def hides_an_alias(out: FunctionalTensor, inputs: list[FunctionalTensor]) -> bool:
+    """Is ``out`` a new tensor to functionalization (not an input, not a view)
+    whose traced value shares an input's storage? An op kept whole whose
+    schema says functional but which returns an alias (a liar) does that."""
+    if any(out is i for i in inputs) or is_view(out):
+        return False
+    return any(shares_storage(out, i) for i in inputs)
+
+
+def shares_storage(a: FunctionalTensor, b: FunctionalTensor) -> bool:
+    """Do two traced tensors' values share memory (one is a view of the other)?"""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    def storage(t):
+        return StorageWeakRef(torch._from_functional_tensor(t.elem).untyped_storage())
+
+    return storage(a) == storage(b)
+
+
+def mutation_kind(t: torch.Tensor) -> str | None:
+    """How a traced input was mutated: None, "hidden" (hidden from autograd,
+    like BatchNorm's running stats), "no_grad" or "grad"."""
+    if not isinstance(t, FunctionalTensor) or not has_data_mutation(t):
+        return None
+    if are_all_mutations_hidden_from_autograd(t):
+        return "hidden"
+    if are_all_mutations_under_no_grad_or_inference_mode(t):
+        return "no_grad"
+    return "grad"
+
+
+preserve_version_counter = torch.autograd._unsafe_preserve_version_counter
+
+
+def is_traced(t: torch.Tensor) -> bool:
+    return isinstance(t, FunctionalTensor)
+
+
+def requires_grad_in_trace(t: torch.Tensor) -> bool:
+    """Whether ``t`` requires grad, as eager would say: while tracing above
+    autograd, the functional wrapper does not know; the tensor below it does."""
+    if isinstance(t, FunctionalTensor):
+        return torch._from_functional_tensor(t.elem).requires_grad
+    return t.requires_grad
+
+
+def functional_write(target: FunctionalTensor, value: FunctionalTensor, *, hidden: bool) -> None:
+    """Replay ``target.copy_(value)`` while tracing, as data flow with no node:
+    later reads of ``target`` read ``value``, and the mutation is recorded
+    (under the current grad mode; hidden from autograd if asked)."""
+    torch._sync(value)
+    target.replace_(torch._from_functional_tensor(value.elem))
+    target.commit_update()
+    if hidden:
+        target.mark_mutation_hidden_from_autograd()
+
+
+def apply_pending_updates(t: FunctionalTensor) -> None:
+    """Bring ``t`` up to date with the writes made through its aliases
+    (functionalization applies them lazily, at the next read)."""
+    torch._sync(t)
+
+
+def functional_mode() -> FunctionalTensorMode:
+    return FunctionalTensorMode(pre_dispatch=True, export=True, _allow_token_discovery=True)
+
+
+def to_functional(t):
+    return FunctionalTensor.to_functional(t) if isinstance(t, torch.Tensor) else t
+
+
+# A FunctionalTensor wraps each tensor the trace makes. Its wrapper computes a
+# storage size for itself from the sizes and strides, some ten SymInt
+# operations when they are symbolic: sympy work, each recorded in the graph by
+# make_fx (a node and a dispatch-mode switch) and dropped as dead code at the
+# end, for a storage nothing reads. torch.export's graph wraps nothing. While
+# predispatch traces, a wrapper of a tensor with a symbolic layout takes the
+# wrapped tensor's storage size instead: the same storage, known already.
+_wrapping = threading.local()  # .nbytes: the storage size for the wrapper being made
+
+
+def wrapper_sized_by_wrapped_storage(new):
+    """Replacement of ``FunctionalTensor.__new__`` (with
+    :func:`wrapper_subclass_with_known_size`)."""
+    @functools.wraps(new)
+    def run(cls, elem, mode):
+        if not _symbolic_layout(elem):
+            return new(cls, elem, mode)
+        _wrapping.nbytes = elem.untyped_storage().nbytes()
+        try:
+            return new(cls, elem, mode)
+        finally:
+            _wrapping.nbytes = None
+    return run
+
+
+def wrapper_subclass_with_known_size(make):
+    """Replacement of ``torch.Tensor._make_wrapper_subclass``: a FunctionalTensor
+    made in :func:`wrapper_sized_by_wrapped_storage` gets its storage size."""
+    @functools.wraps(make)
+    def run(cls, *args, **kwargs):
+        nbytes = getattr(_wrapping, "nbytes", None)
+        if nbytes is not None and cls is FunctionalTensor and "storage_size" not in kwargs:
+            _wrapping.nbytes = None  # this wrapper's only
+            kwargs["storage_size"] = nbytes
+        return make(cls, *args, **kwargs)
+    return run
+
+
+def _symbolic_layout(t: torch.Tensor) -> bool:
+    """Strided, with a symbolic size, stride or offset."""
+    return t.layout == torch.strided and any(
+        isinstance(v, torch.SymInt) for v in (*t.shape, *t.stride(), t.storage_offset()))
+
+
+def fake_as_strided(value: torch.Tensor, size, stride, offset) -> torch.Tensor:
+    """``value.as_strided(...)`` on a node's fake value, out of the trace."""
+    from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
+
+    with disable_proxy_modes_tracing():
+        return value.as_strided(size, stride, offset)
+
+
+def from_functional(t):
+    if not isinstance(t, FunctionalTensor):
+        return t
+    torch._sync(t)
+    return torch._from_functional_tensor(t.elem)
+
+
+def has_metadata_mutation(t: FunctionalTensor) -> bool:
+    return torch._functionalize_has_metadata_mutation(t.elem)
+
+
+def storage_extent(size, stride, offset: int) -> int:
+    """The elements a storage needs for a tensor of that layout."""
+    if 0 in tuple(size):
+        return offset
+    return offset + sum((n - 1) * s for n, s in zip(size, stride)) + 1
+
+
+def storage_changed(t: FunctionalTensor) -> bool:
+    return torch._functionalize_was_storage_changed(t.elem)
+
+
+def storage_elements(t: FunctionalTensor) -> int:
+    """How many elements of ``t``'s dtype its (functional) storage holds."""
+    return torch._functionalize_get_storage_size(t.elem, True) // t.element_size()
+
+
+def layout(t: FunctionalTensor) -> tuple[tuple, tuple, int]:
+    """``t``'s size, strides and storage offset as functionalization keeps them
+    (the Python wrapper's are not updated by ``set_()``)."""
+    return tuple(t.elem.size()), tuple(t.elem.stride()), t.elem.storage_offset()
+
+
+def sync_wrapper_layout(t: FunctionalTensor) -> None:
+    """After ``set_()``: the Python wrapper's size and strides as the inner
+    tensor's (torch's mode updates them for other layout changes, not for
+    set_, so Python indexing would read the old shape)."""
+    size, stride, _ = layout(t)
+    if (tuple(t.size()), tuple(t.stride())) != (size, stride):
+        with torch.utils._mode_utils.no_dispatch():
+            # the wrapper's own storage cannot grow: give it one that holds the layout
+            # (memory the wrapper never reads; the values live in the inner tensor)
+            room = torch.empty_strided(size, stride, dtype=t.dtype, device=t.device)
+            torch.ops.aten.set_.source_Storage_storage_offset(t, room.untyped_storage(), 0, size, stride)
+
+
+def storage_offset(t) -> int | None:
+    return t.elem.storage_offset() if isinstance(t, FunctionalTensor) else None
+
+
+def storage_of(t):
+    """A handle comparing equal for FunctionalTensors sharing their (functional)
+    storage, as aliases and tensors swapped by ``set_()`` do; None for others."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    return StorageWeakRef(t.elem.untyped_storage()) if isinstance(t, FunctionalTensor) else None
+
+
+def storage_counters(t: FunctionalTensor) -> tuple:
+    """What changes when ``t``'s (functional) storage or layout is mutated
+    (a symbolic size as its node: compared by identity, not by sympy)."""
+    return (torch._functionalize_mutation_counter(t.elem),
+            torch._functionalize_storage_changed_counter(t.elem),
+            has_metadata_mutation(t), *map(_dim_identity, (*t.elem.size(), *t.elem.stride(), t.elem.storage_offset())))
+
+
+def _dim_identity(value):
+    return value.node if isinstance(value, torch.SymInt) else value
+
+
+def inner_value(t: FunctionalTensor) -> torch.Tensor:
+    """The traced (fake) value a FunctionalTensor wraps, as it is now."""
+    return torch._from_functional_tensor(t.elem)

@@ -1,0 +1,225 @@
+"""What torch says about an op: its kernels, tags, aliasing, and what its backward saves."""
+from __future__ import annotations
+
+import contextlib
+import functools
+
+import torch
+import torch.fx
+from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
+from torch._C import DispatchKey
+from torch._ops import HigherOrderOperator
+
+
+SET_GRAD_ENABLED = torch._C._set_grad_enabled
+
+
+ENTER_AUTOCAST = torch.amp.autocast_mode._enter_autocast
+
+
+EXIT_AUTOCAST = torch.amp.autocast_mode._exit_autocast
+
+
+CIA_KEY = "CompositeImplicitAutograd"
+
+
+def has_composite_implicit_kernel(op: torch._ops.OpOverload) -> bool:
+    return torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), CIA_KEY)
+
+
+def has_own_functionalization_kernel(op: torch._ops.OpOverload) -> bool:
+    """Does functionalization know ``op`` itself (not only through its boxed
+    fallback, which refuses an op returning an alias)? torch has no query
+    for it but the dispatch table's text."""
+    table = torch._C._dispatch_dump_table(op.name())
+    line = next((entry for entry in table.splitlines() if entry.startswith("Functionalize:")), "")
+    return bool(line) and "[backend fallback]" not in line
+
+
+# Composites decomposed as eager runs them, through their C++ kernel, not the
+# Python decomposition torch registers for tracing: aten.dropout's calls
+# native_dropout, whose backward rounds a bf16 input's gradient otherwise than
+# eager's CPU composite (input * bernoulli mask / (1 - p)), and clones where
+# eager returns the input itself (train=False).
+_AS_EAGER = (torch.ops.aten.dropout.default,)
+
+
+@contextlib.contextmanager
+def decompose_by(should_decompose):
+    """Let ``should_decompose(func) -> bool | None`` decide, while tracing,
+    which composites FunctionalTensorMode keeps (None = torch's own rule)."""
+    original = FunctionalTensorMode._can_decompose
+
+    def _can_decompose(self, func, args, kwargs):
+        verdict = should_decompose(func)
+        if verdict is None:
+            return original(self, func, args, kwargs)
+        return verdict
+
+    cia = torch._C.DispatchKey.CompositeImplicitAutograd
+    python_kernels = {op: op.py_kernels.pop(cia) for op in _AS_EAGER if cia in op.py_kernels}
+    for op in python_kernels:
+        op._dispatch_cache.clear()
+    FunctionalTensorMode._can_decompose = _can_decompose
+    try:
+        yield
+    finally:
+        FunctionalTensorMode._can_decompose = original
+        for op, kernel in python_kernels.items():
+            op.py_kernels[cia] = kernel
+            op._dispatch_cache.clear()
+
+
+def impure_by_op(impure_random: bool | None = None):
+    """``Node.is_impure`` as ``Graph.eliminate_dead_code`` asks it (``impure_random``
+    as it decides where not given), its answer for an op overload, which
+    depends on the op alone, computed once per op: a schema and effect lookup
+    per node is a few percent of a large export's time, in each dead-code pass."""
+    if impure_random is None:
+        impure_random = True
+        from torch._guards import TracingContext
+
+        if TracingContext.try_get():
+            from torch._inductor import config as inductor_config
+
+            impure_random = inductor_config.fallback_random
+    known: dict[int, bool] = {}
+
+    def is_impure(node: torch.fx.Node) -> bool:
+        target = node.target
+        if node.op != "call_function" or type(target) is not torch._ops.OpOverload:
+            return node.is_impure(impure_random)
+        found = known.get(id(target))  # overloads live as long as torch: ids stay theirs
+        if found is None:
+            found = known[id(target)] = node.is_impure(impure_random)
+        return found
+    return is_impure
+
+
+def mark_side_effectful(fn) -> None:
+    """``Graph.eliminate_dead_code`` keeps calls of ``fn`` (whose result may be unused)."""
+    from torch.fx.node import has_side_effect
+
+    has_side_effect(fn)
+
+
+def autocast_kernel_key(device: str) -> str:
+    return "Autocast" + {"cpu": "CPU", "cuda": "CUDA", "xpu": "XPU", "mps": "MPS",
+                         "hpu": "HPU", "xla": "XLA", "mtia": "MTIA"}.get(device, device.upper())
+
+
+def has_autocast_kernel(op, device: str) -> bool:
+    """Would autocast on ``device`` treat this op differently (cast its inputs)?"""
+    try:
+        return torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), autocast_kernel_key(device))
+    except RuntimeError:
+        return False
+
+
+_WRITTEN: dict = {}
+
+
+def written_arguments(func) -> tuple:
+    """(position, name) of the arguments ``func`` writes, from its schema."""
+    if func not in _WRITTEN:
+        schema = getattr(func, "_schema", None)
+        _WRITTEN[func] = tuple(
+            (i, a.name) for i, a in enumerate(schema.arguments)
+            if a.alias_info is not None and a.alias_info.is_write) if schema is not None else ()
+    return _WRITTEN[func]
+
+
+OP_TYPES = (torch._ops.OpOverload, torch._ops.OpOverloadPacket, HigherOrderOperator)
+
+
+def is_functional_overload(target) -> bool:
+    """Is ``target`` an op overload (``aten.add.Tensor``) whose schema writes nothing?"""
+    return isinstance(target, torch._ops.OpOverload) and not target._schema.is_mutable
+
+
+def op_library(func) -> str | None:
+    """The library (namespace) an op overload or overload packet belongs to
+    (``aten``, ``prims``, a custom op's own); None for anything else."""
+    if isinstance(func, torch._ops.OpOverload):
+        return func._schema.name.split("::")[0]
+    if isinstance(func, torch._ops.OpOverloadPacket):
+        return func._qualified_op_name.split("::")[0]
+    return None
+
+
+def may_return_a_view(op) -> bool:
+    """Can ``op``'s eager result be a view (a view op, or a composite whose
+    decomposition may return one: ``linear`` of a vector, ``reshape``)? True
+    where unknown (a higher-order op's ``getitem``, another library's op)."""
+    if not isinstance(op, torch._ops.OpOverload):
+        return op is not None
+    return bool(op.is_view) or torch._C._dispatch_has_kernel_for_dispatch_key(
+        op.name(), "CompositeImplicitAutograd")
+
+
+def saved_for_backward(op) -> tuple[frozenset, bool] | None:
+    """(the names of the inputs ``op``'s backward saves, whether it saves its
+    result) as torch's derivatives.yaml says; None where it has no formula
+    there (a composite, a higher-order op, an op of another library)."""
+    return _saved_for_backward().get(op_overload_name(op))
+
+
+def op_overload_name(op) -> str | None:
+    """``mul.Tensor``, ``relu`` (an aten op's name as derivatives.yaml writes it)."""
+    name = getattr(op, "_schema", None) and op._schema.name.removeprefix("aten::")
+    overload = getattr(op, "_overloadname", "")
+    return f"{name}.{overload}" if overload and overload != "default" else name
+
+
+@functools.cache
+def _saved_for_backward() -> dict[str, tuple[frozenset, bool]]:
+    """aten overload name -> (the inputs its backward saves, whether it
+    saves its result), from the derivatives.yaml torch ships, as torchgen
+    reads it for torch's own autograd code."""
+    from pathlib import Path
+
+    import torchgen
+    from torchgen.packaged.autograd.load_derivatives import load_derivatives
+
+    root = Path(torchgen.__file__).parent / "packaged"
+    paths = (root / "autograd" / "derivatives.yaml", root / "ATen" / "native" / "native_functions.yaml",
+             root / "ATen" / "native" / "tags.yaml")
+    if not all(p.exists() for p in paths):
+        return {}
+    infos, _ = load_derivatives(*map(str, paths))
+    saved = {}
+    for schema, by_key in infos.items():
+        info = by_key.get("Default")
+        if info is not None:
+            saved[str(schema.name)] = (frozenset(a.nctype.name for a in info.all_saved_inputs),
+                                       bool(info.all_saved_outputs))
+    return saved
+
+
+OpOverload = torch._ops.OpOverload  # one overload of an op: what a graph node calls
+OpOverloadPacket = torch._ops.OpOverloadPacket  # torch.ops.aten.linear: every overload of it
+SET_GRAD_ENABLED_NAME = "torch._C._set_grad_enabled"  # as a user writes the bare switch
+# the Python binding of ``_assert_tensor_metadata`` (one overload: the binding cannot pick another)
+ASSERT_TENSOR_METADATA_BINDING = torch._C._VariableFunctions._assert_tensor_metadata
+
+
+def known_to_dispatcher(op: OpOverload) -> bool:
+    """False for TorchScript-only overloads (``aten::add.t``): no traced graph can call them."""
+    try:
+        torch._C._dispatch_find_schema_or_throw(op._schema.name, op._schema.overload_name)
+    except RuntimeError:
+        return False
+    return True
+
+
+def redispatch_below_autograd(op: OpOverload, keyset, *args):
+    """``op`` run past the autograd keys of ``keyset`` (an op's kernel calling the layer below it)."""
+    with torch._C._AutoDispatchBelowAutograd():
+        return op.redispatch(keyset & torch._C._after_autograd_keyset, *args)
+
+
+def control_flow_ops_module():
+    """The module holding torch's control-flow higher-order ops (cond, while_loop, scan, map)."""
+    import torch._higher_order_ops
+
+    return torch._higher_order_ops

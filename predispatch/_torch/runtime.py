@@ -1,0 +1,118 @@
+"""What a program runs on: torch's region higher-order ops, aten entry points for generated code, unlifted-module checks."""
+from __future__ import annotations
+
+import contextlib
+import functools
+import sys
+
+import torch
+import torch._dynamo
+import torch.fx
+from torch._higher_order_ops.wrap import (
+    WrapWithAutocast,
+    WrapWithSetGradEnabled,
+    wrap_with_autocast,
+    wrap_with_set_grad_enabled,
+)
+from torch.fx._lazy_graph_module import _LazyGraphModule, _make_graph_module, _use_lazy_graph_module
+from torch.nn.modules import module as _nn_module
+from torch.export._unlift import (
+    _check_input_constraints_for_module,
+    _check_inputs_match,
+)
+
+
+# torch's region higher-order ops (predispatch.program.region_runtime runs their calls) and their own calls
+TORCH_REGION_CALLS = {WrapWithSetGradEnabled: WrapWithSetGradEnabled.__call__,
+                      WrapWithAutocast: WrapWithAutocast.__call__}
+
+
+def torch_function_mode_enabled() -> bool:
+    """Is a torch-function mode on (a program being traced again)?"""
+    return torch._C._is_torch_function_mode_enabled()
+
+
+def has_module_hooks(m: torch.nn.Module) -> bool:
+    """Does calling ``m`` run hooks (its own or global ones)?"""
+    g = _nn_module
+    return bool(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks
+                or m._backward_pre_hooks or g._global_forward_hooks or g._global_forward_pre_hooks
+                or g._global_backward_hooks or g._global_backward_pre_hooks)
+
+
+def force_recompile(gm: torch.fx.GraphModule) -> None:
+    """Generate a lazy graph module's code now."""
+    _LazyGraphModule.force_recompile(gm)
+
+
+def install_unflatten_write_backs(fix) -> None:
+    """After ``torch.export.unflatten`` turns a program's mutations into
+    ``copy_`` nodes, ``fix(graph, graph_signature)`` may change them."""
+    _unflatten = sys.modules["torch.export.unflatten"]  # the module (torch.export.unflatten is its function)
+    original = _unflatten._inplace_buffer_and_input_mutations
+
+    def inplace_mutations(graph, graph_signature):
+        original(graph, graph_signature)
+        fix(graph, graph_signature)
+
+    _unflatten._inplace_buffer_and_input_mutations = inplace_mutations
+
+
+_ENTRY_POINTS: dict = {}
+
+
+def op_entry_point(op: torch._ops.OpOverload):
+    """An object calling exactly what ``op(...)`` calls, named for generated
+    code (``aten_mul_Tensor``), that dynamo writes into its graph as a call
+    (``torch.compile`` of the module still sees the op); None for ops that are
+    not aten ops returning only tensors."""
+    if op not in _ENTRY_POINTS:
+        _ENTRY_POINTS[op] = _make_entry_point(op) if _has_entry_point(op) else None
+    return _ENTRY_POINTS[op]
+
+
+def _has_entry_point(op) -> bool:
+    schema = op._schema
+    return (isinstance(op, torch._ops.OpOverload) and op.namespace == "aten" and not schema.is_mutable
+            and len(schema.returns) > 0
+            and all(isinstance(r.type, torch.TensorType) for r in schema.returns))
+
+
+def _make_entry_point(op):
+    name = f"{op._schema.name.split('::')[1]}_{op._overloadname}"
+    cls = type(name, (), {"__call__": staticmethod(op._op), "__module__": "aten",
+                          "__repr__": lambda self: f"<entry point of {op}>"})
+    entry = cls()
+    entry.__name__ = name
+    torch._dynamo.allow_in_graph(entry)
+    return entry
+
+
+def generate_code_with(gm: torch.fx.GraphModule, targets: dict) -> None:
+    """Generate ``gm``'s code now with some node targets replaced (``targets``:
+    node -> callable), leaving the graph as it was: passes and pattern
+    matchers still see the aten ops, and a later recompile is plain."""
+    saved = {node: node.target for node in targets}
+    try:
+        for node, target in targets.items():
+            node.target = target
+        if isinstance(gm, _LazyGraphModule):
+            _LazyGraphModule.force_recompile(gm)
+        else:
+            gm.recompile()
+    finally:
+        for node, target in saved.items():
+            node.target = target
+
+
+def call_leaves(unlifted: torch.fx.GraphModule, args, kwargs) -> list:
+    """The call's input leaves in the program's order, keyword arguments in
+    any order; ValueError for another input structure (as ep.module())."""
+    return [x for _, x in _check_inputs_match(args, kwargs, unlifted._in_spec)]
+
+
+def check_call_inputs(unlifted: torch.fx.GraphModule, args, kwargs) -> None:
+    """RuntimeError naming the input where ``ep.module()`` (``unlifted``) would
+    refuse the call: a size outside the program's shapes and dynamic ranges, a
+    non-tensor input other than the exported value."""
+    _check_input_constraints_for_module(unlifted, args, kwargs)

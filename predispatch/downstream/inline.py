@@ -1,0 +1,85 @@
+"""A program with its regions inlined, for consumers that cannot take higher-order ops.
+
+The grad-mode and autocast semantics of the regions are lost (see
+:func:`inline_regions`).
+"""
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.fx
+from torch.export import ExportedProgram
+
+from .. import _torch
+from ..ir.regions import delete_unused_submodules, function_calls, inline_region, regions
+from ..ir.program_meta import program_meta, set_program_meta
+from ..program.program import PredispatchProgram
+
+
+def inline_regions(ep: ExportedProgram) -> ExportedProgram:
+    """A copy of ``ep`` with every region inlined as plain ops.
+
+    For consumers that cannot handle higher-order ops. The grad-mode and
+    autocast semantics of the regions are LOST: the inlined ops run under
+    whatever mode the caller has (a no_grad block's ops now record autograd
+    history, an autocast block's ops are no longer autocast: their values
+    show the dtypes they compute in without autocast, and the ``.to()``
+    guards on dtypes autocast made are dropped). An autograd Function's op is
+    replaced by its forward: its custom backward is LOST too (the program
+    differentiates the forward's ops).
+    """
+    gm = copy.deepcopy(ep.graph_module)
+    record = program_meta(gm)  # it may live on a region's node, which inlining removes
+    autocast_inlined = False
+    while True:
+        top = [r for r in regions(gm) if r.depth == 0 and r.owner is gm] + function_calls(gm)
+        if not top:
+            break
+        for region in top:
+            autocast_inlined |= region.kind == "autocast"
+            inline_region(gm, region)
+    delete_unused_submodules(gm)
+    gm.graph.eliminate_dead_code(is_impure_node=lambda n: n.op in ("placeholder", "output") or n.is_impure())
+    if autocast_inlined:  # the nodes' values say what autocast made
+        _drop_guards_of_autocast_dtypes(gm)
+    set_program_meta(gm, record)
+    gm.recompile()
+    signature = copy.deepcopy(ep.graph_signature)
+    outputs = gm.graph.output_node().args[0]
+    for spec, node in zip(signature.output_specs, outputs):
+        if hasattr(spec.arg, "name") and isinstance(node, torch.fx.Node):
+            spec.arg.name = node.name
+    new = ep._update(gm, signature)
+    if isinstance(ep, PredispatchProgram):
+        new.__class__ = PredispatchProgram
+    return new
+
+
+_DTYPE_GUARD = torch.ops.aten._assert_tensor_metadata.default
+
+
+def _drop_guards_of_autocast_dtypes(gm: torch.fx.GraphModule) -> None:
+    """Refresh the nodes' values after autocast regions are inlined. A
+    ``.to()`` guard checks the dtype its input had when traced; where an
+    inlined autocast made that dtype, the input's dtype now depends on the
+    caller's mode, so the guard goes."""
+    stale = []
+
+    def check(node):
+        if node.target is _DTYPE_GUARD:
+            dtype = node.args[0].meta["val"].dtype
+            traced = node.kwargs["dtype"] if "dtype" in node.kwargs else node.args[3]
+            if dtype != traced:
+                stale.append(node)
+                node.target = _SKIPPED  # while values are refreshed
+
+    _torch.refresh_fake_values(gm, before_node=check)
+    for node in stale:
+        gm.graph.erase_node(node)
+
+
+def _SKIPPED(*args, **kwargs):
+    return None
+
+

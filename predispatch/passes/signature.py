@@ -1,0 +1,118 @@
+"""The signature stage: outputs named as the graph has them, and the program's record made.
+
+Passes may replace output nodes: output specs follow them by position. The
+record (:mod:`predispatch.ir.program_meta`) says how each mutated parameter,
+buffer and input is written back (its mode, its layout and storage), which
+user inputs the trace saw as views of others, the backward autocast policy,
+the module order, and the sharding layouts: what ``ep.module()`` and the
+downstream tools read from the program.
+"""
+from __future__ import annotations
+
+import torch
+from torch.export.graph_signature import OutputSpec, TensorArgument
+
+from .. import _torch
+from ..errors import ExportError
+from ..ir.program_meta import set_program_meta
+from ..trace import input_aliasing
+from ..trace.capture import Captured
+
+
+def record_program_meta(captured, module: torch.nn.Module, autocast_policy, sharding_layouts: dict) -> None:
+    """The record of ``captured`` (the capture stage's result, its passes run) on its graph."""
+    set_program_meta(captured.gm, {
+        "write_back": write_back_modes(captured),
+        "layouts": layout_changes(captured),
+        "input_views": input_aliasing.to_json(captured.record.input_views),
+        "autocast_policy": autocast_policy.to_json(),
+        "module_order": module_order(module),
+        **({"sharding": {name: layout.to_json() for name, layout in sharding_layouts.items()}}
+           if sharding_layouts else {}),
+    })
+
+
+def sync_output_names(captured: Captured) -> None:
+    """Passes may replace output nodes; output specs follow them by position.
+    Two mutated inputs with one new value (``x.set_(v); z.set_(v)``) get a
+    node each (an alias: the same memory, as eager's tensors share it): the
+    signature maps a mutation output's name to one target."""
+    _distinct_mutation_outputs(captured)
+    outputs = captured.gm.graph.output_node().args[0]
+    sig = captured.signature
+    sig.output_specs[:] = [
+        OutputSpec(s.kind, TensorArgument(node.name), s.target)
+        if isinstance(s.arg, TensorArgument) else s
+        for s, node in zip(sig.output_specs, outputs)]
+
+
+def _distinct_mutation_outputs(captured: Captured) -> None:
+    graph = captured.gm.graph
+    output = graph.output_node()
+    outputs, seen = list(output.args[0]), set()
+    for i, (node, spec) in enumerate(zip(outputs, captured.signature.output_specs)):
+        if not spec.kind.name.endswith("_MUTATION") or not isinstance(node, torch.fx.Node):
+            continue
+        if node in seen:
+            with graph.inserting_before(output):
+                outputs[i] = graph.call_function(torch.ops.aten.alias.default, (node,))
+            outputs[i].meta.update({k: v for k, v in node.meta.items() if k in ("val", "stack_trace")})
+        seen.add(outputs[i])
+    output.args = (tuple(outputs),)
+
+
+def module_order(module: torch.nn.Module) -> list[str]:
+    """The paths of the submodules holding state, in the module's order."""
+    return [path for path, m in module.named_modules(remove_duplicate=False)
+            if path and (m._parameters or m._buffers or m._modules)]
+
+
+def _mutation_targets(captured: Captured) -> dict[str, str]:
+    """The recorder's key (``"param:<fqn>"``, ``"input:<flat index>"``) -> the
+    mutated state's name as in the output specs (a user input's placeholder)."""
+    # one USER_INPUT spec per flat input leaf, constants (bool, int, None, str) included
+    user_inputs = [getattr(s.arg, "name", None) for s in captured.signature.input_specs
+                   if s.kind.name == "USER_INPUT"]
+    targets = {}
+    for spec in captured.signature.output_specs:
+        if spec.kind.name == "PARAMETER_MUTATION":
+            targets[f"param:{spec.target}"] = spec.target
+        elif spec.kind.name == "BUFFER_MUTATION":
+            targets[f"buffer:{spec.target}"] = spec.target
+        elif spec.kind.name == "USER_INPUT_MUTATION":
+            targets[f"input:{_flat_input_index(captured, spec.target, user_inputs)}"] = spec.target
+    return targets
+
+
+def write_back_modes(captured: Captured) -> dict[str, str]:
+    """Mutation target name (as in the output specs) -> how its data was mutated."""
+    kinds = captured.record.mutation_kinds
+    return {target: kinds[key] for key, target in _mutation_targets(captured).items() if key in kinds}
+
+
+def layout_changes(captured: Captured) -> dict[str, dict]:
+    """Mutation target name -> its layout change (:class:`LayoutChange` as JSON),
+    the storage it took named as a target too (a user input's placeholder,
+    a parameter's or buffer's name)."""
+    targets, names = _mutation_targets(captured), _state_and_input_names(captured)
+    return {targets[key]: {**change, "source": names.get(change["source"])}
+            for key, change in captured.record.layouts.items() if key in targets}
+
+
+def _state_and_input_names(captured: Captured) -> dict[str, str]:
+    """Every input's recorder key -> its name as a write-back target."""
+    sig = captured.signature
+    user_inputs = [getattr(s.arg, "name", None) for s in sig.input_specs if s.kind.name == "USER_INPUT"]
+    names = {f"input:{i}": name for i, name in enumerate(user_inputs)}
+    for spec in sig.input_specs:
+        if spec.kind.name in ("PARAMETER", "BUFFER"):
+            names[f"{spec.kind.name.lower().replace('parameter', 'param')}:{spec.target}"] = spec.target
+    return names
+
+
+def _flat_input_index(captured: Captured, name: str, user_inputs: list) -> int:
+    """The position of input ``name`` among the flat example inputs (the
+    recorder's key for it)."""
+    if len(_torch.pytree.tree_leaves((captured.args, captured.kwargs))) != len(user_inputs):
+        raise ExportError("internal: user inputs of the signature do not match the example inputs")
+    return user_inputs.index(name)

@@ -1,0 +1,1 @@
+"""What a user decides: which composite ops survive, and the backward's autocast assumption."""

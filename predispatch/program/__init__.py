@@ -1,0 +1,1 @@
+"""The ExportedProgram predispatch returns: how it writes back, runs its regions and calls ops; its printed form."""

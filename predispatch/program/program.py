@@ -1,0 +1,75 @@
+"""The program stage's result: a real ``torch.export.ExportedProgram`` that runs like eager.
+
+``PredispatchProgram`` is an ``ExportedProgram`` whose ``module()`` writes
+mutated parameters, buffers and inputs back the way eager mutated them
+(:mod:`predispatch.program.write_backs`), checks that a call's inputs share
+memory as the example inputs did where it matters, keeps the module's
+submodule order, and calls ops by their cheapest spelling
+(:mod:`predispatch.program.run_time_calls`). ``predispatch.load`` restores the
+class after ``torch.export.load``.
+"""
+from __future__ import annotations
+
+import torch
+from torch.export import ExportedProgram
+
+from ..ir.program_meta import program_meta
+from .run_time_calls import use_run_time_calls
+from .write_backs import check_input_aliasing, fix_write_backs, mutated_user_inputs
+
+
+def restore_module_order(unlifted: torch.nn.Module, order: list[str]) -> None:
+    """torch's unlift makes the submodules in the order it assigns state:
+    parameters first, so a submodule holding only buffers moves after those
+    with parameters, and ``named_buffers()`` (the order a re-export lifts
+    them in) changes. Put every level back in the exported module's order."""
+    rank = {path: i for i, path in enumerate(order)}
+    for path, m in unlifted.named_modules():
+        prefix = f"{path}." if path else ""
+        m._modules = dict(sorted(m._modules.items(),
+                                 key=lambda kv: rank.get(prefix + kv[0], len(rank))))
+
+
+class PredispatchProgram(ExportedProgram):
+    """An ``ExportedProgram`` made by :func:`predispatch.export_predispatch`."""
+
+    def module(self, check_guards: bool = True) -> torch.fx.GraphModule:
+        unlifted = super().module(check_guards=check_guards)
+        record = program_meta(self)
+        fix_write_backs(unlifted, record.get("write_back", {}), layouts=record.get("layouts", {}))
+        mutated = mutated_user_inputs(self.graph_signature)
+        if mutated:
+            check_input_aliasing(unlifted, record.get("input_views", {}), mutated)
+        restore_module_order(unlifted, program_meta(self).get("module_order", []))
+        use_run_time_calls(unlifted)
+        return unlifted
+
+    def run_decompositions(self, *args, **kwargs) -> PredispatchProgram:
+        """torch's ``run_decompositions``, as for any program: the graph is
+        traced below autograd, so regions are inlined and their grad and
+        autocast semantics are lost (gradients through a no_grad block are
+        no longer cut). The result still writes mutations back as eager did
+        (the write-back record survives decomposition)."""
+        return as_predispatch_program(super().run_decompositions(*args, **kwargs))
+
+
+def as_predispatch_program(ep: ExportedProgram) -> PredispatchProgram:
+    """The same program, as a PredispatchProgram (e.g. after torch.export.load)."""
+    if isinstance(ep, PredispatchProgram):
+        return ep
+    ep.__class__ = PredispatchProgram
+    return ep
+
+
+def load(path, **kwargs) -> PredispatchProgram:
+    """``torch.export.load`` that restores what a plain load cannot.
+
+    A plain ``torch.export.load`` keeps the graph, the regions, the signature
+    and the autocast policy (``predispatch.policies.autocast_policy`` reads it), but
+    gives a plain ``ExportedProgram`` whose ``module()`` writes mutations back
+    torch's way (a ``copy_`` outside no_grad, refused for a parameter updated
+    under no_grad). This returns a :class:`PredispatchProgram`, whose
+    ``module()`` writes them back as eager did. Importing predispatch also
+    registers ``predispatch::keep_history``, which loading needs.
+    """
+    return as_predispatch_program(torch.export.load(path, **kwargs))

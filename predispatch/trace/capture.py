@@ -1,0 +1,202 @@
+"""The capture stage of a module's export: a flat functional pre-dispatch graph.
+
+torch.export's non-strict front end makes the fake inputs, solves dynamic
+shapes, lifts parameters, buffers and constants and names placeholders; its
+aten stage is replaced by ours: :func:`functional_trace` (a FunctionalTensorMode
+on the PreDispatch key, the graph ``aot_export_module(pre_dispatch=True)``
+makes, in one pass instead of two) under the op policy, with grad mode on (so
+the graph is traced for training), the compiling flag set (so models take
+their export-friendly branches), and the recorder of
+:mod:`predispatch.trace.recorder` inside the forward.
+
+The graph still holds ``_set_grad_enabled`` / ``_enter_autocast`` /
+``_exit_autocast`` calls; the regions stage turns them into higher-order ops.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import gc
+
+import torch
+
+from .. import _torch
+from ..errors import ExportError, exception_location
+from .functional_trace import functional_trace
+from ..policies.op_policy import OpPolicy
+from ..ir.records import TraceRecord
+from .recorder.session import recording
+
+_ROOT = "_export_root."
+
+
+@dataclasses.dataclass
+class Captured:
+    artifact: object  # torch.export's ExportArtifact (gm, signature, constants, specs)
+    record: TraceRecord
+    args: tuple
+    kwargs: dict
+    dynamic_shapes: object
+    original_state_dict: dict
+    verify_additional_inputs: object
+
+    @property
+    def gm(self) -> torch.fx.GraphModule:
+        return self.artifact.aten.gm
+
+    @property
+    def signature(self):
+        return self.artifact.aten.sig
+
+
+def _strip_root(name: str) -> str:
+    return name[len(_ROOT):] if name.startswith(_ROOT) else name
+
+
+def history_nodes(record: TraceRecord) -> set:
+    """What the history stage may need although nothing else uses it: a
+    replaced value, the node a grad-mode segment ended at (where its
+    keep_history goes), and where a replayed view was made."""
+    return {*record.needed, *(n for r in record.replacements for n in (r.old, r.exit))}
+
+
+def _strip_key(key: str) -> str:
+    """``"param:_export_root.w"`` -> ``"param:w"`` (other keys as they are)."""
+    kind, sep, name = key.partition(":")
+    return f"{kind}{sep}{_strip_root(name)}" if sep else key
+
+
+def _aten_stage(policy: OpPolicy, record: TraceRecord):
+    """torch.export's ``_to_aten_func`` hook, doing our functional pre-dispatch trace."""
+
+    def to_aten(mod, fake_args, fake_kwargs, fake_params_buffers, constant_attrs,
+                produce_guards_callback=None, *, transform=lambda f: f, **_unused):
+        def trace(stack, wrapped, args, *, kwargs=None, **_flags):
+            with recording(wrapped, record, _strip_root, reuse_layers=True):
+                gm, signature, record.input_views = functional_trace(
+                    wrapped, args, kwargs, keep=lambda: history_nodes(record),
+                    on_layout_change=lambda key, change: record.layouts.__setitem__(
+                        _strip_key(key), {**change.to_json(), "source": change.source and _strip_key(change.source)}),
+                    on_retrace=record.clear)
+                hold_module_stacks(gm)
+                return gm, signature
+
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(_torch.restoring_module_attributes(getattr(mod, "_export_root", mod)))
+            stack.enter_context(_torch.reparametrize_module(
+                mod, fake_params_buffers, tie_weights=True, strict=True, stack_weights=True))
+            stack.enter_context(_torch.backend_decompositions_ignored())
+            stack.enter_context(_torch.compiling_state_context())
+            stack.enter_context(torch.enable_grad())
+            stack.enter_context(_torch.decompose_by(policy.should_decompose))
+            with _torch.module_stacks_renamed_once() as hold_module_stacks:
+                gm, graph_signature = transform(trace)(stack, mod, fake_args, kwargs=fake_kwargs)
+
+        if produce_guards_callback is not None:
+            try:
+                produce_guards_callback(gm)
+            except (_torch.ConstraintViolationError, _torch.ValueRangeError) as e:
+                raise _torch.UserError(_torch.UserErrorType.CONSTRAINT_VIOLATION, str(e)) from e
+
+        return _torch.produce_aten_artifact(
+            gm=gm, mod=mod, constant_attrs=constant_attrs, graph_signature=graph_signature,
+            pre_dispatch=False,  # torch's region passes are replaced by ours
+            fake_args=fake_args, fake_kwargs=fake_kwargs, fake_params_buffers=fake_params_buffers)
+
+    return to_aten
+
+
+def _hooked(path: str | None) -> str:
+    return "every module (global)" if path is None else f"submodule {path!r}" if path else "the module"
+
+
+def _refuse_backward_hooks(module: torch.nn.Module) -> None:
+    """A module backward hook changes eager's gradients; a graph cannot call it."""
+    for path, hook in _torch.backward_hooks(module):
+        code = getattr(hook, "__code__", None)
+        where = f"{code.co_filename}:{code.co_firstlineno}" if code else repr(hook)
+        raise ExportError(
+            f"a backward hook on {_hooked(path)} "
+            f"({getattr(hook, '__qualname__', hook)}, defined at {where}) cannot be exported "
+            "soundly: the program's backward would not call it; remove it before exporting, or "
+            "register it on ep.module()")
+
+
+def capture_module(module, args, kwargs, dynamic_shapes, policy: OpPolicy, record: TraceRecord) -> Captured:
+    """The capture stage of a module's export: torch.export's front end, our trace as its aten stage."""
+    _refuse_backward_hooks(module)
+    args, kwargs, orig_in_spec, dynamic_shapes, verify_additional_inputs = (
+        _torch.process_export_inputs(module, args, kwargs, dynamic_shapes))
+    original_state_dict = _torch.original_state_dict(module)
+    _torch.clear_fake_dispatch_cache()  # one export's entries are not another's (see there)
+    with (_data_dependence_as_export_error(),
+          _functionalization_errors_as_export_errors(), _garbage_collection_paused()):
+        artifact = _torch.non_strict_export(module, args, kwargs, dynamic_shapes, orig_in_spec,
+                                            _aten_stage(policy, record))
+    return Captured(artifact, record, args, kwargs, dynamic_shapes,
+                    original_state_dict, verify_additional_inputs)
+
+
+@contextlib.contextmanager
+def _garbage_collection_paused():
+    """Python's cycle collector waits until the trace ends: the finalizers it
+    runs are not the module's code, yet their torch calls would be traced (an
+    abandoned generator decorated with ``torch.no_grad()`` enters and leaves
+    the block as it is collected: a grad-mode block in the graph)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+@contextlib.contextmanager
+def _data_dependence_as_export_error():
+    """Python control flow on a tensor's value cannot be captured in a graph."""
+    try:
+        yield
+    except _torch.data_dependence_errors() as e:
+        raise ExportError(
+            "data-dependent Python control flow (a Python bool/int/float/item() of a "
+            f"tensor's value) cannot be exported soundly, at {exception_location(e)} ({_first_line(e)})"
+        ) from e
+
+
+# functionalization's (and torch.export's collective remapping's) internal errors, said in user terms: (text in its message, what it means)
+_FUNCTIONALIZATION_ERRORS = (
+    ("mutating a non-functional tensor",
+     "an in-place update at {where} of a tensor that is neither a parameter, a buffer nor an "
+     "input (a plain tensor attribute, a global, a closure's tensor) cannot be exported soundly; "
+     "register it with register_buffer or pass it as an input"),
+    ("Can't remap async version of inplace op to functional collective",
+     "an asynchronous collective (async_op=True) at {where} cannot be exported soundly: the "
+     "work handle it returns is waited on outside the graph; use a functional collective "
+     "(torch.distributed._functional_collectives, waited on where its result is read) or "
+     "async_op=False"),
+    ("cannot mutate tensors with frozen storage",
+     "an in-place update at {where} of a view of a tensor whose storage a set_() swapped before "
+     "(the view still shares the old storage) cannot be exported soundly: functionalization "
+     "cannot follow the old storage past the swap (AOTAutograd refuses it too); take the view "
+     "after the set_(), or copy instead of swapping"),
+    ("A view was created in no_grad mode and its base or another view of its base has been modified",
+     "a view made under no_grad whose base is updated in grad mode (or read through it after "
+     "such an update), at {where}: the trace's own autograd refuses to replay the view, so it "
+     "cannot be exported; take the view (or the set_ source) from a clone instead"),
+)
+
+
+@contextlib.contextmanager
+def _functionalization_errors_as_export_errors():
+    try:
+        yield
+    except (RuntimeError, AssertionError) as e:  # torch's collective remapping asserts
+        for text, meaning in _FUNCTIONALIZATION_ERRORS:
+            if text in str(e):
+                raise ExportError(meaning.format(where=exception_location(e))) from e
+        raise
+
+
+def _first_line(e: BaseException) -> str:
+    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__

@@ -1,0 +1,424 @@
+"""The trace of the capture stage, in one pass.
+
+``make_fx(pre_dispatch=True)`` over a function that runs the module under a
+FunctionalTensorMode on the PreDispatch key, then returns the new values of
+mutated inputs (parameters, buffers, user inputs, in that order) followed by
+the outputs: the graph ``aot_export_module(pre_dispatch=True)`` makes, from
+one trace instead of its two (a metadata pass, then the graph).
+
+The steps, as :func:`functional_trace` takes them: the module's call
+flattened (:func:`_flat_call`: its state first, then the user's inputs,
+:class:`_FlatInputs`); one trace (:func:`_trace_once`), made again with
+every layer traced where a stamped layer was mutated later (:func:`_trace`),
+and again with overlapping user inputs seen through the one covering them
+where one of them was mutated (:func:`_traced`); dead code dropped; the
+signature. Inside the trace, the functionalized call
+(:func:`_functionalized_call`): the inputs wrapped, the forward, the
+refusals of covers moved or relaid, the write-backs.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Callable
+
+import torch
+
+from .. import _torch
+from . import eager_layout, input_aliasing, layer_reuse, recorder
+from .._torch.patching import patched
+
+
+@dataclasses.dataclass(frozen=True)
+class LayoutChange:
+    """How a parameter, buffer or input ends up after ``t_()``, ``resize_()``,
+    ``set_()`` and the like: its storage (``"own"``; ``"other"``: that of the
+    input ``source`` names; ``"value"``: one the forward made; ``"shared"``:
+    the one the forward made that input ``source`` took before it) and its
+    size, strides and storage offset there, counted from where that
+    storage's owner starts (``"shared"``: where ``source`` ends up; None where
+    symbolic: the new value's own are taken at run time)."""
+
+    storage: str
+    source: str | None
+    size: tuple | None
+    stride: tuple | None
+    offset: int | None
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+# ---------------------------------------------------------------- the flat call
+
+
+@dataclasses.dataclass(frozen=True)
+class _FlatInputs:
+    """The traced function's flat inputs, in order: the module's state
+    (parameters, then buffers; a tied tensor under each of its names), then
+    the user's inputs, flattened. ``views``: the user inputs (by position
+    among the user's) traced as views of another, which covers them."""
+
+    state_keys: tuple  # "param:<name>" / "buffer:<name>", one per state input
+    views: dict  # user position -> input_aliasing.View
+
+    @property
+    def n_state(self) -> int:
+        return len(self.state_keys)
+
+    def state(self, flat) -> list:
+        """The module's state among ``flat`` (a list in this order)."""
+        return list(flat[:self.n_state])
+
+    def user(self, flat) -> list:
+        """The user's inputs among ``flat`` (a list in this order)."""
+        return list(flat[self.n_state:])
+
+    def key(self, i: int) -> str:
+        """Flat input ``i`` as the trace record names it (a user input by its position among the user's)."""
+        return self.state_keys[i] if i < self.n_state else f"input:{i - self.n_state}"
+
+    def user_positions(self, positions) -> list[int]:
+        """The user inputs among the flat ``positions``, by position among the user's."""
+        return [i - self.n_state for i in positions if i >= self.n_state]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Tracing:
+    """What each trace of the module's call takes: the flat function (the
+    module's call on :class:`_FlatInputs`), make_fx's inputs, and who hears
+    of a relaid input and of a second trace."""
+
+    flat_fn: Callable
+    flat_args: list
+    on_layout_change: Callable | None
+    on_retrace: Callable | None
+
+    def note_retrace(self) -> None:
+        if self.on_retrace is not None:
+            self.on_retrace()
+
+
+def functional_trace(mod: torch.nn.Module, args, kwargs, keep=frozenset, on_layout_change=None,
+                     on_retrace=None):
+    """(graph module, aot-style GraphSignature, the user inputs seen as views
+    of others: see :mod:`predispatch.trace.input_aliasing`) of ``mod(*args, **kwargs)``.
+    Dead code goes, except the nodes ``keep()`` names. ``on_layout_change(key,
+    LayoutChange)`` hears of each input whose layout or storage changed (keys
+    as ``"param:<name>"``, ``"buffer:<name>"``, ``"input:<flat index>"``);
+    ``on_retrace()`` of a second trace (inputs overlapping in memory, one mutated)."""
+    named_parameters = dict(mod.named_parameters(remove_duplicate=False))
+    named_buffers = dict(mod.named_buffers(remove_duplicate=False))
+    tracing, layout, in_spec, out_spec = _flat_call(mod, args, kwargs or {}, named_parameters, named_buffers,
+                                                    on_layout_change, on_retrace)
+    gm, mutated, layout = _traced(tracing, layout)
+    _drop_storage_swaps_of_constants(gm)
+    _drop_dead_code(gm, keep())
+    return gm, _signature(gm, named_parameters, named_buffers, mutated, in_spec, out_spec.spec), layout.views
+
+
+def _flat_call(mod, args, kwargs: dict, named_parameters: dict, named_buffers: dict, on_layout_change,
+               on_retrace) -> tuple:
+    """The module's call over flat inputs, its state first, as AOTAutograd
+    makes it: (:class:`_Tracing`, :class:`_FlatInputs` with no views yet,
+    the inputs' spec, the outputs' spec, known once traced)."""
+    state_flat, state_spec = _torch.pytree.tree_flatten({**named_parameters, **named_buffers})
+    call = _torch.create_functional_call(mod, state_spec, len(state_flat), store_orig_mod=True)
+    flat_fn, out_spec = _torch.create_tree_flattened_fn(call, [*state_flat, *args], kwargs)
+    flat_args, in_spec = _torch.pytree.tree_flatten(([*state_flat, *args], kwargs))
+    keys = (*(f"param:{n}" for n in named_parameters), *(f"buffer:{n}" for n in named_buffers))
+    return _Tracing(flat_fn, flat_args, on_layout_change, on_retrace), _FlatInputs(keys, {}), in_spec, out_spec
+
+
+# ---------------------------------------------------------------- the traces
+
+
+def _traced(tracing: _Tracing, layout: _FlatInputs) -> tuple:
+    """(graph module, the flat positions of the inputs written back, the
+    layout it was traced with): traced again with overlapping user inputs
+    seen through the one covering them, where the first trace mutated one."""
+    gm, mutated = _trace(tracing, layout)
+    overlapping = _overlapping_inputs(layout, tracing.flat_args, mutated)
+    if not overlapping:
+        return gm, mutated, layout
+    tracing.note_retrace()
+    layout = dataclasses.replace(layout, views=dict(overlapping))
+    return (*_trace(tracing, layout), layout)
+
+
+def _overlapping_inputs(layout: _FlatInputs, flat_args: list, mutated: list[int]) -> dict:
+    """User inputs that overlap another in memory, where one of their group
+    was mutated -> how each is seen from the one covering the group (see
+    :func:`predispatch.trace.input_aliasing.views_of_covering_inputs`)."""
+    user = layout.user(flat_args)
+    if not _some_share_storage(user):
+        return {}
+    return input_aliasing.views_of_covering_inputs(user, layout.user_positions(mutated))
+
+
+def _some_share_storage(inputs) -> bool:
+    storages = [input_aliasing.storage(t) for t in inputs
+                if isinstance(t, torch.Tensor) and t.device.type != "meta" and t.numel() > 0]
+    return len(storages) != len(set(storages))
+
+
+def _trace(tracing: _Tracing, layout: _FlatInputs) -> tuple:
+    """:func:`_trace_once`; again with every layer traced where a stamped
+    layer's tensors were mutated later (:class:`layer_reuse.Retrace`)."""
+    try:
+        return _trace_once(tracing, layout)
+    except layer_reuse.Retrace:
+        tracing.note_retrace()
+        with layer_reuse.reuse_layers(False):
+            return _trace_once(tracing, layout)
+
+
+def _trace_once(tracing: _Tracing, layout: _FlatInputs) -> tuple:
+    """One make_fx trace of the functionalized call: (graph module, the flat
+    positions of the inputs written back, in the order of their new values)."""
+    mutated: list[int] = []
+
+    @functools.wraps(tracing.flat_fn)  # carries the module: make_fx records nn_module_stack and stack traces
+    def functionalized(*flat):
+        # make_fx made and tracked the inputs with torch-function modes off (below): on for the module
+        with _torch.torch_function_enabled():
+            return _functionalized_call(flat, tracing, layout, mutated)
+
+    # make_fx's own work around the module's call (making, tracking and reading the inputs and outputs:
+    # metadata reads, not the module's torch calls) with torch-function modes off, at ~250 us an input
+    with _torch.enable_python_dispatcher(), \
+            patched(_torch.FunctionalTensor, "__new__", _torch.wrapper_sized_by_wrapped_storage), \
+            patched(torch.Tensor, "_make_wrapper_subclass", _torch.wrapper_subclass_with_known_size), \
+            _torch.torch_function_disabled():
+        gm = _torch.make_fx(functionalized, record_module_stack=True, pre_dispatch=True)(*tracing.flat_args)
+    return gm, mutated
+
+
+# ---------------------------------------------------------------- the functionalized call
+
+
+@dataclasses.dataclass(frozen=True)
+class _CallInputs:
+    """One traced call's flat inputs: make_fx's (``given``) and the
+    FunctionalTensors the module runs on (``functional``: a tied tensor
+    wrapped once, a user input seen through another a view of it)."""
+
+    layout: _FlatInputs
+    given: tuple
+    functional: list
+
+    def user(self) -> list:
+        return self.layout.user(self.functional)
+
+    def given_user(self) -> list:
+        return self.layout.user(self.given)
+
+    def views_apart(self) -> dict:
+        """The user inputs seen through another, but for the same tensor given twice."""
+        user = self.user()
+        return {j: v for j, v in self.layout.views.items() if user[j] is not user[v.of]}
+
+
+@dataclasses.dataclass(frozen=True)
+class _InputStarts:
+    """Where each input started, before the forward: functionalization's
+    storage and storage offset (None: not a FunctionalTensor), and eager's
+    (``eager``: the shadows, see :mod:`predispatch.trace.eager_layout`)."""
+
+    storages: list
+    offsets: list
+    eager: eager_layout.Start
+
+
+def _functionalized_call(flat: tuple, tracing: _Tracing, layout: _FlatInputs, mutated: list[int]) -> tuple:
+    """The module's flat call on FunctionalTensors: the new values of the
+    inputs it wrote (their flat positions appended to ``mutated``), then its
+    outputs (a user input seen through another and returned as it is: the
+    caller's tensor, as in eager)."""
+    with _torch.functional_mode():
+        inputs = _functional_inputs(flat, layout)
+        starts = _input_starts(inputs.functional)
+        outputs = tracing.flat_fn(*inputs.functional)
+    _refuse_moved_covers(inputs)
+    written = _write_backs(inputs, starts, tracing.on_layout_change)
+    mutated.extend(i for i, _ in written)
+    as_given = _views_returned_as_given(inputs)
+    _refuse_returned_views_of_relaid_covers(inputs, as_given, outputs)
+    return (*[value for _, value in written],
+            *[as_given[id(o)] if id(o) in as_given else _torch.from_functional(o) for o in outputs])
+
+
+def _functional_inputs(flat: tuple, layout: _FlatInputs) -> _CallInputs:
+    """make_fx's inputs as the FunctionalTensors the module runs on."""
+    given_user = layout.user(flat)
+    # the wrappers' own metadata reads (some twenty per input) are not the module's torch calls:
+    # no torch-function mode sees them (make_fx's would count each, at ~100 us an input)
+    with _torch.torch_function_disabled():
+        state = _wrapped_once(layout.state(flat))
+        user = [None if j in layout.views else _torch.to_functional(a) for j, a in enumerate(given_user)]
+    _seen_through_covers(given_user, user, layout.views)
+    return _CallInputs(layout, flat, state + user)
+
+
+def _wrapped_once(state: list) -> list:
+    """The module's state as FunctionalTensors: a tied parameter or buffer
+    (one tensor, two names) is wrapped once."""
+    wrapped = {}
+    for a in state:
+        if id(a) not in wrapped:
+            wrapped[id(a)] = _torch.to_functional(a)
+    return [wrapped[id(a)] for a in state]
+
+
+def _seen_through_covers(given_user: list, user: list, views: dict) -> None:
+    """Each user input seen through another (``views``; None in ``user``)
+    becomes that view of its cover's FunctionalTensor: the cover itself,
+    where the same tensor was given twice."""
+    for j, v in views.items():
+        cover = user[v.of]
+        if given_user[j] is given_user[v.of]:
+            user[j] = cover
+            continue
+        user[j] = cover.as_strided(v.size, v.stride, v.offset)
+        recorder.mark_view(user[j], cover)
+
+
+def _input_starts(inputs: list) -> _InputStarts:
+    with _torch.torch_function_disabled():
+        storages = [_torch.storage_of(f) for f in inputs]
+        offsets = [_torch.storage_offset(f) for f in inputs]
+        return _InputStarts(storages, offsets, eager_layout.shadow_inputs(inputs))
+
+
+def _refuse_moved_covers(inputs: _CallInputs) -> None:
+    """A cover given other memory while an input seen through it was
+    written (see :func:`predispatch.trace.input_aliasing.refuse_moved_cover`)."""
+    user, apart = inputs.user(), inputs.views_apart()
+    for cover in sorted({v.of for v in inputs.layout.views.values()}):
+        if _torch.storage_changed(user[cover]) and any(
+                _torch.has_data_mutation(user[j]) for j, v in apart.items() if v.of == cover):
+            input_aliasing.refuse_moved_cover(cover, recorder.user_swap_location(user[cover]))
+
+
+def _write_backs(inputs: _CallInputs, starts: _InputStarts, on_layout_change) -> list[tuple[int, torch.Tensor]]:
+    """(flat position, new value) of each input the forward wrote, relaid or
+    gave other storage, in order; ``on_layout_change`` hears of the relaid."""
+    made = {}  # storage the forward made -> (the first input laid on it, its offset there)
+    written = []
+    for i, f in _written_back_once(inputs):
+        _torch.apply_pending_updates(f)
+        relaid = _torch.has_metadata_mutation(f) or _torch.storage_changed(f)
+        if relaid and on_layout_change is not None:
+            on_layout_change(inputs.layout.key(i), _layout_change(i, f, starts, made, inputs.layout.key))
+        if relaid or _torch.has_data_mutation(f):
+            written.append((i, _torch.from_functional(f)))
+    return written
+
+
+def _written_back_once(inputs: _CallInputs):
+    """(flat position, FunctionalTensor) of the inputs that are written back
+    as themselves: a tied tensor under its first name, no user input seen
+    through another (written back through it)."""
+    done = {id(inputs.user()[j]) for j in inputs.views_apart()}
+    for i, f in enumerate(inputs.functional):
+        if isinstance(f, _torch.FunctionalTensor) and id(f) not in done:
+            done.add(id(f))
+            yield i, f
+
+
+def _views_returned_as_given(inputs: _CallInputs) -> dict:
+    """id of each user input seen through another and not relaid -> the
+    caller's tensor, which the call returns where it returns the input as it is."""
+    user, given_user = inputs.user(), inputs.given_user()
+    return {id(user[j]): given_user[j] for j in inputs.views_apart()
+            if not _torch.has_metadata_mutation(user[j])}
+
+
+def _refuse_returned_views_of_relaid_covers(inputs: _CallInputs, as_given: dict, outputs) -> None:
+    """A view returned as it is, its cover relaid (see
+    :func:`predispatch.trace.input_aliasing.refuse_relaid_cover`)."""
+    user, given_user = inputs.user(), inputs.given_user()
+    for j, v in inputs.layout.views.items():
+        if id(user[j]) in as_given and any(o is user[j] for o in outputs):
+            cover = user[v.of]
+            input_aliasing.refuse_relaid_cover(v.of, j, cover.shape != given_user[v.of].shape,
+                                               recorder.user_swap_location(cover))
+
+
+def _layout_change(i: int, f, starts: _InputStarts, made: dict, key_of) -> LayoutChange:
+    """Where input ``i`` (``f``, after the forward) keeps its elements, and how
+    (its offset counted from where the owner of that storage started): as
+    its shadow says (see :mod:`predispatch.trace.eager_layout`), else as
+    functionalization's tensors do (symbolic sizes; memory the forward made,
+    ``made``: where earlier inputs took some)."""
+    if (shadow := eager_layout.of(f)) is not None:
+        size, stride, offset, storage = shadow
+        storages, offsets = starts.eager.storages, starts.eager.offsets
+    else:
+        storage = _torch.storage_of(f)
+        size, stride, offset = _torch.layout(f)
+        storages, offsets = starts.storages, starts.offsets
+    owner = i if storages[i] == storage else next(
+        (j for j, s in enumerate(storages) if s is not None and s == storage), None)
+    place = "value" if owner is None else "own" if owner == i else "other"
+    if owner is not None:
+        offset -= offsets[owner]
+    elif storage in made:  # x.set_(v); z.set_(v): z shares the memory x took
+        place, (owner, first_offset) = "shared", made[storage]
+        offset -= first_offset
+    elif isinstance(offset, int):
+        made[storage] = (i, offset)
+    if not all(isinstance(v, int) for v in (*size, *stride, offset)):
+        size = stride = offset = None
+    return LayoutChange(place, key_of(owner) if place in ("other", "shared") else None, size, stride, offset)
+
+
+# ---------------------------------------------------------------- after the trace
+
+
+def _drop_storage_swaps_of_constants(gm: torch.fx.GraphModule) -> None:
+    """Functionalization turns ``a.set_(b)`` into data flow (``a`` reads ``b``'s
+    storage from then on) and also runs ``set_`` on its wrappers' inner
+    tensors, which the tracer records on constants it does not know: drop them."""
+    for node in list(gm.graph.nodes):
+        if (node.op == "call_function" and getattr(node.target, "overloadpacket", None) is torch.ops.aten.set_
+                and any(a.op == "get_attr" for a in node.all_input_nodes)):
+            constants = [a for a in node.all_input_nodes if a.op == "get_attr"]
+            node.replace_all_uses_with(node.args[0])
+            gm.graph.erase_node(node)
+            for c in constants:
+                if not c.users:
+                    gm.graph.erase_node(c)
+                    if hasattr(gm, c.target):
+                        delattr(gm, c.target)
+
+
+def _drop_dead_code(gm: torch.fx.GraphModule, kept) -> None:
+    """Dead code goes, but for the ``kept`` nodes and the impure."""
+    impure = _torch.impure_by_op(impure_random=True)  # Node.is_impure's default
+    gm.graph.eliminate_dead_code(is_impure_node=lambda n: n in kept or impure(n))
+    gm.recompile()
+
+
+def _signature(gm, named_parameters, named_buffers, mutated, in_spec, out_spec):
+    """The aot-style GraphSignature: the state lifted as the first inputs, the
+    new values of the ``mutated`` inputs (flat positions) the first outputs."""
+    inputs, outputs = _torch.graph_input_names(gm), _torch.graph_output_names(gm)
+    params, buffers = list(named_parameters), list(named_buffers)
+    n_params, n_state = len(params), len(params) + len(buffers)
+    to_mutate = {"param": {}, "buffer": {}, "input": {}}
+    for out_name, i in zip(outputs, mutated):
+        if i < n_params:
+            to_mutate["param"][out_name] = params[i]
+        elif i < n_state:
+            to_mutate["buffer"][out_name] = buffers[i - n_params]
+        else:
+            to_mutate["input"][out_name] = inputs[i]
+    return _torch.GraphSignature(
+        parameters=params, buffers=buffers, user_inputs=inputs[n_state:],
+        user_outputs=outputs[len(mutated):],
+        inputs_to_parameters=dict(zip(inputs[:n_params], params)),
+        inputs_to_buffers=dict(zip(inputs[n_params:n_state], buffers)),
+        buffers_to_mutate=to_mutate["buffer"], parameters_to_mutate=to_mutate["param"],
+        user_inputs_to_mutate=to_mutate["input"], in_spec=in_spec, out_spec=out_spec,
+        backward_signature=None, input_tokens=[], output_tokens=[])

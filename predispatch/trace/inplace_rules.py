@@ -1,0 +1,175 @@
+"""In-place ops that functionalization alone turns into the wrong data flow.
+
+Functionalization replaces ``t.op_(...)`` by ``op``'s functional variant and
+rebinds ``t`` to its result. For most ops that is eager's value and eager's
+autograd history. For the ops of the table below it is not, and they are
+traced as eager's autograd sees them instead: the out-of-place result
+written into ``t`` with ``t.copy_(result)``, whose functional form (see
+:mod:`predispatch.passes.writes`) gives ``t`` the result's value, a zero gradient
+to what ``t`` was, and the result's own history.
+
+Rule, and why (each row a predicate on the in-place op):
+
+* **no functionalization kernel** (``polygamma_``: its out-of-place form takes
+  its arguments in another order, so torch's codegen skipped it and the
+  fallback raises on the alias annotation);
+* **composite out-of-place form** (``conj_physical_``): the functional variant
+  functionalization emits is a composite the op policy decomposes when it is
+  called directly, so a re-export of the program would trace something else;
+* **result without a gradient path to ``t``** that eager's in-place op still
+  records as a history with a zero gradient: comparisons (a bool result,
+  cast back) and random fills (``normal_functional`` has no derivative at
+  all, so ``t`` goes in detached: a draw reads its shape only). Eager's node
+  also gives every other tensor operand a zero gradient (not none): each is
+  linked by ``where(False, operand, result)``;
+* **not recorded by autograd at all** (logical ops: non-differentiable, the
+  tensor keeps its old history): traced under no_grad, like any update eager
+  does not record;
+* **a resize past the storage's end**: the tensor moves to a grown copy
+  (see :class:`GrowingResize`).
+
+The history rows apply in grad mode only.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import torch
+
+from .. import _torch
+
+aten = torch.ops.aten
+
+# comparisons in place: a bool result, cast back; eager records EqBackward & co.
+_COMPARISONS = frozenset({"eq_", "ne_", "lt_", "le_", "gt_", "ge_"})
+# logical ops in place: non-differentiable, so eager records nothing at all
+_UNRECORDED = frozenset({"logical_and_", "logical_or_", "logical_xor_", "logical_not_"})
+# in-place random fills: the draw reads the tensor's shape, not its values
+_DRAWS = frozenset({"normal_", "uniform_", "bernoulli_", "exponential_", "cauchy_",
+                    "geometric_", "log_normal_", "random_"})
+
+
+@dataclasses.dataclass(frozen=True)
+class OutOfPlace:
+    """``self.copy_(functional(...))`` for an in-place op."""
+
+    functional: _torch.OpOverload
+    for_history: bool  # a row of the history kind (see the module docstring)
+    random: bool  # a draw: ``self`` gives its shape, not a history
+
+    def __call__(self, dispatch, op, args, kwargs):
+        """Trace it with ``dispatch(func, args, kwargs)`` (the functional mode's)."""
+        named = _by_name(op, args, kwargs)
+        target = named["self"]
+        if self.random:
+            named["self"] = dispatch(aten.detach.default, (target,), {})
+        schema = self.functional._schema.arguments
+        result = dispatch(self.functional,
+                          tuple(named[a.name] for a in schema if not a.kwarg_only and a.name in named),
+                          {a.name: named[a.name] for a in schema if a.kwarg_only and a.name in named})
+        if self.for_history:  # eager's node has a zero gradient for each tensor operand too
+            for operand in [v for k, v in named.items() if k != "self" and _differentiable(v)]:
+                false = dispatch(aten.scalar_tensor.default, (False,),
+                                 {"dtype": torch.bool, "device": operand.device})
+                result = dispatch(aten.where.self, (false, operand, result), {})
+        dispatch(aten.copy_.default, (target, result), {})
+        return target
+
+
+@dataclasses.dataclass(frozen=True)
+class Unrecorded:
+    """An in-place op eager's autograd does not record (the tensor keeps the
+    history it had): traced under no_grad, so a grad mode region holds it and
+    later reads keep the old history (see :mod:`predispatch.passes.history`)."""
+
+    for_history = True
+
+    def __call__(self, dispatch, op, args, kwargs):
+        with torch.no_grad():
+            return dispatch(op, args, kwargs)
+
+
+def _by_name(op, args, kwargs) -> dict:
+    """The call's arguments by name, defaults filled in (the functional
+    variant may make an argument required that the in-place op defaults)."""
+    named = dict(zip((a.name for a in op._schema.arguments), args)) | dict(kwargs)
+    for a in op._schema.arguments:
+        if a.name not in named and a.has_default_value():
+            named[a.name] = a.default_value
+    return named
+
+
+@dataclasses.dataclass(frozen=True)
+class GrowingResize:
+    """``t.resize_(size)`` past the end of ``t``'s storage (functionalization
+    cannot grow one): ``t`` moves to a new storage holding its old elements
+    first, as eager's reallocation does; the new ones are uninitialized in
+    eager (zeros here). Within its storage, a resize is left as it is."""
+
+    for_history = False
+
+    def __call__(self, dispatch, op, args, kwargs):
+        named = _by_name(op, args, kwargs)
+        target, size = named["self"], named["size"]
+        numel = 1
+        for n in size:
+            numel *= n
+        have = _torch.storage_elements(target)
+        if numel <= have:
+            return dispatch(op, args, kwargs)
+        flat = dispatch(aten.as_strided.default, (target, [have], [1], 0), {})
+        grown = dispatch(aten.constant_pad_nd.default, (flat, [0, numel - have]), {})
+        new = dispatch(aten.view.default, (grown, list(size)), {})
+        return dispatch(aten.set_.source_Tensor, (target, new), {})
+
+
+def _differentiable(value) -> bool:
+    return isinstance(value, torch.Tensor) and (value.is_floating_point() or value.is_complex())
+
+
+def traced_as(op, grad_enabled: bool) -> OutOfPlace | Unrecorded | GrowingResize | None:
+    """How the in-place ``op`` is traced, when not by functionalization alone.
+    The history rows apply in grad mode only (under no_grad an update keeps
+    the old history anyway: see :mod:`predispatch.passes.history`)."""
+    rule = _rule(op)
+    if rule is None or (rule.for_history and not grad_enabled):
+        return None
+    return rule
+
+
+@functools.lru_cache(maxsize=None)
+def _rule(op) -> OutOfPlace | Unrecorded | GrowingResize | None:
+    if not (isinstance(op, _torch.OpOverload) and op.namespace == "aten"
+            and torch.Tag.inplace in op.tags):
+        return None
+    name = op._schema.name.split("::")[1]
+    if name in _UNRECORDED:
+        return Unrecorded()
+    if op is aten.resize_.default:
+        return GrowingResize()
+    random = name in _DRAWS
+    functional = _functional_variant(op)
+    if functional is None:
+        return None
+    if not _torch.has_own_functionalization_kernel(op) or _torch.has_composite_implicit_kernel(functional):
+        return OutOfPlace(functional, for_history=False, random=random)
+    if name in _COMPARISONS or random:
+        return OutOfPlace(functional, for_history=True, random=random)
+    return None
+
+
+def _functional_variant(op) -> _torch.OpOverload | None:
+    """The out-of-place op taking the same arguments (by name) and mutating none."""
+    name = op._schema.name.split("::")[1].rstrip("_")
+    wanted = {a.name for a in op._schema.arguments}
+    for packet_name in (name, f"{name}_functional"):
+        packet = getattr(aten, packet_name, None)
+        if packet is None:
+            continue
+        for overload in packet.overloads():
+            candidate = getattr(packet, overload)
+            schema = candidate._schema
+            if not schema.is_mutable and {a.name for a in schema.arguments} == wanted:
+                return candidate
+    return None

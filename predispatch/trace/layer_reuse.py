@@ -1,0 +1,731 @@
+"""Repeated layers traced once, inside the capture stage's trace.
+
+A transformer calls the same layer N times: the same module class, parameters
+of the same shapes, inputs of the same metadata. The first call of each kind
+is traced as usual and kept as a *template* (the nodes the call made, the
+nodes it read, what it returned). A later call with the same *key* (module
+class, parameter and buffer metadata, input metadata, pytree structure and
+aliasing, grad mode) is *replayed* first: its forward runs on fresh meta
+tensors, with the trace suspended, under a torch-function mode that logs
+every torch call (function, arguments as constants or as numbered tensors
+with their metadata, results). When the log equals a template's, the call is
+*stamped*: the template's nodes are copied into the graph reading this
+call's inputs and parameters, with this call's module path and call site in
+their metadata, and its outputs are new traced tensors of the copied nodes.
+
+What makes a layer's graph differ although its key is the same is Python
+state outside the key (its index, a per-layer config entry, a counter):
+such a state shows in the log (another op, another constant) or in the
+module's attributes after the replay, and the call is traced. So is every
+call the recorder of :mod:`predispatch.trace.recorder` would note something
+about (a grad-mode or autocast block, an in-place update, an input
+mutated), one that reads a tensor that is not its input or state, one that
+draws host random numbers, and one returning an alias of an input. A stamped
+call's inputs, state and outputs must not be mutated later (the recorder
+would have followed its views): if one is, :class:`Retrace` makes the trace
+again without reuse.
+
+``predispatch.reuse_layers(False)`` (or ``PREDISPATCH_LAYER_REUSE=0`` in the environment)
+turns it off; the program is the same either way, up to node names.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import operator
+import os
+import sys
+import types
+
+import torch
+
+from .. import _torch
+from .host_random import host_generator_states, restore_host_generators
+from .python_state import PythonState, Watch
+
+_ENV = "PREDISPATCH_LAYER_REUSE"
+_enabled: list[bool] = []
+_MAX_TEMPLATES = 4  # distinct logs per key before a key is traced without replays
+_COPIED_META = frozenset({"val", "tensor_meta", "nn_module_stack", "torch_fn", "stack_trace"})
+
+
+@contextlib.contextmanager
+def reuse_layers(enabled: bool):
+    """Exports in this block trace repeated layers once (``True``, the default
+    unless ``PREDISPATCH_LAYER_REUSE=0``) or every layer (``False``)."""
+    if not isinstance(enabled, bool):
+        raise ValueError(f"reuse_layers takes True or False, got {enabled!r}")
+    _enabled.append(enabled)
+    try:
+        yield
+    finally:
+        _enabled.pop()
+
+
+def reuse_enabled() -> bool:
+    return _enabled[-1] if _enabled else os.environ.get(_ENV, "1") != "0"
+
+
+def note_no_reuse() -> None:
+    """A trace made without reuse: the report says nothing was reused."""
+    global last_report
+    last_report = ReuseReport()
+
+
+@dataclasses.dataclass
+class ReuseReport:
+    """What the last export's layer reuse did (for tests and tools/bench.py)."""
+
+    stamped: int = 0  # calls made by copying a template
+    traced: int = 0  # calls of repeated modules traced (templates among them)
+    templates: int = 0
+
+
+last_report = ReuseReport()
+
+
+class Retrace(Exception):
+    """A stamped layer's input, state or output was mutated after the call."""
+
+
+# ---------------------------------------------------------------- keys and logs
+
+_PLAIN = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout,
+          torch.memory_format, torch.Size, types.FunctionType, types.BuiltinFunctionType)
+
+
+def _dims(values) -> tuple:
+    return tuple(v if isinstance(v, int) else str(v) for v in values)
+
+
+def _tensor_meta(t: torch.Tensor) -> tuple:
+    return (_dims(t.shape), _dims(t.stride()), t.dtype, t.device.type, t.requires_grad)
+
+
+_SCALARS = frozenset({int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout,
+                      torch.memory_format})
+
+
+def _constant(v, keep: list):
+    """A non-tensor value as compared between calls."""
+    if isinstance(v, _PLAIN):
+        return (type(v), v) if not isinstance(v, torch.Size) else (torch.Size, _dims(v))
+    if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return ("sym", str(v))
+    if isinstance(v, slice):
+        return ("slice", _constant(v.start, keep), _constant(v.stop, keep), _constant(v.step, keep))
+    if v is Ellipsis:
+        return ("...",)
+    keep.append(v)  # the same object in both calls (kept alive: ids stay unique)
+    return ("object", id(v))
+
+
+class _External(Exception):
+    """The replayed layer read a tensor that is neither its input nor its state."""
+
+
+class _CallLog(_torch.TorchFunctionMode):
+    """Logs every torch call: the function, its arguments (tensors as their
+    number among those the layer was given or made, with their metadata) and
+    its results.
+
+    With a ``guide`` (a template's log), a call equal to the guide's call at
+    the same place gets a new empty tensor with the metadata the guide's
+    result had instead of running: an op's result metadata is a function of
+    its arguments' (which the log holds), so the log is the one running would
+    give, without the meta kernels. From the first call that differs on,
+    calls run."""
+
+    def __init__(self, tensors: list, guide: list | None = None):
+        super().__init__()
+        self.guide = guide
+        self.number = {}
+        self.alive = []  # ids stay unique while logging
+        for t in tensors:
+            self._register(t)
+        self.calls: list = []
+        self.keep: list = []
+        self.external = False
+
+    def _register(self, t) -> tuple:
+        entry = self.number.get(id(t))
+        if entry is None:
+            self.alive.append(t)
+        entry = self.number[id(t)] = (len(self.alive) - 1 if entry is None else entry[0],
+                                      tuple(t.shape), t.stride(), t.storage_offset(), t.dtype, t.requires_grad,
+                                      t.layout, t.is_conj(), t.is_neg())
+        return entry
+
+    def encode(self, x, new: bool):
+        """Arguments or results as compared (meta tensors: sizes are ints)."""
+        kind = type(x)
+        if kind in _SCALARS:  # the common cases first: as _constant has them
+            return (kind, x)
+        if kind is tuple or kind is list:
+            return (kind, *[self.encode(v, new) for v in x])
+        if isinstance(x, torch.Tensor):
+            if new:
+                return self._register(x)
+            entry = self.number.get(id(x))
+            if entry is None:
+                self.external = True
+                raise _External()
+            return entry
+        if isinstance(x, (tuple, list)) and not isinstance(x, torch.Size):
+            return (type(x), *[self.encode(v, new) for v in x])
+        if isinstance(x, dict):
+            return (dict, *[(k, self.encode(v, new)) for k, v in x.items()])
+        return _constant(x, self.keep)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        with Watch.paused():  # torch's and the log's own code: not the layer's
+            return self._logged_call(func, args, kwargs or {})
+
+    def _logged_call(self, func, args, kwargs):
+        with _torch.torch_function_disabled():  # the log's own reads: no mode below sees them
+            called = self.encode(args, new=False), self.encode(kwargs, new=False), _ambient()
+            if self.guide is not None:
+                out = self._as_guided(func, called)
+                if out is not None:
+                    return out
+        out = func(*args, **kwargs)
+        with _torch.torch_function_disabled():
+            self.calls.append((func, called, self.encode(out, new=True)))
+        return out
+
+    def _as_guided(self, func, called):
+        """The guide's new tensor for this call where it has the same call
+        here and its result is one; None where the call is to run."""
+        step = len(self.calls)
+        if step < len(self.guide) and self.guide[step][0] == func and self.guide[step][1] == called:
+            result = self.guide[step][2]
+            if (isinstance(result[0], int) and result[0] == len(self.alive) and result[3] == 0
+                    and result[6:] == (torch.strided, False, False)):
+                _, size, stride, _, dtype, requires_grad, *_ = result
+                out = torch.empty_strided(size, stride, dtype=dtype, device="meta", requires_grad=requires_grad)
+                self.alive.append(out)
+                self.number[id(out)] = result  # its metadata, as _register reads it: made from it
+                self.calls.append((func, called, result))
+                return out
+        else:
+            self.guide = None  # another call: the guide says nothing about what follows
+        return None
+
+
+def _ambient() -> tuple:
+    """The global state an op's result metadata depends on besides its arguments."""
+    return (torch.is_grad_enabled(), _torch.any_autocast_enabled(), torch.is_inference_mode_enabled(),
+            torch.get_default_dtype())
+
+
+def _state(module: torch.nn.Module) -> list:
+    return [t for _, t in (*module.named_parameters(remove_duplicate=False),
+                           *module.named_buffers(remove_duplicate=False))]
+
+
+def _key(module, flat: list, spec, state: list):
+    """What a call shares with another whose graph it may reuse; None where a
+    leaf cannot be compared (a tensor not traced)."""
+    keep: list = []
+    leaves = []
+    tensors = []
+    for x in flat:
+        if isinstance(x, torch.Tensor):
+            if not isinstance(x, _torch.FunctionalTensor):
+                return None
+            leaves.append((_tensor_meta(x), _torch.inner_value(x).requires_grad))
+            tensors.append(x)
+        else:
+            leaves.append(_constant(x, keep))
+    for t in state:
+        if not isinstance(t, _torch.FunctionalTensor):
+            return None
+        tensors.append(t)
+    first, storages, aliasing = {}, {}, []
+    for i, t in enumerate(tensors):
+        storage = _torch.storage_of(t)
+        aliasing.append((first.setdefault(id(t), i), storages.setdefault(storage, i)))
+    return (type(module), str(spec), tuple(leaves), tuple(_tensor_meta(t) for t in state),
+            tuple(aliasing), torch.is_grad_enabled(), tuple(id(k) for k in keep)), keep
+
+
+@contextlib.contextmanager
+def _swapped(module: torch.nn.Module, replacements: dict):
+    """The module's parameters and buffers in ``replacements`` (by id) swapped in."""
+    saved = []
+    try:
+        for m in module.modules():
+            for table in (m._parameters, m._buffers):
+                for name, t in table.items():
+                    if t is not None and id(t) in replacements:
+                        saved.append((table, name, t))
+                        table[name] = replacements[id(t)]
+        yield
+    finally:
+        for table, name, t in reversed(saved):
+            table[name] = t
+
+
+def _hooked(module: torch.nn.Module) -> bool:
+    """Hooks inside the layer see its tensors, which a stamped call has none of."""
+    if _torch.global_module_hooks():
+        return True
+    return any(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks
+               or getattr(m, "_backward_pre_hooks", None) for m in module.modules() if m is not module)
+
+
+def _replay(forward, flat: list, spec, state: list, module, guide, named):
+    """The log of ``forward`` run on fresh meta tensors (symbolic sizes at their example values) with the trace
+    suspended, or None where the call cannot be compared so (it reads another
+    tensor, draws host random numbers, changes Python state it can reach,
+    fails); and the globals its code named (``named`` where given, see :func:`_isolated`)."""
+    tracer = _torch.current_tracer()
+    num_calls = dict(tracer.num_calls)  # the replay's module calls are not the trace's
+    try:
+        return _logged(forward, flat, spec, state, module, guide, named)
+    finally:
+        tracer.num_calls.clear()
+        tracer.num_calls.update(num_calls)
+
+
+def _logged(forward, flat: list, spec, state: list, module, guide, named):
+    tensors = [x for x in flat if isinstance(x, torch.Tensor)] + state
+    with _torch.torch_function_disabled():  # metadata reads, not the layer's
+        layouts = {id(t): ([_torch.size_hint(v) for v in t.shape], [_torch.size_hint(v) for v in t.stride()],
+                           t.dtype, t.requires_grad) for t in tensors}
+    if any(None in size or None in stride for size, stride, _, _ in layouts.values()):
+        return None, named
+    with _torch.trace_suspended():
+        fakes = {}
+        for t in tensors:
+            if id(t) not in fakes:
+                size, stride, dtype, requires_grad = layouts[id(t)]
+                fakes[id(t)] = torch.empty_strided(size, stride, dtype=dtype, device="meta",
+                                                   requires_grad=requires_grad)
+        fake_flat = [fakes[id(x)] if isinstance(x, torch.Tensor) else x for x in flat]
+        args, kwargs = _torch.pytree.tree_unflatten(fake_flat, spec)
+        log = _CallLog([fakes[id(t)] for t in tensors], guide)
+        with _swapped(module, fakes):
+            return _isolated(forward, args, kwargs, module, log, named)
+
+
+def _isolated(forward, args, kwargs, module, log, named):
+    """``forward`` run under ``log``, the Python state it could reach put
+    back as it was: its log (None where it failed, wrote that state, or
+    reached state that could not be put back, then stopped before it runs)
+    and the (globals, names) of the code it ran. ``named``: those of an
+    earlier replay of the kind, saved up front; None: every frame watched."""
+    reached = PythonState()
+    reached.reach(module, args, kwargs)
+    for namespace, names in named or ():
+        reached.name_globals(namespace, names)
+    if reached.unseeable is not None:
+        return None, named
+    generators, ambient = host_generator_states(), _torch.ambient_modes()
+    failed = False
+    watch = Watch(reached) if named is None else contextlib.nullcontext()
+    try:
+        # above autograd, as the trace's FunctionalTensors are: results do not require grad
+        with watch, torch.device("meta"), _torch.below_autograd(), log:
+            out = forward(*args, **kwargs)
+        returned = log.encode(out, new=False) if reached.unseeable is None else None
+    except Exception:
+        failed = True
+    finally:
+        changed = reached.restore()  # the replay's Python side effects
+        changed |= _torch.restore_ambient_modes(ambient)
+        drew = restore_host_generators(generators)
+    learned = reached.code_names if named is None and not failed and reached.unseeable is None else named
+    if failed or reached.unseeable is not None or log.external or drew or changed:
+        return None, learned
+    return (log.calls, returned, log.keep), learned
+
+
+# ---------------------------------------------------------------- templates
+
+
+@dataclasses.dataclass
+class _Template:
+    inputs: list  # the nodes the call read, by position among its tensors and state
+    nodes: list  # the nodes it made
+    outputs: list  # per output leaf: ("node", (node, requires grad)) or ("value", value)
+    out_spec: object
+    torch_fns: dict  # node -> (torch function, its count relative to the call's start)
+    increments: dict  # torch function -> how many calls the call made
+    last_fn: object
+    depth: int  # module-stack entries around the call (the layer's own included)
+    inner_stacks: dict  # node -> its module-stack entries inside the call (one tuple per distinct stack)
+    module_calls: dict  # module path -> (calls before, after) of the modules the call called
+    module_key: str
+    module_path: str
+    call_site: str | None
+
+
+def _torch_fn_offsets(nodes, before: dict, after: dict) -> dict | None:
+    """Each node's ``torch_fn`` as (function, count relative to the call's
+    start); None where a count cannot be told apart."""
+    grew = [f for f, n in after.items() if n != before.get(f, 0)]
+    found = {}
+    for node in nodes:
+        if "torch_fn" not in node.meta:
+            continue
+        name, qualified = node.meta["torch_fn"]
+        prefix, _, count = name.rpartition("_")
+        if not count.isdigit():
+            return None
+        count = int(count)
+        matches = [(f, count - before.get(f, 0)) for f in grew
+                   if f"{f.__class__.__name__}.{f.__name__}" == qualified
+                   and prefix == f.__name__ and before.get(f, 0) < count <= after[f]]
+        if len(matches) != 1:
+            return None
+        found[node] = matches[0]
+    return found
+
+
+@dataclasses.dataclass
+class _Stamped:
+    tensors: list  # inputs, state and outputs of a stamped call
+    counters: list  # their storage counters then
+
+
+class LayerReuse:
+    """One forward's layer reuse: wraps the repeated modules' ``forward``."""
+
+    def __init__(self, root: torch.nn.Module, recorder, stamper):
+        self.recorder, self.stamper = recorder, stamper
+        self.templates: dict = {}
+        self.named: dict = {}  # key -> the (globals, names) of the code its first complete replay ran
+        self.keep: list = []
+        self.stamped: list[_Stamped] = []
+        with _torch.torch_function_disabled():  # metadata reads, not the forward's
+            self.layers = _repeated_modules(root)
+        global last_report
+        last_report = self.report = ReuseReport()
+
+    @contextlib.contextmanager
+    def installed(self):
+        installed = []
+        try:
+            for module in self.layers:
+                own = module.__dict__.get("forward")
+                forward = module.forward
+                module.forward = self._wrapped(module, forward)
+                installed.append((module, own))
+            yield self
+        finally:
+            for module, own in installed:
+                if own is None:
+                    del module.forward
+                else:
+                    module.forward = own
+
+    def _wrapped(self, module, forward):
+        def reused_forward(*args, **kwargs):  # not named forward: stack traces skip it
+            caller = sys._getframe(1)
+            return self.call(module, _torch.bound_to_receiver(forward, module, caller), caller, args, kwargs)
+        return reused_forward
+
+    def call(self, module, forward, caller, args, kwargs):
+        self.report.traced += 1  # undone where stamped
+        mark = self.recorder.reuse_mark()
+        if mark is None or _torch.autocast_nesting() != 0 or any(
+                torch.is_autocast_enabled(d) for d in _torch.autocast_devices()):
+            return forward(*args, **kwargs)
+        flat, spec = _torch.pytree.tree_flatten((args, kwargs))
+        state = _state(module)
+        with _torch.torch_function_disabled():  # metadata reads, not the layer's
+            keyed = _key(module, flat, spec, state)
+        if keyed is None:
+            return forward(*args, **kwargs)
+        key, keep = keyed
+        templates = self.templates.setdefault(key, [])
+        self.keep.append(keep)  # objects the key names by id stay alive: ids stay unique
+        if len(templates) >= _MAX_TEMPLATES or sum(t is None for _, t in templates) >= 2 or _hooked(module):
+            return forward(*args, **kwargs)  # nothing to reuse here, likely: no replays
+        guide = next((logged[0] for logged, template in templates if template is not None), None)
+        log, self.named[key] = _replay(forward, flat, spec, state, module, guide, self.named.get(key))
+        if log is None:
+            return forward(*args, **kwargs)
+        for logged, template in templates:
+            if template is not None and logged[:2] == log[:2]:
+                with _torch.torch_function_disabled():  # no torch call is the layer's
+                    out = self._stamp(template, module, caller, flat, state)
+                if out is not None:
+                    self.report.stamped += 1
+                    self.report.traced -= 1
+                    return out
+        out, template = self._trace(module, forward, caller, flat, state, args, kwargs, mark)
+        templates.append((log, template))
+        self.report.templates += template is not None
+        return out
+
+    # -- the first call of a kind: traced, kept as a template
+
+    def _trace(self, module, forward, caller, flat, state, args, kwargs, mark):
+        tracer = _torch.current_tracer()
+        inputs = [x for x in flat if isinstance(x, torch.Tensor)] + state
+        with _torch.torch_function_disabled():  # metadata reads, not the layer's
+            in_nodes = [_torch.materialized_node(t) for t in inputs]
+            counters = [_torch.storage_counters(t) for t in inputs]
+        counts, num_calls = dict(tracer.torch_fn_counts), dict(tracer.num_calls)
+        depth, (module_key, (module_path, _)) = len(tracer.module_stack), list(tracer.module_stack.items())[-1]
+        start = _torch.last_node(tracer.graph)
+        out = forward(*args, **kwargs)
+        with _torch.torch_function_disabled():  # metadata reads, not the layer's
+            return out, self._template(inputs, in_nodes, counters, counts, num_calls, depth, module_key,
+                                       module_path, caller, start, out, mark)
+
+    def _template(self, inputs, in_nodes, counters, counts, num_calls, depth, module_key, module_path,
+                  caller, start, out, mark):
+        """The call's template, or None where a later call could not be stamped from it."""
+        tracer = _torch.current_tracer()
+        nodes = list(_torch.nodes_after(start))
+        if (self.recorder.reuse_mark() != mark or None in in_nodes
+                or [_torch.storage_counters(t) for t in inputs] != counters):
+            return None
+        out_flat, out_spec = _torch.pytree.tree_flatten(out)
+        outputs = _outputs(out_flat, inputs, set(nodes))
+        offsets = _torch_fn_offsets(nodes, counts, tracer.torch_fn_counts)
+        module_calls = {p: (num_calls.get(p, 0), n) for p, n in tracer.num_calls.items()
+                        if n != num_calls.get(p, 0)}
+        if (outputs is None or offsets is None or not _copyable(nodes, set(in_nodes), depth)
+                or any(not p.startswith(module_path + ".") for p in module_calls)):
+            return None
+        return _Template(
+            in_nodes, nodes, outputs, out_spec, offsets,
+            {f: n - counts.get(f, 0) for f, n in tracer.torch_fn_counts.items() if n != counts.get(f, 0)},
+            tracer.torch_fn_metadata, depth, _inner_stacks(nodes, depth), module_calls, module_key, module_path,
+            self.stamper.call_site_text(caller) if self.stamper is not None else None)
+
+    # -- a later call of the kind: the template's nodes copied
+
+    def _stamp(self, template: _Template, module, caller, flat, state):
+        """The call's outputs, made by copying the template's nodes; None where
+        the module calls it makes would be named otherwise than the template's."""
+        tracer = _torch.current_tracer()
+        stack = list(tracer.module_stack.items())
+        module_key, (module_path, _) = stack[-1]
+        # the modules the template's call called, named under this call's path: (calls before, after)
+        module_calls = {_moved(p, template.module_path, module_path): counts
+                        for p, counts in template.module_calls.items()}
+        if any(tracer.num_calls.get(p, 0) != before for p, (before, _) in module_calls.items()):
+            return None
+        inputs = [x for x in flat if isinstance(x, torch.Tensor)] + state
+        env = _nodes_read(template, inputs)
+        call_site = self.stamper.call_site_text(caller) if self.stamper is not None else None
+        relocation = _Relocation(template, {k: (fqn, _class_name(cls)) for k, (fqn, cls) in stack},
+                                 module_key, module_path, call_site if call_site != template.call_site else None,
+                                 tracer.torch_fn_counts)
+        for node in template.nodes:
+            env[node] = relocation.copied(tracer.graph, node, env)
+        _advance_counters(tracer, template, module_calls)
+        made, leaves = _outputs_made(template, env)
+        tensors = [*inputs, *made]
+        self.stamped.append(_Stamped(tensors, [_torch.storage_counters(t) for t in tensors]))
+        return _torch.pytree.tree_unflatten(leaves, template.out_spec)
+
+    def check_stamped(self) -> None:
+        """After the forward: no stamped call's tensors were mutated since."""
+        with _torch.torch_function_disabled():  # metadata reads, not the forward's
+            changed = any([_torch.storage_counters(t) for t in s.tensors] != s.counters for s in self.stamped)
+        if changed:
+            raise Retrace()
+
+
+def _nodes_read(template: _Template, inputs: list) -> dict:
+    """The template's input nodes -> this call's nodes of its ``inputs``;
+    :class:`Retrace` where a stale view is brought up to date here (not where
+    the layer reads it) or where the inputs alias otherwise than the template's."""
+    before = [_torch.materialized_node(t) for t in inputs]
+    now = [_torch.current_node(t) for t in inputs]
+    if any(a is not b for a, b in zip(before, now)):
+        raise Retrace()
+    env = {}
+    for old, new in zip(template.inputs, now):
+        if env.setdefault(old, new) is not new:
+            raise Retrace()
+    return env
+
+
+@dataclasses.dataclass
+class _Relocation:
+    """A template's nodes as copied at this call: their module stack under
+    this call's module path, their stack traces from this call's site
+    (``call_site``: None where it is the template's), their ``torch_fn``
+    counted from this call's start (``counts``: the tracer's so far)."""
+
+    template: _Template
+    outer: dict  # this call's module-stack entries, around and including the layer's
+    module_key: str
+    module_path: str
+    call_site: str | None
+    counts: dict
+    stacks: dict = dataclasses.field(default_factory=dict)  # id of a template's inner stack -> this call's
+    traces: dict = dataclasses.field(default_factory=dict)  # a template's stack trace -> this call's
+
+    def copied(self, graph: torch.fx.Graph, node: torch.fx.Node, env: dict) -> torch.fx.Node:
+        """``node`` copied into ``graph``, reading ``env``'s nodes for the template's."""
+        copy = _torch.copy_node(graph, node, lambda a: env.get(a, a))  # a symbolic size made before: shared
+        meta = copy.meta
+        if "nn_module_stack" in meta:
+            meta["nn_module_stack"] = dict(self._module_stack(node))  # a node's own, as the tracer gives each
+        trace = meta.get("stack_trace")
+        if trace and self.call_site is not None:
+            meta["stack_trace"] = self._stack_trace(trace)
+        if node in self.template.torch_fns:
+            f, offset = self.template.torch_fns[node]
+            meta["torch_fn"] = (f"{f.__name__}_{self.counts.get(f, 0) + offset}", node.meta["torch_fn"][1])
+        return copy
+
+    def _module_stack(self, node: torch.fx.Node) -> dict:
+        inner = self.template.inner_stacks[node]
+        whole = self.stacks.get(id(inner))
+        if whole is None:
+            template = self.template
+            whole = self.stacks[id(inner)] = {**self.outer, **{
+                _moved(k, template.module_key, self.module_key): (
+                    _moved(fqn, template.module_path, self.module_path), cls)
+                for k, (fqn, cls) in inner}}
+        return whole
+
+    def _stack_trace(self, trace: str) -> str:
+        if trace not in self.traces:
+            self.traces[trace] = self.call_site + trace[len(self.template.call_site):]
+        return self.traces[trace]
+
+
+def _advance_counters(tracer, template: _Template, module_calls: dict) -> None:
+    """The tracer's counts of torch functions and module calls as after the
+    template's call (``module_calls``: its module calls, named as here)."""
+    counts = tracer.torch_fn_counts
+    for f, n in template.increments.items():
+        counts[f] = counts.get(f, 0) + n
+    for p, (_, after) in module_calls.items():
+        tracer.num_calls[p] = after
+    tracer.torch_fn_metadata = template.last_fn
+
+
+def _outputs_made(template: _Template, env: dict) -> tuple[list, list]:
+    """(the new traced tensors, the call's output leaves): a fresh traced
+    tensor for each output node of the template's copied (once per node)."""
+    made, leaves = {}, []
+    for kind, value in template.outputs:
+        if kind == "value":
+            leaves.append(value)
+            continue
+        node, requires_grad = value
+        if node not in made:
+            made[node] = _torch.traced_output(_torch.fresh_like(node.meta["val"], requires_grad), env[node])
+        leaves.append(made[node])
+    return list(made.values()), leaves
+
+
+def _inner_stacks(nodes, depth: int) -> dict:
+    """node -> the module-stack entries inside the call (past ``depth``), as a
+    tuple shared by the nodes with the same stack (a copy moves each once)."""
+    distinct, inner = {}, {}
+    for node in nodes:
+        if "nn_module_stack" in node.meta:
+            entries = tuple(list(node.meta["nn_module_stack"].items())[depth:])
+            inner[node] = distinct.setdefault(entries, entries)
+    return inner
+
+
+def _moved(name: str, old: str, new: str) -> str:
+    """``name`` under the module ``old`` named as under ``new``."""
+    if name == old:
+        return new
+    return new + name[len(old):] if name.startswith(old + ".") else name
+
+
+def _class_name(cls) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}" if isinstance(cls, type) else cls
+
+
+def _outputs(out_flat, inputs, made: set) -> list | None:
+    """The template's outputs, or None where a later call's cannot be made
+    from nodes: an alias of an input or of another output, a view, a tensor
+    whose layout a fresh one cannot have."""
+    storages = {_torch.storage_of(t) for t in inputs}
+    outputs, seen = [], {}
+    for o in out_flat:
+        if not isinstance(o, torch.Tensor):
+            if not isinstance(o, (int, float, bool, str, type(None))):
+                return None
+            outputs.append(("value", o))
+            continue
+        if not isinstance(o, _torch.FunctionalTensor) or _torch.is_view(o):
+            return None
+        node = _torch.materialized_node(o)
+        storage = _torch.storage_of(o)
+        if node not in made or storage in storages or seen.setdefault(storage, o) is not o:
+            return None
+        inner = _torch.inner_value(o)
+        if _torch.fresh_like(inner, inner.requires_grad) is None:
+            return None
+        outputs.append(("node", (node, inner.requires_grad)))
+    return outputs
+
+
+def _copyable(nodes, in_nodes: set, depth: int) -> bool:
+    """Nodes a copy reproduces: aten ops (and symbolic size arithmetic) on the
+    call's inputs or on each other (or on symbolic sizes made before, which a
+    copy shares), with no metadata but torch's own, no unbacked symbols."""
+    made = set()
+    for node in nodes:
+        if node.op != "call_function" or not (
+                _torch.is_functional_overload(node.target) or node.target is _GETITEM
+                or (_is_symbolic(node) and _is_size_arithmetic(node.target))):
+            return False
+        if not node.meta.keys() <= _COPIED_META or _torch.free_unbacked_symbols(node.meta.get("val")):
+            return False
+        if len(node.meta.get("nn_module_stack", ())) < depth:
+            return False
+        if any(a not in made and a not in in_nodes and not _is_symbolic(a) for a in node.all_input_nodes):
+            return False
+        made.add(node)
+    return True
+
+
+def _is_symbolic(node) -> bool:
+    return isinstance(node.meta.get("val"), (torch.SymInt, torch.SymFloat, torch.SymBool))
+
+
+def _is_size_arithmetic(target) -> bool:
+    return getattr(target, "__module__", None) in ("_operator", "math") or (
+        getattr(target, "__module__", None) == "torch" and getattr(target, "__name__", "").startswith("sym_"))
+
+
+_GETITEM = operator.getitem
+
+
+def _repeated_modules(root: torch.nn.Module) -> list:
+    """The outermost submodules (with submodules of their own: layers, not
+    single ops) whose class and parameter and buffer shapes repeat."""
+    def signature(m):
+        return (type(m), tuple((n, _dims(t.shape), t.dtype) for n, t in (
+            *m.named_parameters(remove_duplicate=False), *m.named_buffers(remove_duplicate=False))))
+
+    by_class: dict = {}
+    for m in root.modules():
+        if m is not root and next(m.children(), None) is not None:
+            by_class.setdefault(type(m), []).append(m)
+    groups: dict = {}
+    for ms in by_class.values():  # a class seen once cannot repeat (and the outer ones walk every parameter)
+        for m in ms if len(ms) > 1 else ():
+            groups.setdefault(signature(m), []).append(m)
+    repeated = {id(m) for ms in groups.values() if len(ms) > 1 for m in ms}
+    chosen, seen = [], set()
+
+    def walk(m):
+        for child in m.children():
+            if id(child) in seen:
+                continue
+            seen.add(id(child))
+            if id(child) in repeated:
+                chosen.append(child)
+            else:
+                walk(child)
+    walk(root)
+    return chosen

@@ -1,0 +1,126 @@
+"""One recorded forward: the module's forward run under the recorder and its patches.
+
+One recorded forward: :func:`recording` runs the module's forward under the
+recorder and everything else the trace needs while it runs, all named in
+one place (:func:`_forward_recorded`), then finishes what the recorder
+could not see until the forward returned, and notes how each input was
+mutated."""
+from __future__ import annotations
+
+import contextlib
+import functools
+
+import torch
+
+from ... import _torch
+from ...ir.records import TraceRecord
+from ..autocast_cache import CastCache
+from ..autograd_function.capture import capturing_autograd_functions
+from ..grad_mode_reads import noting_grad_mode_reads
+from ..host_random import HostDraws, refusing_host_randomness
+from ..layer_reuse import LayerReuse, note_no_reuse, reuse_enabled
+from ..refusals import refusing_state_calls
+from ..stack_traces import stamping_stack_traces
+from ..translations import autocast_blocks_as_in_eager, buffer_reassignment_as_update, inference_mode_as_no_grad
+from . import grad_blocks, leaves, spans, swaps, views
+from .functional_ops import before_functional_op
+from .mode import Recorder
+from .observing import observing_ops
+from .state import TraceState
+
+
+@contextlib.contextmanager
+def recording(module: torch.nn.Module, record: TraceRecord, strip, reuse_layers: bool = False):
+    """Run ``module``'s forward under the recorder while it is traced
+    (``reuse_layers``: repeated layers traced once, see :mod:`predispatch.trace.layer_reuse`)."""
+    forward = module.forward
+    eager_autocast_cache = torch.is_autocast_cache_enabled()  # make_fx turns it off
+
+    def recorded_forward(*args, **kwargs):
+        state = TraceState(record, _cast_sources(module, args, kwargs), HostDraws())
+        with _forward_recorded(module, state, eager_autocast_cache, reuse_layers) as reuse:
+            out = forward(*args, **kwargs)
+            if reuse is not None:
+                reuse.check_stamped()
+            out = _finish(state, out)
+        _note_mutation_kinds(record, module, _torch.pytree.tree_leaves((args, kwargs)), strip)
+        return out
+
+    had_own_forward = "forward" in module.__dict__
+    module.forward = recorded_forward
+    try:
+        yield
+    finally:
+        if had_own_forward:
+            module.forward = forward
+        else:
+            del module.forward
+
+
+def _cast_sources(module: torch.nn.Module, args, kwargs) -> CastCache:
+    """What autocast may cache casts of: parameters, buffers, inputs (what at run time)."""
+    return CastCache({id(t): _torch.current_node(t) for t in (
+        *module.parameters(), *module.buffers(), *_torch.pytree.tree_leaves((args, kwargs)))
+        if _torch.is_traced(t) and t.is_floating_point()})
+
+
+@contextlib.contextmanager
+def _forward_recorded(module, state: TraceState, eager_autocast_cache: bool, reuse_layers: bool):
+    """Everything the forward runs under while it is recorded, entered in
+    this order (left in the reverse one); yields the layer reuse (or None)."""
+    recorder = Recorder(state)
+    with contextlib.ExitStack() as stack:
+        enter = stack.enter_context
+        # autocast enter/exit as eager runs them, a hidden grad-mode change marked at each
+        enter(autocast_blocks_as_in_eager(eager_autocast_cache, functools.partial(grad_blocks.sync_grad_mode, state)))
+        enter(recorder)
+        # the stamper on top: nodes the recorder's own calls make get the user's stack too
+        # (and it stamps autocast's enter/exit as wrapped for the cache flag below it)
+        stamper = enter(stamping_stack_traces())
+        # what bypasses torch-function modes, wrapped where it lives (see predispatch._torch.patching)
+        enter(swaps.set_calls_to_aliases(state))  # t.set_(source)
+        enter(noting_grad_mode_reads())  # torch.is_grad_enabled() read by the module's code
+        enter(capturing_autograd_functions())  # autograd.Function.apply
+        enter(refusing_host_randomness(state.draws))  # Python's and numpy's generators
+        enter(inference_mode_as_no_grad())
+        enter(buffer_reassignment_as_update())  # self.buf = new
+        enter(refusing_state_calls())
+        # each op where functionalization sees it (in-place updates inside library calls too)
+        enter(observing_ops(functools.partial(before_functional_op, state)))
+        yield enter(_reusing_layers(module, recorder, stamper, reuse_layers))
+
+
+def _finish(state: TraceState, out):
+    """At the forward's end, under the recorder: what it could not see until
+    the forward returned. Returns the outputs as the trace returns them."""
+    grad_blocks.refuse_unrestored_hidden_blocks(state)
+    out = leaves.read_leaf_outputs(state, out)
+    views.sync_no_grad_view_outputs(out)
+    if torch.is_grad_enabled():
+        spans.end_grad_mode_segment(state)
+    views.sync_grad_view_outputs(state, out)
+    state.draws.note_torch_call(out, None)  # a draw returned is replayed too
+    return out
+
+
+def _note_mutation_kinds(record: TraceRecord, module, flat_inputs, strip) -> None:
+    for name, t in module.named_parameters(remove_duplicate=False):
+        if (kind := _torch.mutation_kind(t)) is not None:
+            record.mutation_kinds[f"param:{strip(name)}"] = kind
+    for name, t in module.named_buffers(remove_duplicate=False):
+        if (kind := _torch.mutation_kind(t)) is not None:
+            record.mutation_kinds[f"buffer:{strip(name)}"] = kind
+    for i, t in enumerate(flat_inputs):
+        if isinstance(t, torch.Tensor) and (kind := _torch.mutation_kind(t)) is not None:
+            record.mutation_kinds[f"input:{i}"] = kind
+
+
+@contextlib.contextmanager
+def _reusing_layers(module, recorder: Recorder, stamper, enabled: bool):
+    if not (enabled and reuse_enabled()):
+        if enabled:
+            note_no_reuse()
+        yield None
+        return
+    with LayerReuse(module, recorder, stamper).installed() as reuse:
+        yield reuse

@@ -1,0 +1,132 @@
+"""What changed between two grad-mode markers: the values replaced out of autograd's sight.
+
+What changed between two grad-mode markers. A no_grad span replaces the
+values it updates without autograd seeing it: eager keeps their old
+history, functionalization does not, so the recorder notes each tensor the
+span uses at its first use (``watch``) and, where the span ends, hands the
+keep-history pass each (old, new) pair. In grad mode, a segment between two
+markers runs, outside every grad block, in the caller's mode, which may be
+no_grad: the values it writes are noted before their first write
+(``written``) and handed on at the next marker, or at the forward's end."""
+from __future__ import annotations
+
+import torch
+import torch.fx
+
+from ... import _torch
+from ...ir.records import Replacement
+from . import marks
+from .state import TorchCall, TraceState
+from .views import current_node
+
+
+def in_no_grad_span(state: TraceState, call: TorchCall) -> bool:
+    return state.watch is not None
+
+
+def note_call_tensors(state: TraceState, call: TorchCall) -> None:
+    """Under no_grad: the first value of each tensor the call uses."""
+    note_tensors(state, call.args, call.kwargs)
+
+
+def note_tensors(state: TraceState, args, kwargs) -> None:
+    for arg in _torch.pytree.tree_leaves((args, kwargs)):
+        if not isinstance(arg, _torch.FunctionalTensor):
+            continue
+        for t in (arg, marks.base(arg)):  # a view made before the span changes its base
+            if id(t) not in state.watch and (node := current_node(state, t)) is not None:
+                state.watch[id(t)] = (t, node)
+
+
+def note_written(state: TraceState, tensors) -> None:
+    """Before an op writes ``tensors`` in grad mode: their values (and their
+    bases') before the first write since the last grad-mode marker."""
+    if state.written is None:  # under no_grad: the span's watch sees it
+        if state.watch is not None:  # unless torch-function modes are off (see sync_grad_mode)
+            note_tensors(state, tensors, {})
+        return
+    # the call's tensors too: a view made inside it (x[0] = v) leads to none
+    called = [a for a in _torch.pytree.tree_leaves(state.call or ()) if isinstance(a, _torch.FunctionalTensor)]
+    for written in [*tensors, *called]:
+        for t in (written, marks.base(written)):
+            if id(t) not in state.written and (node := current_node(state, t)) is not None:
+                state.written[id(t)] = (t, node)
+
+
+def end_grad_mode_segment(state: TraceState) -> None:
+    """At a grad-mode marker in grad mode, or at the forward's end: the
+    values written since the last marker were replaced."""
+    written, state.written = state.written, {}
+    pairs = {}
+    for t, old in (written or {}).values():
+        new = current_node(state, t)
+        if new is not None and new is not old:
+            pairs[new] = (old, marks.made_by_a_view(t), marks.SWAPPED.of(t))
+    if pairs:
+        exit = _torch.last_node(_torch.current_tracer().graph)
+        state.record.replacements.extend(
+            Replacement(old, new, exit, in_grad_mode=True, eager_view=view, swapped=swapped)
+            for new, (old, view, swapped) in pairs.items())
+
+
+def before_marker(state: TraceState, was_enabled: bool, enabling: bool) -> list:
+    """At a grad-mode marker, before it sets the mode (``enabling`` or not) on
+    the one the trace had (``was_enabled``): the segment or span it ends.
+    Returns (old, new, made by a view op, set_() target) of the values a
+    no_grad span ending in grad mode replaced."""
+    # at every marker, not only where the trace's mode changes: a block may fix
+    # the mode the caller's code (where a stale view is replayed) does not
+    _materialize_span_views(state)
+    if was_enabled:
+        end_grad_mode_segment(state)
+    if was_enabled and not enabling:
+        _note_views_at_entry(state)
+    return _replaced_in_span(state) if not was_enabled and enabling else []
+
+
+def after_marker(state: TraceState, was_enabled: bool, enabling: bool) -> None:
+    """The marker set the mode: a no_grad span starts, or ends, or a grad-mode segment starts."""
+    if was_enabled and not torch.is_grad_enabled():
+        state.watch = {}
+    elif not was_enabled and enabling:
+        state.watch = None
+    state.written = {} if torch.is_grad_enabled() else None
+
+
+def _materialize_span_views(state: TraceState) -> None:
+    """Functionalization regenerates a view of a mutated tensor lazily, at
+    its next use, which may be in another grad mode (a view taken under
+    no_grad must not become differentiable). Bring views up to date in
+    the mode they were made in."""
+    for t in state.span_views:
+        current_node(state, t)
+    state.span_views = []
+
+
+def _note_views_at_entry(state: TraceState) -> None:
+    """Views made in grad mode have history in eager. If one is replayed
+    inside the span (its base was mutated there) and used after it, the
+    replay must keep that history: note each one's grad-mode value now."""
+    state.views_at_entry = {}
+    for view in list(state.grad_views):
+        if (node := current_node(state, view)) is not None:
+            state.views_at_entry[id(view)] = (view, node)
+
+
+def _replaced_in_span(state: TraceState) -> list:
+    """(old, new, made by a view op, set_() target) of the values the span replaced:
+    tensors it used (noted at first use) and grad-mode views replayed inside it."""
+    pairs = {}
+    for t, old in (state.watch or {}).values():
+        new = current_node(state, t)
+        if new is not None and new is not old:
+            swapped = marks.SWAPPED.of(t)
+            if swapped and isinstance(own := marks.OWN_HISTORY.of(t), torch.fx.Node):
+                old = own  # a set_() target's history is its own, whatever its memory held
+            pairs[new] = (old, marks.made_by_a_view(t), swapped)
+    for view, old in state.views_at_entry.values():
+        new = _torch.materialized_node(view)  # replayed inside the span, or not at all
+        if new is not None and new is not old:  # the grad-mode value, even if first used after a mutation
+            pairs[new] = (old, True, marks.SWAPPED.of(view))
+    state.views_at_entry = {}
+    return [(old, new, view, swapped) for new, (old, view, swapped) in pairs.items()]

@@ -1,0 +1,160 @@
+"""Storage swaps, ``t.set_(source)``: traced onto an alias, the target's history kept.
+
+Storage swaps: ``t.set_(source)``. ``t`` takes ``source``'s storage and
+layout, keeping its own autograd identity and (set_ under no_grad) its
+history: traced as ``t.set_(source.alias())``, so that ``t``'s new value is a
+node of its own, and from then on ``t`` is to the recorder what a
+``source.detach()`` is (:mod:`.detached`). An in-place update of memory a
+set_() made shared changes values other tensors' saved histories read:
+each is noted for the history stage to check (:func:`note_swap_updates`)."""
+from __future__ import annotations
+
+import torch
+import torch.fx
+
+from ... import _torch
+from ...errors import user_location
+from ...ir import meta_keys, ops
+from .. import eager_layout
+from ..._torch.patching import patched
+from . import marks
+from .observing import is_unobserved, unobserved
+from .state import TraceState
+from .views import current_node
+
+
+def set_calls_to_aliases(state: TraceState):
+    """``t.set_(source)`` traced onto an alias of ``source`` (set_ bypasses
+    torch-function modes, so the method itself is wrapped; a storage or no
+    argument is left to functionalization, which refuses them)."""
+    def aliasing(set_):
+        def call(self, source=None, *args, **kwargs):
+            out = _traced_set(state, set_, self, source, *args, **kwargs)
+            if _torch.is_traced(self):  # (after the layout changes the trace made for it)
+                eager_layout.set_to(self, source if isinstance(source, torch.Tensor) and not args else None)
+            return out
+        return call
+    return patched(torch.Tensor, "set_", aliasing)
+
+
+def _traced_set(state: TraceState, set_, t, source=None, *args, **kwargs):
+    if not (_torch.is_traced(t) and _torch.is_traced(source)) or args or kwargs or is_unobserved():
+        return set_(t, *(() if source is None else (source,)), *args, **kwargs)
+    if _torch.storage_of(t) == _torch.storage_of(source):
+        return _relaid(t, source)
+    before = _torch.current_node(t)
+    out = set_(t, _alias_in_grad_mode(source))
+    _torch.sync_wrapper_layout(t)
+    # the same memory as source, its own autograd identity: like a detach of it
+    # (of the root of source's views: source may be a view of t)
+    root = marks.base(source)
+    marks.SOURCE.set(t, None if root is t else root)
+    marks.DETACHED.set(t)
+    marks.DETACH_RESULT.set(t)
+    note_swapped(state, t, before)
+    return out
+
+
+def _relaid(t, source):
+    """``t.set_(source)`` to the memory ``t`` has (to itself, to its view): a
+    new layout at most, as eager gives it; functionalization's set_ would
+    freeze the storage its views share."""
+    layout = _torch.layout(source)
+    marks.SWAPPED_AT.set(t, user_location())
+    if _torch.layout(t) == layout:
+        return t
+    with eager_layout.in_functional_terms():
+        return t.as_strided_(*layout)
+
+
+def _alias_in_grad_mode(source):
+    """``source.alias()`` made with grad on, unseen: under no_grad it would be
+    a view made under no_grad, whose replay after an update in grad mode the
+    trace's own autograd refuses (eager's set_ makes no view at all)."""
+    with unobserved(), _torch.torch_function_off():
+        mode = torch.is_grad_enabled()
+        _torch.SET_GRAD_ENABLED(True)
+        try:
+            return torch.ops.aten.alias.default(source)
+        finally:
+            _torch.SET_GRAD_ENABLED(mode)
+
+
+def note_swapped(state: TraceState, t, before) -> None:
+    """``t.set_(source)`` (``before``: ``t``'s node until then): eager's set_
+    under no_grad keeps ``t``'s autograd history, so an update of ``t`` in
+    grad mode computes from it (the part it does not write keeps it):
+    reads of ``t`` go through ``keep_history(before, value)``, ``before``
+    of its first swap. (Given another shape where eager's history would
+    not take it as autograd checks it, the history stage decides.)"""
+    marks.SWAPPED_AT.set(t, user_location())
+    if state.watch is not None and id(t) in state.watch:
+        before = state.watch[id(t)][1]  # updated under this no_grad span: eager keeps the history before
+    sharers = state.swapped.setdefault(_torch.storage_of(t), [])
+    sharers += [s for s in (t, marks.SOURCE.of(t)) if s is not None and all(s is not o for o in sharers)]
+    if marks.SWAPPED.of(t):
+        return
+    marks.SWAPPED.set(t)
+    if before is None or marks.OWN_HISTORY.on(t):
+        return
+    marks.OWN_HISTORY.set(t, before)
+    # its reads: as the history stage keeps it (a no_grad update), shape checked (see SWAPPED_HISTORY)
+    view = meta_keys.SWAPPED_VIEW if marks.made_by_a_view(t) else meta_keys.SWAPPED_NO_VIEW
+    marks.SWAP_HISTORY.set(t, (before, view))
+    state.reads_through = True
+
+
+def note_call_start(state: TraceState, outer_call) -> None:
+    """At a torch call of the user's (``outer_call``: the call it is made
+    inside, None for the user's own): where it starts in the graph, once a
+    set_() made memory shared (see :func:`note_swap_updates`)."""
+    if outer_call is None and state.swapped and (tracer := _torch.current_tracer()) is not None:
+        state.call_start = _torch.last_node(tracer.graph)  # what the graph held before this call
+
+
+def note_swap_updates(state: TraceState, func, tensors) -> None:
+    """A write (not a layout change) to memory a set_() made shared: each
+    other sharer's value before it and the ops that read it before the
+    call (see :func:`keep_history.refuse_updates_of_saved_values`). A
+    sharer with the writer's version counter (itself, its views) is
+    eager's own check's business."""
+    if torch.Tag.inplace_view in getattr(func, "tags", ()):
+        return
+    before = _nodes_up_to(state.call_start)
+    # the update's own ops too, reading it as another operand than the one they write:
+    # eager's in-place op saves that operand, then overwrites its memory
+    own = _nodes_up_to(_torch.last_node(_torch.current_tracer().graph)) - before
+    for storage in {_torch.storage_of(t) for t in tensors} & state.swapped.keys():
+        for owner in state.swapped[storage]:
+            if any(marks.counter_owner(owner) is marks.counter_owner(t) for t in tensors):
+                continue
+            if (node := current_node(state, owner)) is not None:
+                readers = [(op, i) for op, i in _readers(node)
+                           if op in before or (op in own and i not in (None, 0))]
+                state.record.swap_updates.append((node, readers, user_location()))
+
+
+def _readers(node: torch.fx.Node) -> list[tuple[torch.fx.Node, int | None]]:
+    """(op, the position of the argument it reads, None if not positional)
+    of the ops other than views reading ``node``'s value (or a view of it,
+    or it read through predispatch's ops: as a leaf, as a kept value)."""
+    found = []
+    for user in node.users:
+        if user.op != "call_function":
+            continue
+        if getattr(user.target, "is_view", False) or user.target is ops.REQUIRES_GRAD or (
+                user.target in (ops.KEEP_HISTORY, ops.KEEP_HISTORY_IF_NO_GRAD) and user.args[-1] is node):
+            found += _readers(user)  # the same values on: read through
+        elif user.target not in (ops.KEEP_HISTORY, ops.KEEP_HISTORY_IF_NO_GRAD):
+            found.append((user, user.args.index(node) if node in user.args else None))
+    return found
+
+
+def _nodes_up_to(mark: torch.fx.Node | None) -> set:
+    if mark is None:
+        return set()
+    found, node = set(), mark
+    while node.op != "root":
+        found.add(node)
+        node = node.prev
+    return found

@@ -1,0 +1,55 @@
+"""The recorder's table of contents: the rules every torch call it sees walks, in order.
+
+The recorder's table of contents: every torch call the recorder sees is
+walked down :data:`RULES`, in order. A rule whose ``matches(state, call)``
+holds runs its ``handle(state, call)``, which either answers the call
+(``ANSWERS``: its result is the call's), notes something and lets the call
+go on down the table (``NOTES``), or hands the rest of the table another
+call (``REWRITES``: ``t.data`` goes on as ``t.detach()``). The last rule
+answers every call that gets that far."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+from . import data, detached, draws, grad_blocks, leaves, renorm, spans, traced_call, views
+from .state import TorchCall, TraceState
+
+ANSWERS, NOTES, REWRITES = "answers", "notes", "rewrites"
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    name: str  # the event it handles, as the user's code makes it
+    matches: Callable[[TraceState, TorchCall], bool]
+    handle: Callable[[TraceState, TorchCall], object]
+    then: str  # ANSWERS, NOTES or REWRITES
+
+
+RULES = (
+    # a grad-mode change no torch-function mode saw is marked before any other call
+    Rule("hidden grad block", grad_blocks.is_not_a_marker, grad_blocks.sync_before_call, NOTES),
+    Rule("t.data = value", data.assigns_data, data.assign_data, ANSWERS),
+    Rule("t.data", data.reads_data, data.as_detach, REWRITES),
+    Rule("t.requires_grad_()", leaves.sets_requires_grad, leaves.require_grad, ANSWERS),
+    Rule("host random draw passed", draws.is_pending, draws.note_passed, NOTES),
+    Rule("grad-mode marker", grad_blocks.is_marker, grad_blocks.on_marker, ANSWERS),
+    Rule("F.embedding(max_norm=)", renorm.is_renorming_lookup, renorm.lookup_renorming_visibly, ANSWERS),
+    Rule("use in a no_grad span", spans.in_no_grad_span, spans.note_call_tensors, NOTES),
+    Rule("detached alias updated", detached.updates_detached_alias, detached.mutate_detached_alias, ANSWERS),
+    Rule("read after a grad marker", views.is_after_a_grad_marker, views.bring_call_up_to_date, NOTES),
+    Rule("any other call", traced_call.always, traced_call.call_as_traced, ANSWERS),
+)
+
+
+def handle(state: TraceState, call: TorchCall):
+    """``call`` walked down the table: what the first answering rule returns."""
+    for rule in RULES:
+        if not rule.matches(state, call):
+            continue
+        result = rule.handle(state, call)
+        if rule.then == ANSWERS:
+            return result
+        if rule.then == REWRITES:
+            call = result
+    raise AssertionError("the recorder's last rule answers every call")

@@ -1,0 +1,78 @@
+"""Constructs a trace cannot capture soundly, refused while the forward runs.
+
+Each is a context manager that wraps what the construct calls, for the
+duration of the traced forward, and raises ``ExportError`` naming the
+construct and the user's line.
+"""
+from __future__ import annotations
+
+import contextlib
+import sys
+
+import torch
+import torch.autograd.forward_ad
+
+from .. import _torch
+from ..errors import ExportError, is_library_file, user_location
+from .._torch.patching import patched
+
+
+# Global state a function call changes, which a graph does not record: the
+# program would run under the caller's state instead. (torch's own calls, e.g.
+# torch.autocast's __enter__ setting the autocast state, are not refused.)
+_AUTOCAST_CALL = ("an autocast mode set by a function call rather than a block: the program "
+                  "would run without it; use `with torch.autocast(...)`")
+_RNG_CALL = ("torch's random generator re-seeded or restored: the program would draw from the "
+             "caller's generator state instead")
+_AUTOGRAD_CALL = ("autograd run inside the traced code (a gradient, a hook on the backward): a "
+                  "pre-dispatch graph records the ops, and the program's backward would not do "
+                  "it; compute it outside the exported module (a custom Function's backward: "
+                  "differentiate by hand, or recompute with torch.utils.checkpoint)")
+_TRANSFORM_CALL = ("a torch.func transform inside the forward: the functional pre-dispatch "
+                   "trace cannot capture it")
+_CONTROL_FLOW_CALL = ("a control-flow operator: its branches or body are traced by dynamo, "
+                      "which cannot trace through the exporter's recording (torch.export.export "
+                      "keeps it, without functional regions)")
+_REFUSED_CALLS = {
+    (torch.autograd, "grad"): _AUTOGRAD_CALL,
+    (torch.autograd, "backward"): _AUTOGRAD_CALL,
+    (torch.Tensor, "backward"): _AUTOGRAD_CALL,
+    (torch.Tensor, "register_hook"): _AUTOGRAD_CALL,
+    (torch.autograd.graph.saved_tensors_hooks, "__init__"): _AUTOGRAD_CALL,
+    (torch.autograd.forward_ad, "make_dual"): _AUTOGRAD_CALL,
+    **{(module, name): _TRANSFORM_CALL for module in (torch, torch.func)
+       for name in ("vmap", "grad", "grad_and_value", "vjp", "jvp", "jacrev", "jacfwd",
+                    "hessian", "linearize")},
+    **{(torch, name): _AUTOCAST_CALL for name in (
+        "set_autocast_enabled", "set_autocast_dtype", "set_autocast_cpu_enabled",
+        "set_autocast_cpu_dtype", "set_autocast_gpu_dtype", "set_autocast_cache_enabled")},
+    **{(module, name): _RNG_CALL for module in (torch, torch.random)
+       for name in ("manual_seed", "seed", "set_rng_state")},
+    (torch.random, "fork_rng"): _RNG_CALL,
+    (torch, "cond"): _CONTROL_FLOW_CALL,
+    **{(_torch.control_flow_ops_module(), name): _CONTROL_FLOW_CALL
+       for name in ("cond", "while_loop", "scan", "map", "associative_scan")},
+}
+
+
+@contextlib.contextmanager
+def refusing_state_calls():
+    """The calls of ``_REFUSED_CALLS`` from the user's code raise ``ExportError``;
+    a re-seed from any code (torch's own test helpers re-seed inside the ops
+    they wrap, and the program would not)."""
+    def refusing(why):
+        def make(fn):
+            def call(*args, **kwargs):
+                # called through patched()'s dispatch: the caller is 2 frames up
+                if why is not _RNG_CALL and is_library_file(sys._getframe(2).f_code.co_filename):
+                    return fn(*args, **kwargs)
+                raise ExportError(f"{getattr(fn, '__qualname__', fn)}() at {user_location()} "
+                                  f"cannot be exported soundly: {why}")
+            return call
+        return make
+
+    with contextlib.ExitStack() as stack:
+        for (module, name), why in _REFUSED_CALLS.items():
+            if hasattr(module, name):
+                stack.enter_context(patched(module, name, refusing(why)))
+        yield

@@ -1,0 +1,128 @@
+"""Constructs a graph can hold, translated while the forward is traced.
+
+Each is a context manager wrapping, for the traced forward (see
+:mod:`predispatch._torch.patching`), what the construct calls, so that the trace
+records what eager does: an inference-mode block as a no_grad block, a
+rebound buffer as a buffer update, an autocast block with eager's cast-cache
+flag and (given no dtype) the dtype current at run time. (What no graph can
+hold is refused in :mod:`predispatch.trace.refusals`.)
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from .. import _torch
+from ..errors import ExportError, user_location
+from .._torch.patching import patched
+
+_INFERENCE_MODES: list[bool] = []  # the modes of the inference_mode blocks open, innermost last
+
+
+def inside_inference_mode() -> bool:
+    """Is the innermost inference_mode block open while tracing one that
+    switches inference mode on (where autograd records nothing, even with
+    grad mode switched back on)?"""
+    return bool(_INFERENCE_MODES) and _INFERENCE_MODES[-1]
+
+
+@contextlib.contextmanager
+def inference_mode_as_no_grad():
+    """``torch.inference_mode()`` switches grad mode off in C++, where the
+    recorder cannot see it: the program would differentiate the block. While
+    tracing, the block is a ``torch.no_grad()`` block (what it means for
+    gradients; inference tensors' other restrictions are not kept), and
+    ``inference_mode(False)``, which switches grad mode on (and recording back
+    on inside an inference_mode block), a ``torch.enable_grad()`` block."""
+    def enter(_original):
+        def call(self):
+            _INFERENCE_MODES.append(bool(self.mode))
+            self._predispatch_block = torch.no_grad() if self.mode else torch.enable_grad()
+            self._predispatch_block.__enter__()
+        return call
+
+    def exit_(_original):
+        def call(self, *exc):
+            _INFERENCE_MODES.pop()  # first: the block's exit may switch grad mode back on
+            return self._predispatch_block.__exit__(*exc)
+        return call
+
+    saved = _INFERENCE_MODES[:]
+    try:
+        with patched(torch.inference_mode, "__enter__", enter), \
+                patched(torch.inference_mode, "__exit__", exit_):
+            yield
+    finally:
+        _INFERENCE_MODES[:] = saved
+
+
+def buffer_reassignment_as_update():
+    """``self.b = value`` for a registered buffer rebinds the attribute:
+    functionalization sees no mutation, and the program would never update
+    the buffer. While tracing it is ``self.b.copy_(value)``, a buffer mutation
+    like any other (eager's module holds the new value after the call either
+    way); a value of another shape, dtype or device is refused."""
+    def setting(setattr_):
+        def call(self, name, value):
+            old = self.__dict__.get("_buffers", {}).get(name)
+            if old is None or not isinstance(value, torch.Tensor) or value is old:
+                return setattr_(self, name, value)
+            if (old.shape, old.dtype, old.device) != (value.shape, value.dtype, value.device):
+                raise ExportError(
+                    f"reassigning buffer {name!r} at {user_location()} with a tensor of another "
+                    f"shape, dtype or device ({tuple(value.shape)}, {value.dtype}) cannot be "
+                    "exported soundly: the program's buffers keep their shape")
+            old.copy_(value)
+        return call
+    return patched(torch.nn.Module, "__setattr__", setting)
+
+
+@contextlib.contextmanager
+def autocast_blocks_as_in_eager(eager_cache_default: bool, at_block_edge=lambda: None):
+    """What an autocast block leaves to run time, recorded as such.
+
+    The cast cache: make_fx turns it off while tracing, so a block that does
+    not say ``cache_enabled`` would be recorded with the cache off, and the
+    program would cast a weight used twice twice, rounding its gradient
+    otherwise than eager. The block records eager's default; the trace itself
+    keeps the cache off.
+
+    The dtype: ``torch.autocast("cpu")`` without one takes the dtype current
+    when the block is entered (an enclosing autocast's, or
+    ``torch.set_autocast_dtype``'s). The block records None, so the program
+    takes it at run time too; the trace runs with the current one.
+
+    ``at_block_edge()`` runs before each enter and exit (the recorder's: a
+    grad-mode change it did not see ends there, not inside the block)."""
+    def init(original):
+        def call(self, device_type, dtype=None, enabled=True, cache_enabled=None):
+            original(self, device_type, dtype, enabled,
+                     eager_cache_default if cache_enabled is None else cache_enabled)
+            self._predispatch_dtype_at_run_time = dtype is None
+        return call
+
+    def enter(original):
+        def call(self):
+            at_block_edge()
+            tracing = torch.is_autocast_cache_enabled()
+            tracer = _torch.current_tracer()
+            last = None if tracer is None else _torch.last_node(tracer.graph)
+            entered = original(self)  # sets the cache flag and records the block with it
+            torch.set_autocast_cache_enabled(tracing)
+            if last is not None and getattr(self, "_predispatch_dtype_at_run_time", False):
+                for node in _torch.nodes_after(last):
+                    if node.target is _torch.ENTER_AUTOCAST:
+                        node.args = (node.args[0], None, *node.args[2:])
+            return entered
+        return call
+
+    def exit_(original):
+        def call(self, *exc):
+            at_block_edge()
+            return original(self, *exc)
+        return call
+
+    with patched(torch.autocast, "__init__", init), patched(torch.autocast, "__enter__", enter), \
+            patched(torch.autocast, "__exit__", exit_):
+        yield
