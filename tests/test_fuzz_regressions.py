@@ -30,6 +30,25 @@ def open_bug(*values, reason):
     return pytest.param(*values, marks=pytest.mark.xfail(strict=True, reason=reason))
 
 
+def linear_of_a_vector_is_a_view() -> bool:
+    """Does this torch's eager ``linear`` of a 1-D input with a bias return a
+    view (torch 2.13, 2.14: yes; 2.15: no)? Refusals that rest on it follow it."""
+    lin = nn.Linear(2, 2)
+    return lin(torch.ones(2))._is_view()
+
+
+def assert_refused_where_eager_views(module, args, match: str):
+    """Refused (``match``) where this torch's linear of a vector is a view,
+    whose history eager regenerates through a new layout; elsewhere it is
+    an ordinary tensor, and the program matches eager."""
+    if linear_of_a_vector_is_a_view():
+        with pytest.raises(predispatch.ExportError, match=match):
+            predispatch.export_predispatch(module, args)
+    else:
+        assert_sound(module, args, inputs_require_grad=False)
+        assert_sound(module, args, inputs_require_grad=True)
+
+
 def assert_sound(module, args, *, refusal_ok=False, **kw):
     if not refusal_ok:
         assert_matches_eager(module, args, **kw)
@@ -1288,8 +1307,8 @@ class SwappedAfterAHiddenUpdate(nn.Module):
 
 
 def test_a_tensor_set_to_another_shape_keeping_its_history_is_refused():
-    with pytest.raises(predispatch.ExportError, match=r"another shape \(4, 4\).*v2.set_"):
-        predispatch.export_predispatch(IntermediateSetToAnotherShape(), inputs((3, 4)))
+    assert_refused_where_eager_views(IntermediateSetToAnotherShape(), inputs((3, 4)),
+                                     r"another shape \(4, 4\).*v2.set_")
 
 
 def test_a_set__target_keeps_the_history_kept_across_a_hidden_update():
@@ -2316,8 +2335,7 @@ class ViewSwappedToMemoryOfTheSameShape(nn.Module):
 
 def test_a_view_swapped_to_memory_of_the_same_shape_is_refused():
     z = inputs((3, 4))[0][1]
-    with pytest.raises(predispatch.ExportError, match="given other memory"):
-        predispatch.export_predispatch(ViewSwappedToMemoryOfTheSameShape(), (z,))
+    assert_refused_where_eager_views(ViewSwappedToMemoryOfTheSameShape(), (z,), "given other memory")
 
 
 # 76. (seed 10203, eleventh session; from before it) f(y, y[1]): y set_() to

@@ -46,3 +46,46 @@ def test_an_inherited_method_is_removed_again():
     with patched(torch.Tensor, "set_", lambda original: original):
         assert "set_" in vars(torch.Tensor)
     assert "set_" not in vars(torch.Tensor)
+
+
+class FromKeys(dict):
+    fromkeys = vars(dict)["fromkeys"]  # a C classmethod, as torch.autograd.Function.apply is since torch 2.14
+
+
+def test_a_c_classmethod_keeps_its_class():
+    assert isinstance(vars(FromKeys)["fromkeys"], types.ClassMethodDescriptorType)
+    with patched(FromKeys, "fromkeys", lambda original: lambda cls, keys: ("wrapped", original(cls, keys))):
+        assert FromKeys.fromkeys("a") == ("wrapped", {"a": None})
+        assert type(FromKeys.fromkeys("a")[1]) is FromKeys
+        assert _in_other_thread(lambda: type(FromKeys.fromkeys("a"))) is FromKeys
+    assert isinstance(vars(FromKeys)["fromkeys"], types.ClassMethodDescriptorType)
+    assert type(FromKeys.fromkeys("a")) is FromKeys
+
+
+class Double(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2
+
+
+def test_function_apply_keeps_its_class_whatever_kind_of_classmethod_it_is():
+    """``Function.apply`` is a Python classmethod on torch 2.13, a C one since 2.14:
+    patched, a Function's own apply still runs its forward, here and in other threads."""
+    seen = []
+
+    def capturing(original):
+        def call(cls, *args):
+            seen.append(cls)
+            return original(cls, *args)
+        return call
+
+    x = torch.ones(2, requires_grad=True)
+    with patched(torch.autograd.Function, "apply", capturing):
+        assert Double.apply(x).tolist() == [2.0, 2.0] and seen == [Double]
+        assert _in_other_thread(lambda: Double.apply(x).tolist()) == [2.0, 2.0] and seen == [Double]
+    Double.apply(x).sum().backward()
+    assert x.grad.tolist() == [2.0, 2.0]

@@ -15,8 +15,8 @@ Usage::
     python tools/audit_composites.py --write    # also refresh the data files
     python tools/audit_composites.py --limit 50 # quick run on 50 ops
 
-``--write`` regenerates ``predispatch/data/composite_audit.json`` and
-``design/composite_audit.md``; the output is sorted and timestamp-free so a
+``--write`` regenerates ``predispatch/data/composite_audit-<release>.json`` and
+``design/composite_audit-<release>.md`` for the installed torch release (2.13, 2.14, 2.15: each has its own); the output is sorted and timestamp-free so a
 re-run on the same torch gives identical files.
 """
 
@@ -36,8 +36,12 @@ from typing import Any, Callable, Iterable, Iterator
 import torch
 
 REPO = Path(__file__).resolve().parent.parent
-JSON_PATH = REPO / "predispatch" / "data" / "composite_audit.json"
-MD_PATH = REPO / "design" / "composite_audit.md"
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+from predispatch._torch.release import RELEASE  # noqa: E402
+
+JSON_PATH = REPO / "predispatch" / "data" / f"composite_audit-{RELEASE}.json"
+MD_PATH = REPO / "design" / f"composite_audit-{RELEASE}.md"
 CIA_KEY = "CompositeImplicitAutograd"
 
 MAX_SAMPLES = 8  # samples that actually ran, per op
@@ -655,7 +659,7 @@ def render_markdown(records: list[AuditRecord]) -> str:
         "sample inputs (hand-written no-op cases such as same dtype / train=False,",
         "then torch's OpInfo samples), no output aliasing an input and no input",
         "mutated. Ops whose schema claims functional but that alias or mutate at run",
-        "time are *liars*; they are listed in `predispatch/data/composite_audit.json`.",
+        f"time are *liars*; they are listed in `predispatch/data/composite_audit-{RELEASE}.json`.",
         "",
         f"- torch version: {_torch_version()}",
         f"- CIA ops: {s['cia_ops']}",

@@ -5,12 +5,19 @@ module each): :mod:`.ops` (what torch says about an op), :mod:`.functionalizatio
 (FunctionalTensor), :mod:`.tracing` (make_fx, fake tensors, mode stacks),
 :mod:`.export` (torch.export's front end and tail), :mod:`.runtime` (what a
 program runs on), :mod:`.autograd` (AOTAutograd), :mod:`.distributed` (DTensor,
-FSDP2). The rest of the package reaches torch's private APIs only through
-these names, never through ``torch._*``.
+FSDP2), :mod:`.patching` (replacing torch's globals for the tracing thread),
+:mod:`.release` (the installed release, checked first). The rest of the
+package reaches torch's private APIs only through these names, never
+through ``torch._*``; what differs between the releases it supports is
+decided here, by what torch's objects are and accept.
 """
-from torch.utils import _pytree as pytree  # noqa: F401  (pytrees of inputs and outputs)
+from .release import RELEASE, SUPPORTED, check_supported
 
-from .ops import (  # noqa: F401
+check_supported()  # first: an unsupported torch lacks what the modules below import
+
+from torch.utils import _pytree as pytree  # noqa: E402,F401  (pytrees of inputs and outputs)
+
+from .ops import (  # noqa: E402,F401
     ASSERT_TENSOR_METADATA_BINDING,
     control_flow_ops_module,
     decompose_by,
@@ -26,6 +33,7 @@ from .ops import (  # noqa: F401
     known_to_dispatcher,
     mark_side_effectful,
     op_library,
+    op_name_parts,
     op_overload_name,
     OP_TYPES,
     OpOverload,
@@ -36,13 +44,14 @@ from .ops import (  # noqa: F401
     SET_GRAD_ENABLED_NAME,
     written_arguments,
 )
-from .functionalization import (  # noqa: F401
+from .functionalization import (  # noqa: E402,F401
     apply_pending_updates,
     current_node,
     fake_as_strided,
     from_functional,
     functional_mode,
     functional_write,
+    functionalization_error_kind,
     FunctionalTensor,
     FunctionalTensorMode,
     has_data_mutation,
@@ -66,17 +75,20 @@ from .functionalization import (  # noqa: F401
     storage_offset,
     sync_wrapper_layout,
     to_functional,
-    wrapper_sized_by_wrapped_storage,
-    wrapper_subclass_with_known_size,
+    wrappers_sized_by_wrapped_storage,
 )
-from .runtime import (  # noqa: F401
+from .runtime import (  # noqa: E402,F401
+    boxed,
     call_leaves,
     check_call_inputs,
+    child_modules,
     force_recompile,
     generate_code_with,
     has_module_hooks,
     install_unflatten_write_backs,
     op_entry_point,
+    reorder_child_modules,
+    share_module_state,
     torch_function_mode_enabled,
     TORCH_REGION_CALLS,
     wrap_with_autocast,
@@ -84,7 +96,7 @@ from .runtime import (  # noqa: F401
     WrapWithAutocast,
     WrapWithSetGradEnabled,
 )
-from .tracing import (  # noqa: F401
+from .tracing import (  # noqa: E402,F401
     ambient_modes,
     any_autocast_enabled,
     autocast_cache_default,
@@ -110,6 +122,7 @@ from .tracing import (  # noqa: F401
     grad_mode_call_frame,
     grad_mode_caller,
     grad_mode_marker,
+    has_own_hooks,
     is_user_stack_frame,
     last_node,
     make_fx,
@@ -123,6 +136,7 @@ from .tracing import (  # noqa: F401
     restore_ambient_modes,
     returns_a_view,
     size_hint,
+    state_tables,
     TENSOR_DATA,
     TENSOR_REQUIRES_GRAD,
     torch_function_disabled,
@@ -135,7 +149,7 @@ from .tracing import (  # noqa: F401
     traced_output,
     traces_above_autograd,
 )
-from .export import (  # noqa: F401
+from .export import (  # noqa: E402,F401
     backend_decompositions_ignored,
     build_exported_program,
     compiling_state_context,
@@ -153,6 +167,7 @@ from .export import (  # noqa: F401
     original_state_dict,
     process_export_inputs,
     produce_aten_artifact,
+    program_with,
     rename_placeholder,
     reparametrize_module,
     restoring_module_attributes,
@@ -160,7 +175,7 @@ from .export import (  # noqa: F401
     UserErrorType,
     ValueRangeError,
 )
-from .autograd import (  # noqa: F401
+from .autograd import (  # noqa: E402,F401
     aot_module_simplified,
     backward_pass_autocast,
     disable_autocast,
@@ -168,7 +183,7 @@ from .autograd import (  # noqa: F401
     no_donated_buffers,
     retrace_subgraph,
 )
-from .distributed import (  # noqa: F401
+from .distributed import (  # noqa: E402,F401
     __getattr__,
     current_mesh,
     distributed_in_use,
@@ -176,10 +191,15 @@ from .distributed import (  # noqa: F401
     dtensor_spec,
     forward_hooks_of,
     fsdp_forward_hooks,
+    fsdp_gradient_divide_factor,
+    fsdp_mixed_precision_policies,
+    fsdp_offload_policy,
     fsdp_param_groups,
+    fsdp_param_mesh,
     fsdp_param_place,
     fsdp_param_tensor_parallel_spec,
     fsdp_param_unsharded_size,
+    fsdp_params,
     global_tensor_info,
     local_tensor,
     make_dtensor,

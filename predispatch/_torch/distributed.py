@@ -133,3 +133,30 @@ def fsdp_param_unsharded_size(fsdp_param) -> torch.Size:
 def fsdp_param_tensor_parallel_spec(fsdp_param):
     """The DTensor spec of the all-gathered parameter (FSDP x TP), or None."""
     return fsdp_param._unsharded_dtensor_spec
+
+
+def fsdp_params(group) -> list:
+    """The parameters an FSDP2 parameter group manages (FSDP's record of each)."""
+    return group.fsdp_params
+
+
+def fsdp_mixed_precision_policies(group) -> list:
+    """The mixed-precision policies FSDP2 applies to a group's parameters: the
+    group's one (torch 2.13, 2.14) or each parameter's own, resolved (2.15)."""
+    if hasattr(group, "mp_policy"):
+        return [group.mp_policy]
+    return [p.mp_policy for p in group.fsdp_params]
+
+
+def fsdp_offload_policy(group):
+    return group.offload_policy
+
+
+def fsdp_gradient_divide_factor(group):
+    return group.gradient_divide_factor
+
+
+def fsdp_param_mesh(fsdp_param) -> tuple:
+    """(the data-parallel mesh, the kind of mesh info: "FSDPMeshInfo" for plain
+    FSDP, another for HSDP/DDP, the dimension FSDP shards) of a managed parameter."""
+    return fsdp_param.mesh_info.mesh, type(fsdp_param.mesh_info).__name__, fsdp_param.fsdp_placement.dim

@@ -204,3 +204,8 @@ def non_strict_export(module, args, kwargs, dynamic_shapes, in_spec, aten_stage)
 def backend_decompositions_ignored():
     """torch.export's own guard against decompositions a backend registered."""
     return _export_trace._ignore_backend_decomps()
+
+
+def program_with(ep, gm: torch.fx.GraphModule, signature):
+    """A copy of ``ep`` holding ``gm`` and ``signature`` (the rest of the program as it was)."""
+    return ep._update(gm, signature)

@@ -1,7 +1,9 @@
 """FunctionalTensor and its mode: wrapping, unwrapping, and what a wrapper's storage went through."""
 from __future__ import annotations
 
+import contextlib
 import functools
+import sys
 import threading
 
 import torch
@@ -13,6 +15,8 @@ from torch._functorch._aot_autograd.functional_utils import (
 )
 from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
 from torch.fx.experimental.proxy_tensor import _AttrProxy, get_proxy_mode, get_proxy_slot
+
+from .patching import patched
 
 
 def current_node(t: torch.Tensor) -> torch.fx.Node | None:
@@ -123,11 +127,26 @@ def to_functional(t):
 # predispatch traces, a wrapper of a tensor with a symbolic layout takes the
 # wrapped tensor's storage size instead: the same storage, known already.
 _wrapping = threading.local()  # .nbytes: the storage size for the wrapper being made
+# torch 2.15's FunctionalTensor.__new__ gives its wrapper the wrapped storage's size itself
+_SIZED_BY_TORCH = "storage_size" in FunctionalTensor.__new__.__code__.co_varnames
 
 
-def wrapper_sized_by_wrapped_storage(new):
-    """Replacement of ``FunctionalTensor.__new__`` (with
-    :func:`wrapper_subclass_with_known_size`)."""
+@contextlib.contextmanager
+def wrappers_sized_by_wrapped_storage():
+    """While tracing, a FunctionalTensor of a tensor with a symbolic layout takes
+    the wrapped tensor's storage size (known already: the same storage) instead
+    of computing one from its sizes and strides, which make_fx would record as
+    dead graph nodes. Where torch does so itself (2.15), nothing is patched."""
+    if _SIZED_BY_TORCH:
+        yield
+        return
+    with patched(FunctionalTensor, "__new__", _sized_new), \
+            patched(torch.Tensor, "_make_wrapper_subclass", _make_with_known_size):
+        yield
+
+
+def _sized_new(new):
+    """Replacement of ``FunctionalTensor.__new__`` (with :func:`_make_with_known_size`)."""
     @functools.wraps(new)
     def run(cls, elem, mode):
         if not _symbolic_layout(elem):
@@ -140,9 +159,9 @@ def wrapper_sized_by_wrapped_storage(new):
     return run
 
 
-def wrapper_subclass_with_known_size(make):
+def _make_with_known_size(make):
     """Replacement of ``torch.Tensor._make_wrapper_subclass``: a FunctionalTensor
-    made in :func:`wrapper_sized_by_wrapped_storage` gets its storage size."""
+    made in :func:`_sized_new` gets its storage size."""
     @functools.wraps(make)
     def run(cls, *args, **kwargs):
         nbytes = getattr(_wrapping, "nbytes", None)
@@ -240,3 +259,28 @@ def _dim_identity(value):
 def inner_value(t: FunctionalTensor) -> torch.Tensor:
     """The traced (fake) value a FunctionalTensor wraps, as it is now."""
     return torch._from_functional_tensor(t.elem)
+
+
+def _async_collective_remap_texts() -> tuple:
+    """How torch's collective remapping says it cannot remap an async collective:
+    its inline text (2.13, 2.14), or the first clause of the module constant
+    (``_ASYNC_OP_REMAP_ERROR``, 2.15), read where it exists."""
+    texts = ["Can't remap async version of inplace op to functional collective"]
+    collectives = sys.modules.get("torch.distributed._functional_collectives")
+    message = getattr(collectives, "_ASYNC_OP_REMAP_ERROR", None) if collectives is not None else None
+    if isinstance(message, str):
+        texts.append(message.split(" to functional collectives")[0])
+    return tuple(texts)
+
+
+def functionalization_error_kind(error: BaseException) -> str | None:
+    """Which of torch's functionalization (and collective-remapping) refusals
+    ``error`` is, by the text torch gives it: "non-functional mutation",
+    "async collective", "frozen storage", "no_grad view", or None."""
+    text = str(error)
+    kinds = (("non-functional mutation", ("mutating a non-functional tensor",)),
+             ("async collective", _async_collective_remap_texts()),
+             ("frozen storage", ("cannot mutate tensors with frozen storage",)),
+             ("no_grad view", ("A view was created in no_grad mode and its base or another view of its base "
+                               "has been modified",)))
+    return next((kind for kind, texts in kinds if any(t in text for t in texts)), None)

@@ -223,3 +223,8 @@ def control_flow_ops_module():
     import torch._higher_order_ops
 
     return torch._higher_order_ops
+
+
+def op_name_parts(op: OpOverload) -> tuple[str, str, str]:
+    """(namespace, op name, overload name) of an op overload: ("aten", "mul", "Tensor")."""
+    return op.namespace, op._opname, op._overloadname

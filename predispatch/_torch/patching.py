@@ -16,6 +16,7 @@ import contextlib
 import functools
 import itertools
 import threading
+import types
 from typing import Callable
 
 _levels = itertools.count()  # patches in the order they are made
@@ -29,8 +30,8 @@ def patched(owner, name: str, make_replacement: Callable[[Callable], Callable]):
     ``owner`` is a class (methods, classmethods: ``original`` takes the same
     leading ``self`` / ``cls``) or a module (its functions)."""
     own = vars(owner).get(name)  # None when inherited
-    is_classmethod = isinstance(own, classmethod)
-    original = own.__func__ if is_classmethod else getattr(owner, name)
+    is_classmethod = isinstance(own, (classmethod, types.ClassMethodDescriptorType))
+    original = _unbound(own) if is_classmethod else getattr(owner, name)
     replacement = make_replacement(original)
     thread, level = threading.get_ident(), next(_levels)
 
@@ -48,6 +49,18 @@ def patched(owner, name: str, make_replacement: Callable[[Callable], Callable]):
             delattr(owner, name)
         else:
             setattr(owner, name, own)
+
+
+def _unbound(own) -> Callable:
+    """A classmethod's function, taking ``cls`` first: a Python ``classmethod``'s
+    own, or one calling a C classmethod bound to ``cls``
+    (``torch.autograd.Function.apply`` is one since torch 2.14)."""
+    if isinstance(own, classmethod):
+        return own.__func__
+
+    def unbound(cls, *args, **kwargs):
+        return own.__get__(None, cls)(*args, **kwargs)
+    return functools.update_wrapper(unbound, own)
 
 
 @contextlib.contextmanager

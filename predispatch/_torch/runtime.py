@@ -116,3 +116,26 @@ def check_call_inputs(unlifted: torch.fx.GraphModule, args, kwargs) -> None:
     refuse the call: a size outside the program's shapes and dynamic ranges, a
     non-tensor input other than the exported value."""
     _check_input_constraints_for_module(unlifted, args, kwargs)
+
+
+def share_module_state(owner: torch.nn.Module, module: torch.nn.Module) -> None:
+    """``owner`` holds ``module``'s own parameters and buffers: the same dicts, so
+    that a tensor replaced on one (``load_state_dict(assign=True)``) is on both."""
+    vars(owner).update(_parameters=module._parameters, _buffers=module._buffers,
+                       _non_persistent_buffers_set=module._non_persistent_buffers_set)
+
+
+def child_modules(module: torch.nn.Module) -> dict:
+    """A module's own submodules, by name, in order."""
+    return module._modules
+
+
+def reorder_child_modules(module: torch.nn.Module, key) -> None:
+    """A module's own submodules sorted by ``key(name)`` (stable: ties keep their order)."""
+    module._modules = dict(sorted(module._modules.items(), key=lambda kv: key(kv[0])))
+
+
+def boxed(fn):
+    """``fn(args_list)`` marked as taking AOTAutograd's boxed calling convention."""
+    fn._boxed_call = True
+    return fn

@@ -464,3 +464,14 @@ def bound_to_receiver(forward, module: torch.nn.Module, caller) -> object:
 
 
 FAKE_TENSOR_LOGGER = "torch._subclasses.fake_tensor"  # the logger that prints a shape error's traceback
+
+
+def state_tables(module: torch.nn.Module) -> tuple[dict, dict]:
+    """The dicts holding a module's own parameters and buffers, by name (writable in place)."""
+    return module._parameters, module._buffers
+
+
+def has_own_hooks(module: torch.nn.Module) -> bool:
+    """Does ``module`` itself have forward or backward hooks (not global ones)?"""
+    return bool(module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
+                or getattr(module, "_backward_pre_hooks", None))

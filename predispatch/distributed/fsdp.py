@@ -53,34 +53,46 @@ def _refused(path: str, sub, why: str) -> ExportError:
 
 def refuse_unlowered(module: torch.nn.Module) -> None:
     """What the lowering does not express, refused with the module's name."""
-    default_mp = _torch.MixedPrecisionPolicy()
     for path, sub, groups in fsdp_modules(module):
         for group in groups:
-            if group.mp_policy != default_mp:
-                raise _refused(path, sub, f"a mixed-precision policy ({group.mp_policy})")
-            if not isinstance(group.offload_policy, _torch.OffloadPolicy) or \
-                    type(group.offload_policy) is not _torch.OffloadPolicy:
-                raise _refused(path, sub, f"an offload policy ({type(group.offload_policy).__name__})")
-            if group.gradient_divide_factor is not None:
-                raise _refused(path, sub, "a gradient divide factor")
-            for fsdp_param in group.fsdp_params:
-                _owner, name, sharing = _torch.fsdp_param_place(fsdp_param)
-                mesh = fsdp_param.mesh_info.mesh
-                if sharing:
-                    raise _refused(path, sub, f"parameter {name!r} shared between modules")
-                if type(fsdp_param.mesh_info).__name__ != "FSDPMeshInfo" or mesh.ndim != 1:
-                    raise _refused(path, sub, f"{type(fsdp_param.mesh_info).__name__} on a "
-                                   f"{mesh.ndim}-D data-parallel mesh (HSDP, DDP)")
-                dim = fsdp_param.fsdp_placement.dim
-                size = _torch.fsdp_param_unsharded_size(fsdp_param)[dim]
-                if size % mesh.size():
-                    raise _refused(path, sub, f"parameter {name!r} of {size} along dimension {dim} "
-                                   f"over {mesh.size()} ranks (uneven shards)")
+            why = _group_refusal(group)
+            for fsdp_param in _torch.fsdp_params(group):
+                why = why or _param_refusal(fsdp_param)
+            if why is not None:
+                raise _refused(path, sub, why)
+
+
+def _group_refusal(group) -> str | None:
+    """What a parameter group does beyond sharding its parameters evenly, or None."""
+    default_mp = _torch.MixedPrecisionPolicy()
+    policy = next((p for p in _torch.fsdp_mixed_precision_policies(group) if p != default_mp), None)
+    if policy is not None:
+        return f"a mixed-precision policy ({policy})"
+    offload = _torch.fsdp_offload_policy(group)
+    if not isinstance(offload, _torch.OffloadPolicy) or type(offload) is not _torch.OffloadPolicy:
+        return f"an offload policy ({type(offload).__name__})"
+    if _torch.fsdp_gradient_divide_factor(group) is not None:
+        return "a gradient divide factor"
+    return None
+
+
+def _param_refusal(fsdp_param) -> str | None:
+    """How a managed parameter is placed otherwise than the lowering expresses, or None."""
+    _owner, name, sharing = _torch.fsdp_param_place(fsdp_param)
+    mesh, mesh_kind, dim = _torch.fsdp_param_mesh(fsdp_param)
+    if sharing:
+        return f"parameter {name!r} shared between modules"
+    if mesh_kind != "FSDPMeshInfo" or mesh.ndim != 1:
+        return f"{mesh_kind} on a {mesh.ndim}-D data-parallel mesh (HSDP, DDP)"
+    size = _torch.fsdp_param_unsharded_size(fsdp_param)[dim]
+    if size % mesh.size():
+        return f"parameter {name!r} of {size} along dimension {dim} over {mesh.size()} ranks (uneven shards)"
+    return None
 
 
 def _managed(groups) -> list:
     """(module, parameter name, FSDP's record of it) of each parameter FSDP's groups manage."""
-    return [(*_torch.fsdp_param_place(p)[:2], p) for group in groups for p in group.fsdp_params]
+    return [(*_torch.fsdp_param_place(p)[:2], p) for group in groups for p in _torch.fsdp_params(group)]
 
 
 def managed_names(module: torch.nn.Module) -> set:
@@ -92,7 +104,8 @@ def managed_names(module: torch.nn.Module) -> set:
 
 def gathered_along(fsdp_param) -> tuple:
     """(the data-parallel mesh, the dimension FSDP shards) of a managed parameter."""
-    return fsdp_param.mesh_info.mesh, fsdp_param.fsdp_placement.dim
+    mesh, _kind, dim = _torch.fsdp_param_mesh(fsdp_param)
+    return mesh, dim
 
 
 def tensor_parallel_spec(fsdp_param):

@@ -50,7 +50,7 @@ def inline_regions(ep: ExportedProgram) -> ExportedProgram:
     for spec, node in zip(signature.output_specs, outputs):
         if hasattr(spec.arg, "name") and isinstance(node, torch.fx.Node):
             spec.arg.name = node.name
-    new = ep._update(gm, signature)
+    new = _torch.program_with(ep, gm, signature)
     if isinstance(ep, PredispatchProgram):
         new.__class__ = PredispatchProgram
     return new

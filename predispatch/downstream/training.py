@@ -290,8 +290,7 @@ def _run_without_autocast(gm: torch.fx.GraphModule):
         with _torch.disable_autocast():
             return gm(*args)
 
-    run._boxed_call = True
-    return run
+    return _torch.boxed(run)
 
 
 def _without_dead_random_ops(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
@@ -434,9 +433,8 @@ def adopt_state(owner: torch.nn.Module, module: torch.nn.Module) -> None:
     its region submodules hold none)."""
     # its own parameters and buffers: the same dicts, so that a tensor
     # replaced on one (load_state_dict(assign=True)) is replaced on both
-    vars(owner).update(_parameters=module._parameters, _buffers=module._buffers,
-                       _non_persistent_buffers_set=module._non_persistent_buffers_set)
-    for name, child in module._modules.items():
+    _torch.share_module_state(owner, module)
+    for name, child in _torch.child_modules(module).items():
         if any(True for _ in child.parameters()) or any(True for _ in child.buffers()):
             owner.add_module(name, child)
 

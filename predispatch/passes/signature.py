@@ -64,7 +64,7 @@ def _distinct_mutation_outputs(captured: Captured) -> None:
 def module_order(module: torch.nn.Module) -> list[str]:
     """The paths of the submodules holding state, in the module's order."""
     return [path for path, m in module.named_modules(remove_duplicate=False)
-            if path and (m._parameters or m._buffers or m._modules)]
+            if path and (any(_torch.state_tables(m)) or _torch.child_modules(m))]
 
 
 def _mutation_targets(captured: Captured) -> dict[str, str]:

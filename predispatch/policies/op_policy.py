@@ -25,13 +25,14 @@ import torch
 
 from .. import _torch
 
-_AUDIT_FILE = "composite_audit.json"
+_AUDIT_FILE = f"composite_audit-{_torch.RELEASE}.json"  # the audit of the installed torch release
 
 
 @functools.lru_cache(maxsize=1)
 def audited_liars() -> dict[str, str]:
     """Ops whose schema claims to be functional but that the composite audit
-    (tools/audit_composites.py) saw aliasing or mutating: name -> evidence."""
+    (tools/audit_composites.py, run on each supported torch release) saw
+    aliasing or mutating: name -> evidence."""
     text = resources.files("predispatch").joinpath("data", _AUDIT_FILE).read_text()
     return dict(json.loads(text)["liars"])
 

@@ -33,7 +33,7 @@ from ..policies.autocast_policy import autocast_policy
 
 def _op_name(target) -> str:
     if isinstance(target, _torch.OpOverload):
-        return f"{target.namespace}.{target._opname}.{target._overloadname}"
+        return ".".join(_torch.op_name_parts(target))
     if isinstance(target, _torch.HigherOrderOperator):
         return target.name()
     if target is operator.getitem:
@@ -44,7 +44,7 @@ def _op_name(target) -> str:
 def _base_name(node: torch.fx.Node) -> str:
     if node.op == "call_function":
         if isinstance(node.target, _torch.OpOverload):
-            return node.target._opname
+            return _torch.op_name_parts(node.target)[1]
         if isinstance(node.target, _torch.HigherOrderOperator):
             subs = _subgraphs(node)  # named for its (first) submodule
             return subs[0][0].target.removesuffix("_fwd") if subs else node.target.name()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 from torch.export import ExportedProgram
 
+from .. import _torch
 from ..ir.program_meta import program_meta
 from .run_time_calls import use_run_time_calls
 from .write_backs import check_input_aliasing, fix_write_backs, mutated_user_inputs
@@ -26,8 +27,7 @@ def restore_module_order(unlifted: torch.nn.Module, order: list[str]) -> None:
     rank = {path: i for i, path in enumerate(order)}
     for path, m in unlifted.named_modules():
         prefix = f"{path}." if path else ""
-        m._modules = dict(sorted(m._modules.items(),
-                                 key=lambda kv: rank.get(prefix + kv[0], len(rank))))
+        _torch.reorder_child_modules(m, lambda name, prefix=prefix: rank.get(prefix + name, len(rank)))
 
 
 class PredispatchProgram(ExportedProgram):

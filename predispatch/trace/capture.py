@@ -164,27 +164,28 @@ def _data_dependence_as_export_error():
         ) from e
 
 
-# functionalization's (and torch.export's collective remapping's) internal errors, said in user terms: (text in its message, what it means)
-_FUNCTIONALIZATION_ERRORS = (
-    ("mutating a non-functional tensor",
-     "an in-place update at {where} of a tensor that is neither a parameter, a buffer nor an "
-     "input (a plain tensor attribute, a global, a closure's tensor) cannot be exported soundly; "
-     "register it with register_buffer or pass it as an input"),
-    ("Can't remap async version of inplace op to functional collective",
-     "an asynchronous collective (async_op=True) at {where} cannot be exported soundly: the "
-     "work handle it returns is waited on outside the graph; use a functional collective "
-     "(torch.distributed._functional_collectives, waited on where its result is read) or "
-     "async_op=False"),
-    ("cannot mutate tensors with frozen storage",
-     "an in-place update at {where} of a view of a tensor whose storage a set_() swapped before "
-     "(the view still shares the old storage) cannot be exported soundly: functionalization "
-     "cannot follow the old storage past the swap (AOTAutograd refuses it too); take the view "
-     "after the set_(), or copy instead of swapping"),
-    ("A view was created in no_grad mode and its base or another view of its base has been modified",
-     "a view made under no_grad whose base is updated in grad mode (or read through it after "
-     "such an update), at {where}: the trace's own autograd refuses to replay the view, so it "
-     "cannot be exported; take the view (or the set_ source) from a clone instead"),
-)
+# functionalization's (and torch.export's collective remapping's) refusals, said in user terms:
+# the kind of refusal (as the seam tells it from torch's text) -> what it means
+_FUNCTIONALIZATION_ERRORS = {
+    "non-functional mutation":
+        "an in-place update at {where} of a tensor that is neither a parameter, a buffer nor an "
+        "input (a plain tensor attribute, a global, a closure's tensor) cannot be exported soundly; "
+        "register it with register_buffer or pass it as an input",
+    "async collective":
+        "an asynchronous collective (async_op=True) at {where} cannot be exported soundly: the "
+        "work handle it returns is waited on outside the graph; use a functional collective "
+        "(torch.distributed._functional_collectives, waited on where its result is read) or "
+        "async_op=False",
+    "frozen storage":
+        "an in-place update at {where} of a view of a tensor whose storage a set_() swapped before "
+        "(the view still shares the old storage) cannot be exported soundly: functionalization "
+        "cannot follow the old storage past the swap (AOTAutograd refuses it too); take the view "
+        "after the set_(), or copy instead of swapping",
+    "no_grad view":
+        "a view made under no_grad whose base is updated in grad mode (or read through it after "
+        "such an update), at {where}: the trace's own autograd refuses to replay the view, so it "
+        "cannot be exported; take the view (or the set_ source) from a clone instead",
+}
 
 
 @contextlib.contextmanager
@@ -192,9 +193,9 @@ def _functionalization_errors_as_export_errors():
     try:
         yield
     except (RuntimeError, AssertionError) as e:  # torch's collective remapping asserts
-        for text, meaning in _FUNCTIONALIZATION_ERRORS:
-            if text in str(e):
-                raise ExportError(meaning.format(where=exception_location(e))) from e
+        kind = _torch.functionalization_error_kind(e)
+        if kind is not None:
+            raise ExportError(_FUNCTIONALIZATION_ERRORS[kind].format(where=exception_location(e))) from e
         raise
 
 

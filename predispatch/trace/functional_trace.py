@@ -26,7 +26,6 @@ import torch
 
 from .. import _torch
 from . import eager_layout, input_aliasing, layer_reuse, recorder
-from .._torch.patching import patched
 
 
 @dataclasses.dataclass(frozen=True)
@@ -186,9 +185,7 @@ def _trace_once(tracing: _Tracing, layout: _FlatInputs) -> tuple:
 
     # make_fx's own work around the module's call (making, tracking and reading the inputs and outputs:
     # metadata reads, not the module's torch calls) with torch-function modes off, at ~250 us an input
-    with _torch.enable_python_dispatcher(), \
-            patched(_torch.FunctionalTensor, "__new__", _torch.wrapper_sized_by_wrapped_storage), \
-            patched(torch.Tensor, "_make_wrapper_subclass", _torch.wrapper_subclass_with_known_size), \
+    with _torch.enable_python_dispatcher(), _torch.wrappers_sized_by_wrapped_storage(), \
             _torch.torch_function_disabled():
         gm = _torch.make_fx(functionalized, record_module_stack=True, pre_dispatch=True)(*tracing.flat_args)
     return gm, mutated

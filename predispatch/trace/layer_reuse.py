@@ -255,7 +255,7 @@ def _swapped(module: torch.nn.Module, replacements: dict):
     saved = []
     try:
         for m in module.modules():
-            for table in (m._parameters, m._buffers):
+            for table in _torch.state_tables(m):
                 for name, t in table.items():
                     if t is not None and id(t) in replacements:
                         saved.append((table, name, t))
@@ -270,8 +270,7 @@ def _hooked(module: torch.nn.Module) -> bool:
     """Hooks inside the layer see its tensors, which a stamped call has none of."""
     if _torch.global_module_hooks():
         return True
-    return any(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks
-               or getattr(m, "_backward_pre_hooks", None) for m in module.modules() if m is not module)
+    return any(_torch.has_own_hooks(m) for m in module.modules() if m is not module)
 
 
 def _replay(forward, flat: list, spec, state: list, module, guide, named):
