@@ -9,6 +9,8 @@ draw, a region inside) are traced, never stamped.
 """
 import random
 
+import pytest
+
 import torch
 import torch.nn as nn
 
@@ -87,10 +89,17 @@ class ByConstant(Block):
         return x + self.lin(self.norm(x)) * (self.index + 1.0)
 
 
-def test_per_layer_constant_is_never_stamped():
+def test_per_layer_constant_is_stamped_in_its_place():
+    """The first two layers are traced (their graphs show where the constant
+    goes); the later ones are stamped with their own constant there."""
     torch.manual_seed(0)
-    _, report = export_both(Stack(ByConstant), _x())
-    assert report.stamped == 0
+    module = Stack(ByConstant)
+    ep, report = export_both(module, _x())
+    assert (report.templates, report.stamped) == (2, 2)
+    scales = [n.args[1] for n in ep.graph.nodes if n.target == torch.ops.aten.mul.Tensor and type(n.args[1]) is float]
+    assert scales == [1.0, 2.0, 3.0, 4.0]
+    with layer_reuse.reuse_layers(True):
+        assert_matches_eager(module, _x())
 
 
 class Counting(Block):
@@ -103,11 +112,13 @@ class Counting(Block):
         return x + self.lin(self.norm(x))
 
 
-def test_buffer_update_is_traced():
+def test_buffer_update_is_stamped():
+    """Each stamped layer updates its own buffer, in the mode the template's
+    update was made in (here grad mode: written back with grad)."""
     torch.manual_seed(0)
     module = Stack(Counting)
     _, report = export_both(module, _x())
-    assert report.stamped == 0
+    assert (report.templates, report.stamped) == (1, 3)
     with layer_reuse.reuse_layers(True):
         assert_matches_eager(module, _x())
 
@@ -148,12 +159,27 @@ def test_host_random_draw_is_traced_and_drawn_once_per_call():
     assert report.stamped == 0
 
 
+class Viewing(Block):
+    """Makes a view of its output: a later update of the output replays it."""
+
+    def forward(self, x):
+        out = x + self.lin(self.norm(x))
+        return out * out.view(-1).mean()  # "out" is not returned: its product is
+
+
+class ViewingOutput(Block):
+    def forward(self, x):
+        out = x + self.lin(self.norm(x))
+        out.view(-1)  # a view of the output, which a later update of it replays
+        return out
+
+
 class MutatedAfter(nn.Module):
     """The output of a stamped layer is updated in place afterwards."""
 
-    def __init__(self):
+    def __init__(self, block=Block):
         super().__init__()
-        self.layers = nn.ModuleList(Block() for _ in range(3))
+        self.layers = nn.ModuleList(block() for _ in range(3))
 
     def forward(self, x):
         outs = [layer(x) for layer in self.layers]
@@ -162,13 +188,17 @@ class MutatedAfter(nn.Module):
         return sum(outs)
 
 
-def test_stamped_output_mutated_later_is_traced_again():
-    torch.manual_seed(0)
-    module = MutatedAfter()
-    _, report = export_both(module, _x())
-    assert report.stamped == 0  # the trace was made again without reuse
-    with layer_reuse.reuse_layers(True):
-        assert_matches_eager(module, _x())
+def test_stamped_output_mutated_later():
+    """An update of a stamped layer's output is the update of a new value;
+    where the layer made views of it, which the update replays in the trace
+    without reuse, the trace is made again without reuse."""
+    for block, stamped in ((Block, 2), (Viewing, 2), (ViewingOutput, 0)):
+        torch.manual_seed(0)
+        module = MutatedAfter(block)
+        _, report = export_both(module, _x())
+        assert report.stamped == stamped, block
+        with layer_reuse.reuse_layers(True):
+            assert_matches_eager(module, _x())
 
 
 def test_transformers_llama_is_stamped():
@@ -294,3 +324,165 @@ def test_dynamic_bert_is_stamped():
     ids = torch.randint(0, 64, (3, 11))
     inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}
     torch.testing.assert_close(reused.module()(**inputs).loss, model(**inputs).loss)
+
+
+# --- train mode: layers that draw random numbers, write their own values, update their state
+
+class TrainBlock(nn.Module):
+    """A layer as training runs it: dropout, an in-place write of its own
+    intermediate or output, or a BatchNorm updating its running statistics."""
+
+    def __init__(self, kind, width=8):
+        super().__init__()
+        self.kind = kind
+        self.lin = nn.Linear(width, width)
+        self.drop = nn.Dropout(0.3)
+        self.bn = nn.BatchNorm1d(width)
+
+    def forward(self, x):
+        y = self.lin(x)
+        if self.kind == "masked":
+            y.masked_fill_(y > 0.5, 0.0)  # its own intermediate, in grad mode
+        elif self.kind == "output written":
+            y.mul_(2)
+            return y
+        elif self.kind == "batch norm":
+            y = self.bn(y)  # running statistics updated, hidden from autograd
+        return self.drop(y) + x
+
+
+class TrainStack(nn.Module):
+    def __init__(self, kind, n=4, width=8):
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(width))
+        self.layers = nn.ModuleList(TrainBlock(kind, width) for _ in range(n))
+
+    def forward(self, x):
+        x = x * self.scale
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def _same_draws(ep, module, args, seed=5):
+    """``ep.module()`` under a fixed seed draws what eager draws."""
+    torch.manual_seed(seed)
+    got = ep.module()(*args)
+    torch.manual_seed(seed)
+    want = module(*args)
+    assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("kind", ["dropout", "masked", "output written", "batch norm"])
+def test_train_mode_layers_are_stamped(kind):
+    """Each stamped layer has its own random ops, in the order eager draws
+    them; what a layer writes in grad mode or updates in its state is noted
+    as the template's trace noted it (node for node the program without reuse)."""
+    torch.manual_seed(0)
+    module, args = TrainStack(kind).train(), (torch.randn(6, 8),)
+    ep, report = export_both(module, args)
+    assert (report.templates, report.stamped) == (1, 3)
+    _same_draws(ep, module, args)
+    for layer in module.layers:
+        layer.drop.p = 0.0  # deterministic: compared with eager, buffers and gradients too
+    with layer_reuse.reuse_layers(True):
+        assert_matches_eager(module, args)
+
+
+def test_transformers_bert_in_train_mode_is_stamped():
+    from transformers import BertConfig, BertForMaskedLM
+
+    torch.manual_seed(0)
+    model = BertForMaskedLM(BertConfig(hidden_size=32, num_attention_heads=4, intermediate_size=64,
+                                       num_hidden_layers=4, vocab_size=64)).train()  # dropout 0.1
+    ids = torch.randint(0, 64, (2, 8))
+    ep, report = export_both(model, (ids,))
+    assert (report.templates, report.stamped) == (1, 3)
+    torch.manual_seed(5)
+    got = ep.module()(ids).logits
+    torch.manual_seed(5)
+    assert torch.equal(got, model(ids).logits)
+
+
+def test_transformers_resnet_in_train_mode_is_stamped():
+    from transformers import ResNetConfig, ResNetModel
+
+    torch.manual_seed(0)
+    model = ResNetModel(ResNetConfig(embedding_size=8, hidden_sizes=[8, 16], depths=[3, 3],
+                                     layer_type="basic")).train()
+    args = (torch.randn(2, 3, 16, 16),)
+    _, report = export_both(model, args)
+    assert report.stamped == 3  # the later blocks of each stage (a stage's first one has its own shapes)
+    with layer_reuse.reuse_layers(True):
+        assert_matches_eager(model, args)
+
+
+# --- per-layer constants: stochastic depth's rates
+
+def _drop_path(x, p, training):
+    """Stochastic depth as timm and torchvision write it: a per-sample keep
+    mask drawn with the layer's own rate."""
+    if p == 0.0 or not training:
+        return x
+    keep = 1.0 - p
+    mask = x.new_empty((x.shape[0],) + (1,) * (x.ndim - 1)).bernoulli_(keep)
+    return x * mask.div_(keep)
+
+
+class RatedBlock(nn.Module):
+    """A layer whose graph has its own float constant: a drop-path rate, a
+    dropout probability, a distance's norm order (set per layer)."""
+
+    def __init__(self, kind, rate, width=8):
+        super().__init__()
+        self.kind, self.rate = kind, rate
+        self.lin = nn.Linear(width, width)
+
+    def forward(self, x):
+        y = self.lin(x)
+        if self.kind == "drop path":
+            return x + _drop_path(y, self.rate, self.training)
+        if self.kind == "dropout":
+            return x + nn.functional.dropout(y, self.rate, self.training)
+        return x + torch.cdist(y, y, self.rate) @ y  # composite: p=2 dispatches other ops
+
+
+class RatedStack(nn.Module):
+    def __init__(self, kind, rates, width=8):
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(width))
+        self.layers = nn.ModuleList(RatedBlock(kind, r, width) for r in rates)
+
+    def forward(self, x):
+        x = x * self.scale
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def test_per_layer_drop_rates_are_stamped():
+    """Two traced layers show where the rate goes in the graph; later layers
+    are stamped with their own rate there, drawing what eager draws."""
+    torch.manual_seed(0)
+    rates = [0.0, 0.05, 0.1, 0.15, 0.2, 0.25]  # the first layer draws nothing: its own template
+    module, args = RatedStack("drop path", rates).train(), (torch.randn(6, 8),)
+    ep, report = export_both(module, args)
+    assert (report.templates, report.stamped) == (3, 3)
+    bernoulli = [n.args[1] for n in ep.graph.nodes if n.target == torch.ops.aten.bernoulli.p]
+    assert bernoulli == [1.0 - r for r in rates[1:]]
+    _same_draws(ep, module, args)
+
+
+def test_per_layer_constants_not_passed_through_are_traced():
+    """dropout(p) puts 1 - p in the graph (no logged value to take it from);
+    cdist at p=2 decomposes otherwise than at p=1 or 3: those layers are traced."""
+    torch.manual_seed(0)
+    module, args = RatedStack("dropout", [0.1, 0.2, 0.3, 0.4]).train(), (torch.randn(6, 8),)
+    ep, report = export_both(module, args)
+    assert report.stamped == 0
+    _same_draws(ep, module, args)
+    module, args = RatedStack("distance", [1.0, 3.0, 2.0, 4.0]), (torch.randn(30, 8),)
+    _, report = export_both(module, args)
+    assert report.stamped == 1  # the last layer: p=4 dispatches what p=1 does
+    with layer_reuse.reuse_layers(True):
+        assert_matches_eager(module, args)

@@ -60,6 +60,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 
 import predispatch  # noqa: E402
 from predispatch.program import region_runtime  # noqa: E402
+from predispatch.trace import layer_reuse  # noqa: E402
 
 CHILD_TAG = "BENCH_CHILD "
 EXPORTERS = ("torch", "predispatch", "pd-noreuse", "floor")  # pd-noreuse: layer reuse off
@@ -207,7 +208,7 @@ def export_arguments(args) -> tuple[tuple, dict, dict | None]:
     return args, {}, None
 
 
-def masked_lm(kind: str, dynamic: bool, layers: int = 4):
+def masked_lm(kind: str, dynamic: bool, layers: int = 4, dropout: float = 0.0):
     from transformers import (BertConfig, BertForMaskedLM, GPT2Config, GPT2LMHeadModel,
                               LlamaForCausalLM)
 
@@ -215,12 +216,12 @@ def masked_lm(kind: str, dynamic: bool, layers: int = 4):
     if kind == "bert":
         model = BertForMaskedLM(BertConfig(
             hidden_size=768, num_attention_heads=12, intermediate_size=3072,
-            num_hidden_layers=layers, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0))
+            num_hidden_layers=layers, hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout))
     elif kind == "gpt2":
-        model = GPT2LMHeadModel(GPT2Config(n_embd=768, n_head=12, n_layer=layers, resid_pdrop=0.0,
-                                           embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False))
+        model = GPT2LMHeadModel(GPT2Config(n_embd=768, n_head=12, n_layer=layers, resid_pdrop=dropout,
+                                           embd_pdrop=dropout, attn_pdrop=dropout, use_cache=False))
     else:
-        model = LlamaForCausalLM(llama_config(layers))
+        model = LlamaForCausalLM(llama_config(layers))  # Llama has no dropout to turn on
     ids = torch.randint(0, 1000, (2, 128))
     kwargs = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}
     batch, seq = torch.export.Dim("batch", min=1, max=64), torch.export.Dim("seq", min=2, max=512)
@@ -232,6 +233,73 @@ CASES += [Case(f"{kind}-L4{'-dyn' if dynamic else ''}", "dynamic" if dynamic els
                lambda kind=kind, dynamic=dynamic: masked_lm(kind, dynamic), layers=4,
                quick=kind == "llama" and dynamic)
           for dynamic in (False, True) for kind in ("bert", "gpt2", "llama")]
+
+
+# --------------------------------------------------------------------------
+# Train and eval mode (issue 29): BERT, GPT-2, Llama, a ViT and a CNN at 4 and
+# 12 layers, in train mode (with the dropout they have, 0.1) and in eval mode,
+# the 4-layer ones with dynamic shapes too. Export time, and the layers stamped.
+
+
+class _Classifier(torch.nn.Module):
+    """A timm model with its loss: the loss in the graph, as in the language models."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, pixel_values, labels):
+        logits = self.model(pixel_values)
+        return torch.nn.functional.cross_entropy(logits, labels), logits
+
+
+VISION_DEPTHS = {4: (1, 1, 1, 1), 12: (2, 3, 5, 2)}  # ResNet's four stages (ResNet-26's proportions at 12)
+
+
+def vision(kind: str, dynamic: bool, layers: int, dropout: float):
+    """timm's ViT (hidden 768, 12 heads, 64 x 64 images in 16-pixel patches)
+    or ResNet (basic blocks in four stages, BatchNorm updating its running
+    statistics in train mode), with dropout and stochastic depth (per-layer
+    rates rising to ``dropout``) in train mode, classifying with labels."""
+    from timm.models.resnet import BasicBlock, ResNet
+    from timm.models.vision_transformer import VisionTransformer
+
+    torch.manual_seed(0)
+    if kind == "vit":
+        model = VisionTransformer(img_size=64, patch_size=16, embed_dim=768, depth=layers, num_heads=12,
+                                  num_classes=10, drop_rate=dropout, proj_drop_rate=dropout,
+                                  attn_drop_rate=dropout, drop_path_rate=dropout)
+    else:
+        model = ResNet(BasicBlock, VISION_DEPTHS[layers], num_classes=10, drop_rate=dropout,
+                       drop_path_rate=dropout)
+    kwargs = {"pixel_values": torch.randn(2, 3, 64, 64), "labels": torch.randint(0, 10, (2,))}
+    batch = torch.export.Dim("batch", min=2, max=64)
+    shapes = {name: {0: batch} for name in kwargs} if dynamic else None
+    return _Classifier(model), ExportInputs(kwargs, shapes)
+
+
+def timm_installed() -> bool:
+    """The vision cases need timm, which has wheels for torch 2.14 and later only."""
+    try:
+        import timm  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def mode_case(kind: str, layers: int, mode: str, dynamic: bool):
+    dropout = 0.1 if mode == "train" else 0.0
+    model, inputs = (masked_lm(kind, dynamic, layers, dropout) if kind in ("bert", "gpt2", "llama")
+                     else vision(kind, dynamic, layers, dropout))
+    return model.train(mode == "train"), inputs
+
+
+MODE_MODELS = ("bert", "gpt2", "llama", "vit", "resnet")
+CASES += [Case(f"{kind}-L{layers}-{mode}{'-dyn' if dynamic else ''}", "modes",
+               lambda kind=kind, layers=layers, mode=mode, dynamic=dynamic: mode_case(kind, layers, mode, dynamic),
+               layers=layers, quick=kind == "bert" and layers == 4 and not dynamic)
+          for kind in MODE_MODELS for layers in (4, 12) for dynamic in ((False, True) if layers == 4 else (False,))
+          for mode in ("train", "eval")]
 CASE_BY_NAME = {c.name: c for c in CASES}
 LLAMA_SERIES = ("llama", "llama-L8", "llama-L32")  # the Llama at 2, 8, 32 layers
 
@@ -402,6 +470,7 @@ class Result:
     heap_mib: dict = dataclasses.field(default_factory=dict)  # tracemalloc peak
     errors: dict = dataclasses.field(default_factory=dict)
     run: dict = dataclasses.field(default_factory=dict)  # eager_ms, ep_ms, match
+    reuse: dict = dataclasses.field(default_factory=dict)  # layer reuse's report of predispatch's export
 
     def median(self, exporter):
         ts = self.times[exporter]
@@ -414,12 +483,12 @@ class Result:
     @classmethod
     def from_json(cls, d: dict) -> "Result":
         return cls(CASE_BY_NAME[d["case"]], d["times_s"], d["peak_mib"], d.get("heap_mib", {}),
-                   d["errors"], d["run"])
+                   d["errors"], d["run"], d.get("reuse", {}))
 
     def to_json(self) -> dict:
         return {"case": self.case.name, "group": self.case.group, "layers": self.case.layers,
                 "regions": self.case.regions, "times_s": self.times, "peak_mib": self.peak_mib,
-                "heap_mib": self.heap_mib, "errors": self.errors, "run": self.run}
+                "heap_mib": self.heap_mib, "errors": self.errors, "run": self.run, "reuse": self.reuse}
 
 
 def summarize(e: BaseException) -> str:
@@ -446,6 +515,8 @@ def measure_in_process(case: Case, res: Result, repeat: int, memory: bool, iters
                 continue
             try:
                 res.times[exporter].append(timed(EXPORT_FNS[exporter], model, args, clock=clock))
+                if exporter == "predispatch":
+                    res.reuse = dataclasses.asdict(layer_reuse.last_report)
             except Exception as e:
                 res.errors[exporter] = summarize(e)
                 res.times[exporter] = []
@@ -534,7 +605,7 @@ def run_case(case: Case, opts) -> Result:
         iters = opts.iters_regions if case.group == "regions" else opts.iters
         iters = iters if case.group in ("real", "regions") else 0
         memory = not opts.no_memory and not (opts.quick and case.group == "regions") \
-            and case.group not in ("masked", "dynamic")  # export time only
+            and case.group not in ("masked", "dynamic", "modes")  # export time only
         measure_in_process(case, res, opts.repeat, memory, iters, CLOCKS[opts.clock])
     print_case(res, time.perf_counter() - start)
     return res
@@ -704,7 +775,7 @@ def targets(results) -> list[str]:
                      if x is not None]
     med_ratio = statistics.median(export_ratios) if export_ratios else None
     floor_ratios = {r.case.name: ratio(r.median("predispatch"), r.median("floor"))
-                    for r in results if r.case.group not in ("regions", "dynamic")}
+                    for r in results if r.case.group not in ("regions", "dynamic") and not r.case.name.endswith("-dyn")}
     floor_ratios = {k: v for k, v in floor_ratios.items() if v is not None}
     worst_floor = max(floor_ratios.items(), key=lambda kv: kv[1]) if floor_ratios else None
     _, region_worst = region_report(results)
@@ -745,7 +816,7 @@ def targets(results) -> list[str]:
     lines.append(check(f"run-time overhead per region (marginal, worst kind) "
                        f"= {fmt(run_region, '.2f')} us (<= 15 us)", run_region,
                        run_region is not None and run_region <= 15.0))
-    return lines + model_ratio_targets(results)
+    return lines + model_ratio_targets(results) + mode_targets(results)
 
 
 def model_ratio_targets(results) -> list[str]:
@@ -758,7 +829,7 @@ def model_ratio_targets(results) -> list[str]:
 
     lines = []
     for label, groups in (("dynamic shapes", ("dynamic",)),
-                          ("every real model", ("real", "layered", "masked", "dynamic", "meta"))):
+                          ("every real model", ("real", "layered", "masked", "dynamic", "meta", "modes"))):
         w = worst(groups)
         lines.append(check(f"{label}: worst export ratio predispatch/torch.export "
                            + (f"{w[0]} {w[1]:.2f}" if w else "-") + " (<= 1.0)", w,
@@ -766,9 +837,81 @@ def model_ratio_targets(results) -> list[str]:
     return lines
 
 
+def mode_table(results: list[Result]) -> str:
+    """Train and eval mode side by side: each exporter's time, the ratio, the layers stamped."""
+    by = {r.case.name: r for r in results}
+    rows = ["| model | layers | shapes | train: torch.export s | predispatch s | ratio | layers stamped "
+            "| eval: torch.export s | predispatch s | ratio | layers stamped | train / eval (predispatch) |",
+            "|" + "---|" * 12]
+    for kind in MODE_MODELS:
+        for layers in (4, 12):
+            for dyn in ("", "-dyn"):
+                pair = [by.get(f"{kind}-L{layers}-{mode}{dyn}") for mode in ("train", "eval")]
+                if not any(pair):
+                    continue
+                cells = []
+                for res in pair:
+                    if res is None:
+                        cells += ["-"] * 4
+                        continue
+                    te, pd = res.median("torch"), res.median("predispatch")
+                    stamped = f"{res.reuse.get('stamped', 0)} of {layers}" if res.reuse else "-"
+                    cells += [fmt(te, none="FAIL"), fmt(pd, none="FAIL"), fmt(ratio(pd, te), ".2f"), stamped]
+                train_eval = ratio(*(r.median("predispatch") if r else None for r in pair))
+                rows.append(f"| {kind} | {layers} | {'dynamic' if dyn else 'static'} | " + " | ".join(cells)
+                            + f" | {fmt(train_eval, '.2f')} |")
+    return "\n".join(rows)
+
+
+def mode_targets(results: list[Result]) -> list[str]:
+    """Issue 29: train mode as fast as eval mode, and well below torch.export."""
+    by = {r.case.name: r for r in results}
+    lines = []
+
+    def pd_ratio(name):
+        r = by.get(name)
+        return ratio(r.median("predispatch"), r.median("torch")) if r else None
+
+    for layers, bound in ((4, 0.8), (12, 0.35)):
+        ratios = {k: pd_ratio(f"{k}-L{layers}-train") for k in MODE_MODELS}
+        ratios = {k: v for k, v in ratios.items() if v is not None}
+        if ratios:
+            worst = max(ratios.items(), key=lambda kv: kv[1])
+            lines.append(check(f"train mode, {layers} layers: worst ratio to torch.export {worst[0]} "
+                               f"{worst[1]:.2f} (<= {bound})", worst, worst[1] <= bound))
+    within = {}
+    for kind in MODE_MODELS:
+        for suffix in ("L4", "L12", "L4-dyn"):
+            t, e = by.get(f"{kind}-{suffix}-train"), by.get(f"{kind}-{suffix}-eval")
+            if t and e and (x := ratio(t.median("predispatch"), e.median("predispatch"))) is not None:
+                within[f"{kind}-{suffix}"] = x
+    if within:
+        worst = max(within.items(), key=lambda kv: kv[1])
+        lines.append(check(f"train within 10% of eval: worst {worst[0]} {worst[1]:.2f} (<= 1.10)", worst,
+                           worst[1] <= 1.10))
+    slopes = {}
+    for kind in MODE_MODELS:
+        per_mode = {}
+        for mode in ("train", "eval"):
+            a, b = by.get(f"{kind}-L4-{mode}"), by.get(f"{kind}-L12-{mode}")
+            if a and b and a.median("predispatch") is not None and b.median("predispatch") is not None:
+                per_mode[mode] = (b.median("predispatch") - a.median("predispatch")) / 8
+        if len(per_mode) == 2 and per_mode["eval"] > 0:
+            slopes[kind] = (per_mode["train"], per_mode["eval"])
+    if slopes:
+        worst = max(slopes.items(), key=lambda kv: kv[1][0] / kv[1][1])
+        k, (t, e) = worst
+        lines.append(check(f"marginal cost of a train-mode layer vs an eval-mode one: worst {k} "
+                           f"{1e3 * t:.1f} / {1e3 * e:.1f} ms (<= 1.2x)", worst, t <= 1.2 * e))
+    return lines
+
+
 def report(results: list[Result]) -> None:
     print("\n## Export time (median over repeats)\n")
-    print(markdown_table(results))
+    print(markdown_table([r for r in results if r.case.group != "modes"]))
+    if any(r.case.group == "modes" for r in results):
+        print("\n## Train and eval mode (median over repeats)\n")
+        print(mode_table(results))
     table = run_time_table(results)
     if table:
         print("\n## Run time (median over steps)\n")
@@ -825,7 +968,11 @@ def select(opts) -> list[Case]:
         if unknown:
             sys.exit(f"unknown case(s) {unknown}; known: {', '.join(CASE_BY_NAME)}")
         return [CASE_BY_NAME[n] for n in names]
-    return [c for c in CASES if c.quick] if opts.quick else list(CASES)
+    cases = [c for c in CASES if c.quick] if opts.quick else list(CASES)
+    if not timm_installed():
+        print("the vision cases skipped: timm is not installed (torch 2.14 and later)", flush=True)
+        cases = [c for c in cases if not c.name.startswith(("vit-", "resnet-"))]
+    return cases
 
 
 def load_line(when: str) -> str:

@@ -42,6 +42,7 @@ from .ops import (  # noqa: E402,F401
     saved_for_backward,
     SET_GRAD_ENABLED,
     SET_GRAD_ENABLED_NAME,
+    without_default_arguments,
     written_arguments,
 )
 from .functionalization import (  # noqa: E402,F401
@@ -112,6 +113,7 @@ from .tracing import (  # noqa: E402,F401
     current_tracer,
     data_dependence_errors,
     defines_setup_context,
+    dispatched_ops,
     enable_python_dispatcher,
     fake_mode_of,
     FAKE_TENSOR_LOGGER,

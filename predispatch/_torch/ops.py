@@ -228,3 +228,24 @@ def control_flow_ops_module():
 def op_name_parts(op: OpOverload) -> tuple[str, str, str]:
     """(namespace, op name, overload name) of an op overload: ("aten", "mul", "Tensor")."""
     return op.namespace, op._opname, op._overloadname
+
+
+def without_default_arguments(op, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """``op``'s arguments as the tracer records them: trailing positional
+    arguments and keyword-only ones equal to their schema default left out
+    (as torch's C++ to Python conversion of an op call leaves them)."""
+    schema = getattr(op, "_schema", None)
+    if schema is None:
+        return args, kwargs
+    positional = [a for a in schema.arguments if not a.kwarg_only]
+    args = list(args)
+    while args and len(args) <= len(positional) and _is_default(positional[len(args) - 1], args[-1]):
+        args.pop()
+    named = {a.name: a for a in schema.arguments if a.kwarg_only}
+    kwargs = {k: v for k, v in kwargs.items() if k not in named or not _is_default(named[k], v)}
+    return tuple(args), kwargs
+
+
+def _is_default(argument, value) -> bool:
+    return (argument.has_default_value() and type(value) in (int, float, bool, type(None))
+            and type(argument.default_value) is type(value) and argument.default_value == value)

@@ -19,7 +19,7 @@ from torch.fx.proxy import _STACK_TRACE_ANCHORS
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.autograd.function import _is_setup_context_defined
 from torch.fx.experimental.proxy_tensor import ProxyTorchDispatchMode, track_tensor_tree
-from torch.utils._python_dispatch import _detect_infra_mode, _disable_infra_mode
+from torch.utils._python_dispatch import TorchDispatchMode, _detect_infra_mode, _disable_infra_mode
 
 from .ops import SET_GRAD_ENABLED, may_return_a_view
 from .patching import patches_suspended
@@ -325,6 +325,29 @@ def trace_suspended():
             torch._C._push_on_torch_dispatch_stack(mode)
         for mode in reversed(popped):
             torch._C._push_on_torch_function_stack(mode)
+
+
+class _DispatchLog(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops: list = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append((func, args, kwargs or {}))
+        return func(*args, **(kwargs or {}))
+
+
+def dispatched_ops(arguments, fn) -> list:
+    """The aten calls (overload, args, kwargs) ``fn(*args, **kwargs)`` makes
+    on meta tensors below autograd, as if no trace ran (``arguments()`` makes
+    ``(args, kwargs)`` there): CompositeImplicitAutograd ops as their
+    decompositions, which may depend on a scalar argument's value."""
+    log = _DispatchLog()
+    with trace_suspended(), torch.device("meta"), below_autograd():
+        args, kwargs = arguments()
+        with log:
+            fn(*args, **kwargs)
+    return log.ops
 
 
 def copy_node(graph: torch.fx.Graph, node: torch.fx.Node, arg_transform) -> torch.fx.Node:

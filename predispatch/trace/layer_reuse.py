@@ -40,8 +40,10 @@ import types
 import torch
 
 from .. import _torch
+from . import layer_constants
 from .host_random import host_generator_states, restore_host_generators
 from .python_state import PythonState, Watch
+from .recorder.spans import Settled
 
 _ENV = "PREDISPATCH_LAYER_REUSE"
 _enabled: list[bool] = []
@@ -133,8 +135,9 @@ class _CallLog(_torch.TorchFunctionMode):
     the same place gets a new empty tensor with the metadata the guide's
     result had instead of running: an op's result metadata is a function of
     its arguments' (which the log holds), so the log is the one running would
-    give, without the meta kernels. From the first call that differs on,
-    calls run."""
+    give, without the meta kernels. A call that differs from the guide's at
+    its place runs; the guide's later calls still stand for equal ones (a
+    layer's own drop rate changes one call, not the rest)."""
 
     def __init__(self, tensors: list, guide: list | None = None):
         super().__init__()
@@ -207,9 +210,7 @@ class _CallLog(_torch.TorchFunctionMode):
                 self.number[id(out)] = result  # its metadata, as _register reads it: made from it
                 self.calls.append((func, called, result))
                 return out
-        else:
-            self.guide = None  # another call: the guide says nothing about what follows
-        return None
+        return None  # another call (a float of its own, say): it runs; later equal calls are guided again
 
 
 def _ambient() -> tuple:
@@ -351,6 +352,11 @@ class _Template:
     out_spec: object
     torch_fns: dict  # node -> (torch function, its count relative to the call's start)
     increments: dict  # torch function -> how many calls the call made
+    writes: list  # what the call wrote in grad mode: (("output", leaf) | ("state", i) | ("settled", view, swapped), old, new)
+    updates: list  # its state updated in place: (position among the state, its new value's node, mutation kind)
+    # the inputs (positions) and output leaves whose memory the call made views of, which the recorder follows
+    # (a later update of theirs replays those views): a stamp's must stay as it leaves them
+    viewed: tuple
     last_fn: object
     depth: int  # module-stack entries around the call (the layer's own included)
     inner_stacks: dict  # node -> its module-stack entries inside the call (one tuple per distinct stack)
@@ -394,6 +400,7 @@ class LayerReuse:
     def __init__(self, root: torch.nn.Module, recorder, stamper):
         self.recorder, self.stamper = recorder, stamper
         self.templates: dict = {}
+        self.parametric: dict = {}  # key -> its parametric templates (layer_constants)
         self.named: dict = {}  # key -> the (globals, names) of the code its first complete replay ran
         self.keep: list = []
         self.stamped: list[_Stamped] = []
@@ -446,18 +453,38 @@ class LayerReuse:
         log, self.named[key] = _replay(forward, flat, spec, state, module, guide, self.named.get(key))
         if log is None:
             return forward(*args, **kwargs)
-        for logged, template in templates:
-            if template is not None and logged[:2] == log[:2]:
-                with _torch.torch_function_disabled():  # no torch call is the layer's
-                    out = self._stamp(template, module, caller, flat, state)
-                if out is not None:
-                    self.report.stamped += 1
-                    self.report.traced -= 1
-                    return out
+        for template, constants in self._matches(key, templates, log):
+            with _torch.torch_function_disabled():  # no torch call is the layer's
+                out = self._stamp(template, module, caller, flat, state, constants)
+            if out is not None:
+                self.report.stamped += 1
+                self.report.traced -= 1
+                return out
         out, template = self._trace(module, forward, caller, flat, state, args, kwargs, mark)
+        if template is not None:
+            self._pair(key, templates, log, template)
         templates.append((log, template))
         self.report.templates += template is not None
         return out
+
+    def _matches(self, key, templates: list, log: tuple):
+        """(template, the constants in its holes) a call with this log may be stamped from."""
+        for logged, template in templates:
+            if template is not None and logged[:2] == log[:2]:
+                yield template, {}
+        for parametric in self.parametric.get(key, ()):
+            with _torch.torch_function_disabled():  # the check's own torch calls
+                constants = parametric.constants_for(log)
+            if constants is not None:
+                yield parametric.template, constants
+
+    def _pair(self, key, templates: list, log: tuple, template: _Template) -> None:
+        """A parametric template (:mod:`.layer_constants`) of this call's and an earlier one's."""
+        for logged, first in templates:
+            parametric = first is not None and layer_constants.paired(first, logged, template, log)
+            if parametric:
+                self.parametric.setdefault(key, []).append(parametric)
+                return
 
     # -- the first call of a kind: traced, kept as a template
 
@@ -466,40 +493,44 @@ class LayerReuse:
         inputs = [x for x in flat if isinstance(x, torch.Tensor)] + state
         with _torch.torch_function_disabled():  # metadata reads, not the layer's
             in_nodes = [_torch.materialized_node(t) for t in inputs]
-            counters = [_torch.storage_counters(t) for t in inputs]
+            counters = [(_torch.storage_counters(t), _torch.mutation_kind(t)) for t in inputs]
         counts, num_calls = dict(tracer.torch_fn_counts), dict(tracer.num_calls)
         depth, (module_key, (module_path, _)) = len(tracer.module_stack), list(tracer.module_stack.items())[-1]
-        start = _torch.last_node(tracer.graph)
+        start, written, views = _torch.last_node(tracer.graph), self.recorder.written_so_far(), self.recorder.views_made()
         out = forward(*args, **kwargs)
         with _torch.torch_function_disabled():  # metadata reads, not the layer's
             return out, self._template(inputs, in_nodes, counters, counts, num_calls, depth, module_key,
-                                       module_path, caller, start, out, mark)
+                                       module_path, caller, start, out, (mark, written, views, len(state)))
 
     def _template(self, inputs, in_nodes, counters, counts, num_calls, depth, module_key, module_path,
                   caller, start, out, mark):
         """The call's template, or None where a later call could not be stamped from it."""
         tracer = _torch.current_tracer()
         nodes = list(_torch.nodes_after(start))
-        if (self.recorder.reuse_mark() != mark or None in in_nodes
-                or [_torch.storage_counters(t) for t in inputs] != counters):
+        mark, written, views, n_state = mark  # inputs: the call's tensors, then its state (n_state of them)
+        updates = _state_updates(inputs, counters, n_state, set(nodes))
+        if self.recorder.reuse_mark() != mark or None in in_nodes or updates is None:
             return None
         out_flat, out_spec = _torch.pytree.tree_flatten(out)
         outputs = _outputs(out_flat, inputs, set(nodes))
         offsets = _torch_fn_offsets(nodes, counts, tracer.torch_fn_counts)
+        writes = _writes(self.recorder.written_since(written), set(nodes), out_flat,
+                         {id(t): i for i, t in enumerate(inputs[len(inputs) - n_state:])})
         module_calls = {p: (num_calls.get(p, 0), n) for p, n in tracer.num_calls.items()
                         if n != num_calls.get(p, 0)}
-        if (outputs is None or offsets is None or not _copyable(nodes, set(in_nodes), depth)
+        if (outputs is None or offsets is None or writes is None or not _copyable(nodes, set(in_nodes), depth)
                 or any(not p.startswith(module_path + ".") for p in module_calls)):
             return None
         return _Template(
             in_nodes, nodes, outputs, out_spec, offsets,
-            {f: n - counts.get(f, 0) for f, n in tracer.torch_fn_counts.items() if n != counts.get(f, 0)},
+            {f: n - counts.get(f, 0) for f, n in tracer.torch_fn_counts.items() if n != counts.get(f, 0)}, writes,
+            updates, _viewed(self.recorder.views_made_since(views), inputs, out_flat),
             tracer.torch_fn_metadata, depth, _inner_stacks(nodes, depth), module_calls, module_key, module_path,
             self.stamper.call_site_text(caller) if self.stamper is not None else None)
 
     # -- a later call of the kind: the template's nodes copied
 
-    def _stamp(self, template: _Template, module, caller, flat, state):
+    def _stamp(self, template: _Template, module, caller, flat, state, constants: dict):
         """The call's outputs, made by copying the template's nodes; None where
         the module calls it makes would be named otherwise than the template's."""
         tracer = _torch.current_tracer()
@@ -518,9 +549,14 @@ class LayerReuse:
                                  tracer.torch_fn_counts)
         for node in template.nodes:
             env[node] = relocation.copied(tracer.graph, node, env)
+            if node in constants:
+                layer_constants.filled(env[node], constants[node])
         _advance_counters(tracer, template, module_calls)
+        _update_state(template, env, state)
         made, leaves = _outputs_made(template, env)
-        tensors = [*inputs, *made]
+        self.recorder.note_stamped_writes(_writes_made(template, env, leaves, state))
+        inputs_viewed, leaves_viewed = template.viewed
+        tensors = [*(inputs[i] for i in inputs_viewed), *(leaves[j] for j in leaves_viewed)]
         self.stamped.append(_Stamped(tensors, [_torch.storage_counters(t) for t in tensors]))
         return _torch.pytree.tree_unflatten(leaves, template.out_spec)
 
@@ -603,6 +639,74 @@ def _advance_counters(tracer, template: _Template, module_calls: dict) -> None:
     for p, (_, after) in module_calls.items():
         tracer.num_calls[p] = after
     tracer.torch_fn_metadata = template.last_fn
+
+
+def _viewed(views: list, inputs: list, out_flat: list) -> tuple:
+    """(the positions of ``inputs``, the output leaves) in whose memory the call
+    made ``views``: the tensors of a stamp whose later updates would replay views
+    that the template's trace had and a stamp has not (:meth:`check_stamped`)."""
+    memory = {_torch.storage_of(v) for v in views}
+    return (tuple(i for i, t in enumerate(inputs) if _torch.storage_of(t) in memory),
+            tuple(j for j, o in enumerate(out_flat) if isinstance(o, torch.Tensor) and _torch.storage_of(o) in memory))
+
+
+def _state_updates(inputs: list, before: list, n_state: int, made: set) -> list | None:
+    """The call's state updated in place, as a stamp updates its own: (position
+    among the state, the node of its new value, how it was mutated); None where
+    the call changed what a stamp cannot (an input, a layout or storage, state
+    mutated before the call, a value not made by the call)."""
+    updates = []
+    for i, (t, (counters, kind)) in enumerate(zip(inputs, before)):
+        if _torch.storage_counters(t) == counters:
+            continue
+        position = i - (len(inputs) - n_state)
+        node = _torch.current_node(t)
+        if (position < 0 or kind is not None or _torch.has_metadata_mutation(t) or _torch.storage_changed(t)
+                or node not in made):
+            return None
+        updates.append((position, node, _torch.mutation_kind(t)))
+    return updates
+
+
+def _update_state(template: _Template, env: dict, state: list) -> None:
+    """The stamped layer's state updated as the template's was: its new values
+    the copied nodes', mutated in the grad mode (or hidden) the template's were."""
+    for position, node, kind in template.updates:
+        value = _torch.traced_output(_torch.fresh_like(node.meta["val"], False), env[node])
+        with torch.no_grad() if kind == "no_grad" else contextlib.nullcontext():
+            _torch.functional_write(state[position], value, hidden=kind == "hidden")
+
+
+def _writes(written: list, made: set, out_flat: list, state: dict) -> list | None:
+    """What a call wrote in grad mode (the recorder's notes, :meth:`written_since`),
+    as a stamp of it notes it again: each output and each piece of its state it
+    wrote, by position, and each value it made and wrote, settled (no code
+    outside can reach it); None where it wrote a value made before it. A value
+    noted but left as it was (an input it read while writing another) is no write."""
+    leaves = {id(o): i for i, o in enumerate(out_flat) if isinstance(o, torch.Tensor)}
+    writes = []
+    for t, old, new, view, swapped in written:
+        if new is old or new is None:
+            continue
+        if id(t) in leaves:
+            writes.append((("output", leaves[id(t)]), old, new))
+        elif id(t) in state:
+            writes.append((("state", state[id(t)]), old, new))
+        elif old in made and new in made:
+            writes.append((("settled", view, swapped), old, new))
+        else:
+            return None
+    return writes
+
+
+def _writes_made(template: _Template, env: dict, leaves: list, state: list) -> list:
+    """The template's writes (:func:`_writes`) for this stamp: (the value, its node before the write)."""
+    written = []
+    for (kind, *how), old, new in template.writes:
+        value = {"output": lambda: leaves[how[0]], "state": lambda: state[how[0]],
+                 "settled": lambda: Settled(env[new], *how)}[kind]()
+        written.append((value, env.get(old, old)))
+    return written
 
 
 def _outputs_made(template: _Template, env: dict) -> tuple[list, list]:

@@ -5,7 +5,9 @@
     ... def test(program):
     ...     module, args = program.build()
 
-A program is three calls of one ``Layer`` class, given an object they share
+A program is three calls of one ``Layer`` class (in train mode: dropout,
+BatchNorm, in-place writes of its own values, a buffer it updates; floats
+of its own: a drop rate, a bound), given an object they share
 (``state``: a counter, a list, a dict), with statements drawn from a small
 table: tensor ops, and reads and writes of Python state a layer can reach —
 that object, the layer's own attribute, a class attribute, a global counter,
@@ -26,7 +28,14 @@ from hypothesis import strategies as st
 
 from .generator import built, programs
 
-OPS = ["x = self.lin(x)", "x = x.relu()", "x = torch.tanh(x) * 0.5"]
+OPS = ["x = self.lin(x)", "x = x.relu()", "x = torch.tanh(x) * 0.5",
+       # as training runs a layer: random draws, writes of its own values, its state updated
+       "x = self.drop(x)", "x = self.bn(x)", "y = self.lin(x)\ny.masked_fill_(y > 0.5, 0.0)\nx = x + y",
+       "x = self.lin(x)\nx.mul_(0.5)", "self.steps.add_(1)\nx = x * 1.0", "x = x + self.steps",
+       # a float of the layer's own: a drop-path rate, a dropout probability, a bound, an exponent
+       "keep = 1.0 - 0.1 * self.i\nx = x * x.new_empty(3, 1).bernoulli_(keep).div_(keep)",
+       "x = torch.nn.functional.dropout(x, 0.2 * self.i)", "x = x.clamp(min=-0.5 * self.i)",
+       "x = x.abs().pow(self.i + 1.0)"]
 READS = [
     "x = x * state.calls",
     "x = x * (len(state.log) + 1)",
@@ -84,6 +93,9 @@ class Layer(nn.Module):
         self.i = i
         self.seen = []
         self.lin = nn.Linear(4, 4)
+        self.drop = nn.Dropout(0.3)
+        self.bn = nn.BatchNorm1d(4)
+        self.register_buffer("steps", torch.zeros(()))
         g = torch.Generator().manual_seed(i)
         with torch.no_grad():
             self.lin.weight.copy_(torch.randn(4, 4, generator=g) * 0.5)
@@ -127,7 +139,7 @@ class LayeredProgram:
 
     @property
     def module_source(self) -> str:
-        body = [f"        {line}" for line in self.body] + ["        return x"]
+        body = [f"        {part}" for line in self.body for part in line.split("\n")] + ["        return x"]
         return PRELUDE + "\n".join(body) + "\n" + TOP
 
     @property
@@ -180,7 +192,7 @@ def layered_programs(draw, max_statements: int = 6) -> LayeredProgram:
             body.append(draw(st.sampled_from(WRITES)))
         else:
             inner = draw(st.sampled_from(OPS + WRITES))
-            body += [draw(st.sampled_from(BRANCHES)), f"    {inner}"]
+            body += [draw(st.sampled_from(BRANCHES)), "\n".join(f"    {part}" for part in inner.split("\n"))]
     if draw(st.integers(0, 3)) == 0:  # the tensor ops only: a layer stamped from the first
         body = [line for line in body if line in OPS] or body
     return LayeredProgram(body, draw(st.sampled_from([True, True, False])))

@@ -10,7 +10,7 @@ import torch
 
 from ... import _torch
 from .. import eager_layout
-from . import swaps, table
+from . import marks, spans, swaps, table, views
 from .state import TorchCall, TraceState
 
 
@@ -41,5 +41,28 @@ class Recorder(_torch.TorchFunctionMode):
                 or (state.draws is not None and state.draws.pending)):
             return None
         r = state.record
-        return (len(r.replacements), len(r.needed), len(state.block_ids), len(state.written or ()),
+        return (len(r.replacements), len(r.needed), len(state.block_ids),
                 state.after_a_grad_marker, state.any_no_grad_view, state.grad_mode)
+
+    def views_made(self) -> int:
+        """How many views the recorder has seen made since the last grad-mode marker."""
+        return len(self.state.span_views)
+
+    def views_made_since(self, count: int) -> list:
+        """The views made since :meth:`views_made` said ``count``."""
+        return self.state.span_views[count:]
+
+    def written_so_far(self) -> set:
+        """The tensors noted as written in grad mode since the last marker (ids)."""
+        return set(self.state.written or ())
+
+    def written_since(self, before: set) -> list:
+        """(tensor, its node before its first write, its node now, made by a view op,
+        given another's storage) of those noted since ``before``."""
+        state = self.state
+        return [(t, old, views.current_node(state, t), marks.made_by_a_view(t), marks.SWAPPED.of(t))
+                for key, (t, old) in (state.written or {}).items() if key not in before]
+
+    def note_stamped_writes(self, written: list) -> None:
+        """What a stamped layer wrote in grad mode (see :func:`.spans.note_settled`)."""
+        spans.note_settled(self.state, written)

@@ -10,6 +10,8 @@ no_grad: the values it writes are noted before their first write
 (``written``) and handed on at the next marker, or at the forward's end."""
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import torch.fx
 
@@ -53,15 +55,37 @@ def note_written(state: TraceState, tensors) -> None:
                 state.written[id(t)] = (t, node)
 
 
+@dataclasses.dataclass(frozen=True)
+class Settled:
+    """A value no code can write any more, written in grad mode inside a layer
+    stamped from a template (:mod:`predispatch.trace.layer_reuse`): its final
+    node, as the template's tensor was laid out (made by a view op, swapped)."""
+
+    node: torch.fx.Node
+    made_by_a_view: bool
+    swapped: bool
+
+
+def note_settled(state: TraceState, written: list) -> None:
+    """``(value, its node before its first write)``: what a stamped layer wrote
+    in grad mode, as its template's trace noted it (values are :class:`Settled`
+    or the layer's own output tensors)."""
+    for value, old in written:
+        state.written.setdefault(id(value), (value, old))
+
+
 def end_grad_mode_segment(state: TraceState) -> None:
     """At a grad-mode marker in grad mode, or at the forward's end: the
     values written since the last marker were replaced."""
     written, state.written = state.written, {}
     pairs = {}
     for t, old in (written or {}).values():
-        new = current_node(state, t)
+        if isinstance(t, Settled):
+            new, view, swapped = t.node, t.made_by_a_view, t.swapped
+        else:
+            new, view, swapped = current_node(state, t), marks.made_by_a_view(t), marks.SWAPPED.of(t)
         if new is not None and new is not old:
-            pairs[new] = (old, marks.made_by_a_view(t), marks.SWAPPED.of(t))
+            pairs[new] = (old, view, swapped)
     if pairs:
         exit = _torch.last_node(_torch.current_tracer().graph)
         state.record.replacements.extend(
