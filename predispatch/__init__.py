@@ -1,9 +1,47 @@
 """predispatch: a torch.nn.Module exported as a functionalized pre-dispatch program.
 
-The program is a real torch.export.ExportedProgram with grad-mode and
-autocast regions, which still trains. The public names are in ``__all__``;
-the pipeline is :mod:`predispatch.pipeline`, the layers are folders
-(design/architecture.md)."""
+    >>> class M(torch.nn.Module):
+    ...     def forward(self, x):
+    ...         x = x * 1.0
+    ...         with torch.no_grad():
+    ...             x.mul_(2)
+    ...         return x * x
+    >>> ep = predispatch.export_predispatch(M(), (torch.ones(2),))
+    >>> print(predispatch.format_program(ep))
+    def forward(x: f32[2]):
+        mul = aten.mul.Tensor(x, 1.0)
+        no_grad_0 = wrap_with_set_grad_enabled(False, self.no_grad_0, mul)
+    ...
+    >>> ep.module()(torch.ones(2))
+    tensor([4., 4.])
+
+The program is a real ``torch.export.ExportedProgram``: functional (every
+mutation is data flow), traced above autograd and autocast (kept
+composites such as ``aten.linear``), each grad-mode or autocast block a
+higher-order-op region, and it still trains as the eager module does.
+
+Exporting:
+    export_predispatch(module, args, ...) -> PredispatchProgram
+    OpPolicy                which composite ops are kept whole
+    reuse_layers(enabled)   trace repeated layers once (the default) or each
+    ExportError             what no functional program can reproduce
+Reading a program:
+    format_program(ep)      the program as stable text
+    regions(ep), Region     every grad-mode and autocast region
+    inline_regions(ep)      the regions as plain ops (their modes lost)
+    autocast_policy(ep), AutocastPolicy   the backward's autocast policy
+    sharded_layouts(ep), Layout           a sharded module's placements
+    load(path)              ``torch.export.load`` giving a PredispatchProgram
+Running and training:
+    compile_training(ep) -> CompiledTraining   forward and backward ahead of time
+    BackwardAutocastMismatchError, BackwardAutocastMismatchWarning,
+    CallNotSupportedError
+    prepare_pt2e, prepare_qat_pt2e, convert_pt2e   torchao's PT2E through regions
+Testing: predispatch.testing (GraphTestCase, assert_matches_eager).
+
+The README is the tour; design/ has the depth (design/architecture.md
+explains the pipeline, :mod:`predispatch.pipeline`, and the folders).
+"""
 from . import _torch
 from .policies.autocast_policy import AutocastPolicy, autocast_policy
 from .errors import BackwardAutocastMismatchError, BackwardAutocastMismatchWarning, ExportError

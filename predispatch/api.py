@@ -22,11 +22,39 @@ def export_predispatch(module, args, kwargs=None, *, dynamic_shapes=None, op_pol
         ...         with torch.no_grad():
         ...             x.mul_(2)
         ...         return x * x
-        >>> ep = export_predispatch(M(), (torch.ones(2),))
-        >>> print(ep.graph_module.code)   # wrap_with_set_grad_enabled(False, self.no_grad_0, x)
+        >>> ep = predispatch.export_predispatch(M(), (torch.ones(2),))
+        >>> [r.name for r in predispatch.regions(ep)]      # the no_grad block, as a region
+        ['no_grad_0']
+        >>> [spec.kind.name for spec in ep.graph_signature.output_specs]
+        ['USER_INPUT_MUTATION', 'USER_OUTPUT']
+        >>> x = torch.ones(2)
+        >>> ep.module()(x), x        # the output, and the input updated as eager updates it
+        (tensor([4., 4.]), tensor([2., 2.]))
 
-    See ../shared/CONTRACT.md for guarantees G1-G7; the stages it runs are
-    :data:`predispatch.pipeline.STAGES`.
+    The result (a :class:`PredispatchProgram`) is functional, traced above
+    autograd and autocast, each grad-mode or autocast block a region; its
+    ``module()`` gives eager's outputs, gradients and states.
+
+    Args:
+        module: the ``torch.nn.Module`` to export (train or eval mode).
+        args: a tuple of example inputs (pytrees allowed).
+        kwargs: a dict of example keyword inputs.
+        dynamic_shapes: as for ``torch.export.export``.
+        op_policy: which CompositeImplicitAutograd ops are kept whole
+            (:class:`OpPolicy`; ``None`` is ``OpPolicy.default()``).
+        backward_pass_autocast: the autocast state :func:`compile_training`
+            traces the backward under: ``"same_as_forward"``, ``"off"`` or a
+            list of ``torch.amp.autocast`` kwargs dicts.
+        on_backward_autocast_mismatch: what a backward run under another
+            autocast state does, where that changes its result: ``"error"``,
+            ``"warn"`` or ``"do_nothing"``.
+
+    Raises:
+        ExportError: a construct no functional program can reproduce (the
+            message names it and the source line).
+        ValueError: a bad option value.
+
+    The stages it runs are :data:`predispatch.pipeline.STAGES`.
     """
     autocast = AutocastPolicy.validated(backward_pass_autocast, on_backward_autocast_mismatch)
     op_policy = OpPolicy.default() if op_policy is None else op_policy

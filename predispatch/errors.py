@@ -9,16 +9,62 @@ import torch
 
 class ExportError(RuntimeError):
     """A module that cannot be exported soundly: the message names the
-    construct and the user's source line."""
+    construct and the user's source line.
+
+        >>> class Branchy(torch.nn.Module):
+        ...     def forward(self, x):
+        ...         return x if x.sum() > 0 else -x      # a branch on a tensor's value
+        >>> predispatch.export_predispatch(Branchy(), (torch.ones(2),))
+        Traceback (most recent call last):
+        ...
+        predispatch.errors.ExportError: data-dependent Python control flow ... in forward: ...
+
+    A subclass of ``RuntimeError``. Raised for whatever no functional
+    program can reproduce as eager runs it (design/refusals.md lists them,
+    with the reasons), never a silently wrong program.
+    """
 
 
 class BackwardAutocastMismatchError(RuntimeError):
     """The backward ran under an autocast state other than the one assumed
-    when the program was compiled, in a way that changes its result."""
+    when the program was compiled, in a way that changes its result.
+
+        >>> class MatMul(torch.nn.Module):
+        ...     def __init__(self):
+        ...         super().__init__()
+        ...         self.w = torch.nn.Parameter(torch.ones(2, 2))
+        ...     def forward(self, x):
+        ...         return x @ self.w
+        >>> ep = predispatch.export_predispatch(MatMul(), (torch.ones(2, 2),),
+        ...                                     backward_pass_autocast="off")
+        >>> out = predispatch.compile_training(ep)(torch.ones(2, 2))
+        >>> with torch.autocast("cpu", torch.bfloat16):   # not the "off" assumed
+        ...     out.sum().backward()
+        Traceback (most recent call last):
+        ...
+        predispatch.errors.BackwardAutocastMismatchError: ...
+
+    ``on_backward_autocast_mismatch="warn"`` warns with
+    :class:`BackwardAutocastMismatchWarning` instead, ``"do_nothing"``
+    runs the backward as traced. A difference that cannot change the result
+    (an elementwise backward, which CPU autocast leaves alone) is not one.
+    """
 
 
 class BackwardAutocastMismatchWarning(UserWarning):
-    """Warning form of :class:`BackwardAutocastMismatchError`."""
+    """Warning form of :class:`BackwardAutocastMismatchError`.
+
+        >>> import warnings
+        >>> ep = predispatch.export_predispatch(torch.nn.Linear(2, 2), (torch.ones(2, 2),),
+        ...                                     backward_pass_autocast="off",
+        ...                                     on_backward_autocast_mismatch="warn")
+        >>> out = predispatch.compile_training(ep)(torch.ones(2, 2))
+        >>> with warnings.catch_warnings(record=True) as caught, torch.autocast("cpu", torch.bfloat16):
+        ...     warnings.simplefilter("always")
+        ...     out.sum().backward()
+        >>> [w.category.__name__ for w in caught if w.category is predispatch.BackwardAutocastMismatchWarning]
+        ['BackwardAutocastMismatchWarning']
+    """
 
 
 PACKAGE_DIR = os.path.dirname(__file__) + os.sep  # predispatch itself

@@ -2,7 +2,7 @@
 ``run_decompositions``, ``torch.export.unflatten``, save and load,
 ``torch.compile``, AOTInductor, ONNX; PT2E quantization is
 tests/test_quantization.py), compared with eager: outputs, gradients,
-parameters and buffers after the call. The README's "Downstream" table
+parameters and buffers after the call. design/downstream.md's table
 names the test for each tool."""
 import copy
 import json

@@ -213,7 +213,7 @@ def test_a_value_crossing_a_region_boundary_has_one_observer():
 
 def test_torchao_prepare_pt2e_on_the_program_observes_the_top_level_only():
     """What torchao's own prepare_pt2e does with a program that has regions
-    (the README says so): it runs, observes the top-level linear, and leaves
+    (design/quantization.md says so): it runs, observes the top-level linear, and leaves
     the linears inside the regions unobserved, without a warning."""
     torch.manual_seed(0)
     model = LinearsInRegions().eval()
@@ -337,7 +337,7 @@ def test_qat_trains_through_regions_and_no_grad_still_cuts_gradients():
 
     Without BatchNorm: torchao's QAT conv-bn fusion matches the mutating
     ``aten.batch_norm`` torch.export keeps, and a predispatch program has the
-    functional ``_native_batch_norm_legit_functional`` (README, Downstream)."""
+    functional ``_native_batch_norm_legit_functional`` (design/quantization.md)."""
     torch.manual_seed(0)
     model = MeanTeacherNet(batch_norm=False).train()
     batches = calibration_batches((4, 3, 16, 16))

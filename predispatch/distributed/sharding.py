@@ -56,9 +56,22 @@ from .._torch.patching import patched
 
 @dataclasses.dataclass(frozen=True)
 class Layout:
-    """How a sharded parameter or buffer is laid out: what a tool needs to
-    rebuild the DTensor (``DTensor.from_local(local, mesh, placements,
-    shape=global_shape, stride=global_stride)``) or the full tensor."""
+    """How a sharded parameter or buffer is laid out, as :func:`sharded_layouts` gives it.
+
+        >>> import torch.distributed as dist
+        >>> from torch.distributed.device_mesh import init_device_mesh
+        >>> from torch.distributed.tensor.parallel import RowwiseParallel, parallelize_module
+        >>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        >>> model = parallelize_module(torch.nn.Sequential(torch.nn.Linear(16, 8)),
+        ...                            init_device_mesh("cpu", (1,)), {"0": RowwiseParallel()})
+        >>> ep = predispatch.export_predispatch(model, (torch.randn(2, 16),))
+        >>> dist.destroy_process_group()
+        >>> predispatch.sharded_layouts(ep)["0.weight"]
+        Layout(mesh_shape=(1,), mesh_dim_names=None, mesh_ranks=[0], placements=('S(1)',), global_shape=(8, 16), global_stride=(16, 1))
+
+    What a tool needs to rebuild the DTensor (``DTensor.from_local(local,
+    mesh, placements, shape=global_shape, stride=global_stride)``) or the
+    full tensor from the program's local shard."""
 
     mesh_shape: tuple
     mesh_dim_names: tuple | None
@@ -72,13 +85,23 @@ class Layout:
 
 
 def sharded_layouts(ep_or_gm) -> dict:
-    """Name -> :class:`Layout` of each sharded parameter or buffer of an
-    exported program (empty for a module that was not sharded): what a tool
-    needs to rebuild the DTensor, or the full tensor, from the program's
-    local shard. Kept through ``torch.export.save`` / ``predispatch.load``.
+    """Name -> :class:`Layout` of each sharded parameter or buffer of a program.
 
-        >>> layout = predispatch.sharded_layouts(ep)["up.weight"]
-        >>> layout.placements, layout.global_shape   # ("S(0)",), (16, 8)
+        >>> import torch.distributed as dist
+        >>> from torch.distributed.device_mesh import init_device_mesh
+        >>> from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+        >>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)  # on every rank
+        >>> mlp = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 8))
+        >>> mlp = parallelize_module(mlp, init_device_mesh("cpu", (dist.get_world_size(),)),
+        ...                          {"0": ColwiseParallel(), "2": RowwiseParallel()})
+        >>> ep = predispatch.export_predispatch(mlp, (torch.randn(2, 8),))   # this rank's program
+        >>> dist.destroy_process_group()
+        >>> {name: layout.placements for name, layout in predispatch.sharded_layouts(ep).items()}
+        {'0.weight': ('S(0)',), '0.bias': ('S(0)',), '2.weight': ('S(1)',), '2.bias': ('R',)}
+
+    Empty for a module that was not sharded. Kept through
+    ``torch.export.save`` / :func:`load`. design/sharding.md has how
+    tensor parallel and FSDP2 modules are exported, and what is refused.
     """
     return {name: Layout(**{k: tuple(v) if isinstance(v, list) and k != "mesh_ranks" else v
                             for k, v in fields.items()})

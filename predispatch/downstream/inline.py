@@ -20,6 +20,19 @@ from ..program.program import PredispatchProgram
 def inline_regions(ep: ExportedProgram) -> ExportedProgram:
     """A copy of ``ep`` with every region inlined as plain ops.
 
+        >>> class NoGrad(torch.nn.Module):
+        ...     def forward(self, x):
+        ...         with torch.no_grad():
+        ...             y = x * 2
+        ...         return x + y
+        >>> ep = predispatch.export_predispatch(NoGrad(), (torch.ones(2),))
+        >>> flat = predispatch.inline_regions(ep)
+        >>> list(predispatch.regions(flat))
+        []
+        >>> x = torch.ones(2, requires_grad=True)
+        >>> flat.module()(x).sum().backward(); x.grad   # the no_grad block no longer cuts
+        tensor([3., 3.])
+
     For consumers that cannot handle higher-order ops. The grad-mode and
     autocast semantics of the regions are LOST: the inlined ops run under
     whatever mode the caller has (a no_grad block's ops now record autograd

@@ -50,15 +50,63 @@ def _pt2e():
 
 def prepare_pt2e(model: torch.fx.GraphModule, quantizer) -> torch.fx.GraphModule:
     """torchao's ``prepare_pt2e`` on ``model`` (``ep.module()``), its regions
-    included: observers inside regions too, the regions kept."""
+    included: observers inside regions too, the regions kept.
+
+        >>> from torchao.quantization.pt2e.quantizer.x86_inductor_quantizer import (
+        ...     X86InductorQuantizer, get_default_x86_inductor_quantization_config)
+        >>> class Teacher(torch.nn.Module):
+        ...     def __init__(self):
+        ...         super().__init__()
+        ...         self.frozen, self.head = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+        ...     def forward(self, x):
+        ...         with torch.no_grad():
+        ...             x = self.frozen(x)
+        ...         return self.head(x)
+        >>> x = torch.randn(2, 4)
+        >>> ep = predispatch.export_predispatch(Teacher(), (x,))
+        >>> quantizer = X86InductorQuantizer().set_global(get_default_x86_inductor_quantization_config())
+        >>> prepared = predispatch.prepare_pt2e(ep.module(), quantizer)
+        >>> print(prepared.no_grad_0.code.strip())       # the frozen linear, observed in its region
+        def forward(self, activation_post_process_0, activation_post_process_1, frozen_bias):
+            linear = torch.ops.aten.linear.default(activation_post_process_0, ...
+            activation_post_process_2 = self.activation_post_process_2(linear);  linear = None
+            return (activation_post_process_2,)
+        >>> _ = prepared(x)                               # calibrate, then convert_pt2e
+
+    torchao's calling convention and quantizers (the optional extra
+    ``predispatch[quant]``; without torchao this raises an ``ImportError``
+    naming it). Like torchao's, it changes the module it is given.
+    design/quantization.md says how it works and what it measured.
+    """
     pt2e = _pt2e()
     return through_regions(model, lambda gm: pt2e.prepare_pt2e(gm, quantizer))
 
 
 def prepare_qat_pt2e(model: torch.fx.GraphModule, quantizer) -> torch.fx.GraphModule:
     """torchao's ``prepare_qat_pt2e`` on ``model``, its regions included:
-    fake quantization inside regions too, the regions kept (a no_grad region
-    still cuts gradients, an autocast region still autocasts). A value in a
+    fake quantization inside regions too, the regions kept.
+
+        >>> from torchao.quantization.pt2e.quantizer.x86_inductor_quantizer import (
+        ...     X86InductorQuantizer, get_default_x86_inductor_quantization_config)
+        >>> class Teacher(torch.nn.Module):
+        ...     def __init__(self):
+        ...         super().__init__()
+        ...         self.frozen, self.head = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+        ...     def forward(self, x):
+        ...         with torch.no_grad():
+        ...             x = self.frozen(x)
+        ...         return self.head(x)
+        >>> x = torch.randn(2, 4)
+        >>> ep = predispatch.export_predispatch(Teacher(), (x,))
+        >>> quantizer = X86InductorQuantizer().set_global(
+        ...     get_default_x86_inductor_quantization_config(is_qat=True))
+        >>> prepared = predispatch.prepare_qat_pt2e(ep.module(), quantizer)
+        >>> prepared(x).sum().backward()
+        >>> [name for name, p in prepared.named_parameters() if p.grad is not None]   # no_grad still cuts
+        ['head.weight', 'head.bias']
+
+    A no_grad region still cuts gradients, an autocast region still
+    autocasts. A value in a
     16-bit float dtype (what autocast computes) is fake-quantized in float32
     and cast back: torchao's fused fake quantizer takes float32 only."""
     pt2e = _pt2e()
@@ -104,7 +152,30 @@ def convert_pt2e(model: torch.fx.GraphModule, use_reference_representation: bool
                  fold_quantize: bool = True) -> torch.fx.GraphModule:
     """torchao's ``convert_pt2e`` on a module prepared by :func:`prepare_pt2e`
     or :func:`prepare_qat_pt2e`: quantize/dequantize pairs inside regions
-    too, the regions kept."""
+    too, the regions kept.
+
+        >>> from torchao.quantization.pt2e.quantizer.x86_inductor_quantizer import (
+        ...     X86InductorQuantizer, get_default_x86_inductor_quantization_config)
+        >>> class Teacher(torch.nn.Module):
+        ...     def __init__(self):
+        ...         super().__init__()
+        ...         self.frozen, self.head = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+        ...     def forward(self, x):
+        ...         with torch.no_grad():
+        ...             x = self.frozen(x)
+        ...         return self.head(x)
+        >>> x = torch.randn(2, 4)
+        >>> ep = predispatch.export_predispatch(Teacher(), (x,))
+        >>> quantizer = X86InductorQuantizer().set_global(get_default_x86_inductor_quantization_config())
+        >>> prepared = predispatch.prepare_pt2e(ep.module(), quantizer)
+        >>> _ = prepared(x)                               # calibrate
+        >>> quantized = predispatch.convert_pt2e(prepared)
+        >>> [r.name for r in predispatch.regions(quantized)]
+        ['no_grad_0']
+        >>> quantize = torch.ops.quantized_decomposed.quantize_per_tensor.default
+        >>> [n.name for n in quantized.no_grad_0.graph.nodes if n.target is quantize]
+        ['quantize_per_tensor_default_1']
+    """
     pt2e = _pt2e()
     return through_regions(model, lambda gm: pt2e.convert_pt2e(
         gm, use_reference_representation=use_reference_representation, fold_quantize=fold_quantize))

@@ -48,8 +48,15 @@ from ..program.write_backs import read_before_mutation, write_back_under_no_grad
 
 
 class CallNotSupportedError(RuntimeError):
-    """A call the compiled module refuses, as ``ep.module()`` does: the
-    message names the input (a size outside the program's shapes, a
+    """A call the compiled module refuses, as ``ep.module()`` does.
+
+        >>> ep = predispatch.export_predispatch(torch.nn.Linear(3, 2), (torch.ones(4, 3),))
+        >>> predispatch.compile_training(ep)(torch.ones(4, 5))
+        Traceback (most recent call last):
+        ...
+        predispatch.downstream.training.CallNotSupportedError: the compiled program cannot take these inputs: ...
+
+    The message names the input (a size outside the program's shapes, a
     non-tensor input other than the exported value)."""
 
 
@@ -349,19 +356,25 @@ class Variant:
 
 
 class CompiledTraining(torch.nn.Module):
-    """The module :func:`compile_training` returns: a drop-in for the
-    exported module. Its parameters and buffers are the program's, under the
-    exported module's names and in its order, so ``state_dict()`` and
+    """The module :func:`compile_training` returns: a drop-in for the exported module.
+
+        >>> model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
+        >>> x, y = torch.randn(8, 3), torch.randn(8, 1)
+        >>> train = predispatch.compile_training(predispatch.export_predispatch(model, (x,)))
+        >>> list(train.state_dict()) == list(model.state_dict())
+        True
+        >>> train.load_state_dict(model.state_dict())
+        <All keys matched successfully>
+        >>> opt = torch.optim.AdamW(train.parameters(), lr=1e-3)
+        >>> for step in range(3):
+        ...     opt.zero_grad(); torch.nn.functional.mse_loss(train(x), y).backward(); opt.step()
+        >>> type(train.forward_graph).__name__.startswith("GraphModule")
+        True
+
+    Its parameters and buffers are the program's, under the exported
+    module's names and in its order, so ``state_dict()`` and
     ``load_state_dict()`` are interchangeable with the original's and an
-    optimizer over ``parameters()`` trains it::
-
-        train = predispatch.compile_training(ep)
-        train.load_state_dict(model.state_dict())
-        opt = torch.optim.AdamW(train.parameters())
-        for x, y in data:
-            opt.zero_grad(); loss_fn(train(x), y).backward(); opt.step()
-
-    The traced functions read the tensors themselves: updates in place (an
+    optimizer over ``parameters()`` trains it. The traced functions read the tensors themselves: updates in place (an
     optimizer step, ``load_state_dict``) are seen by the next call, and a
     tensor replaced (``load_state_dict(..., assign=True)``) gets the program
     traced again.
@@ -469,7 +482,23 @@ def compiled_backward_nodes(tensors: list, history: list) -> list:
 
 
 def compile_training(ep) -> CompiledTraining:
-    """Trace ``ep``'s joint forward/backward ahead of time (see module docs)."""
+    """Trace ``ep``'s joint forward/backward ahead of time.
+
+        >>> ep = predispatch.export_predispatch(torch.nn.Linear(3, 1), (torch.randn(4, 3),))
+        >>> train = predispatch.compile_training(ep)
+        >>> train(torch.randn(4, 3)).sum().backward()
+        >>> train.weight.grad.shape
+        torch.Size([1, 3])
+        >>> [str(n.target) for n in train.forward_graph.graph.nodes if n.op == "call_function"]
+        ['aten.t.default', 'aten.addmm.default']
+
+    Returns a :class:`CompiledTraining`, a drop-in for the exported module;
+    its ``forward_graph`` and ``backward_graph`` are ``torch.fx.GraphModule``
+    s. The backward is traced under the program's ``backward_pass_autocast``
+    and checked at run time (:class:`BackwardAutocastMismatchError`); a call
+    of a new kind (sizes, dtypes, grad mode, ambient autocast) is traced
+    again. See the module's documentation and design/training.md.
+    """
     policy = autocast_policy(ep)
     if ep.example_inputs is None:
         raise ValueError("compile_training needs the program's example inputs (ep.example_inputs)")

@@ -54,10 +54,26 @@ _INPUTS = {"grad": 2, "autocast": 5, "autograd_function": 2}
 
 @dataclasses.dataclass(frozen=True)
 class Region:
-    """One region: its kind ("grad" or "autocast"), its mode arguments, the
-    submodule it runs, the higher-order-op node calling it, the graph module
-    that node lives in, and how deep it is nested (0 = top level). (Inlining
-    also takes an autograd Function's op as one, of kind "autograd_function",
+    """One region, as :func:`regions` yields it.
+
+        >>> class Nested(torch.nn.Module):
+        ...     def forward(self, x):
+        ...         with torch.autocast("cpu", torch.bfloat16):
+        ...             y = x @ x
+        ...             with torch.no_grad():
+        ...                 z = y * 2
+        ...         return y + z
+        >>> ep = predispatch.export_predispatch(Nested(), (torch.ones(2, 2),))
+        >>> outer, inner = predispatch.regions(ep)
+        >>> inner.kind, inner.args, inner.depth, inner.name, inner.owner is outer.submodule
+        ('grad', (False,), 1, 'no_grad_1', True)
+        >>> inner.node.target is torch.ops.higher_order.wrap_with_set_grad_enabled
+        True
+
+    Its kind ("grad" or "autocast"), its mode arguments, the submodule it
+    runs, the higher-order-op node calling it, the graph module that node
+    lives in, and how deep it is nested (0 = top level). (Inlining also
+    takes an autograd Function's op as one, of kind "autograd_function",
     whose submodule is its forward.)"""
 
     kind: str
@@ -93,9 +109,25 @@ def _graph_module(ep_or_gm) -> torch.fx.GraphModule:
 
 
 def regions(ep_or_gm) -> Iterator[Region]:
-    """Every region of a program or graph module, outer before inner, in graph
-    order; also those inside an autograd Function's forward and backward (at
-    the depth of the Function's op)."""
+    """Every region of a program or graph module, outer before inner, in graph order.
+
+        >>> class Nested(torch.nn.Module):
+        ...     def forward(self, x):
+        ...         with torch.autocast("cpu", torch.bfloat16):
+        ...             y = x @ x
+        ...             with torch.no_grad():
+        ...                 z = y * 2
+        ...         return y + z
+        >>> ep = predispatch.export_predispatch(Nested(), (torch.ones(2, 2),))
+        >>> for r in predispatch.regions(ep):
+        ...     print(r.depth, r.name, r.kind, r.args)
+        0 autocast_bfloat16_0 autocast ('cpu', torch.bfloat16, True, True)
+        1 no_grad_1 grad (False,)
+
+    For passes and pattern matchers that must see inside regions rather
+    than silently skip them. Also yields the regions inside an autograd
+    Function's forward and backward (at the depth of the Function's op).
+    """
     yield from _walk(_graph_module(ep_or_gm), 0)
 
 

@@ -24,9 +24,17 @@ AUTOCAST_KWARGS = ("device_type", "dtype", "enabled", "cache_enabled")
 
 @dataclasses.dataclass(frozen=True)
 class AutocastPolicy:
-    """``backward_pass_autocast``: "same_as_forward", "off", or a list of
+    """The backward autocast policy of a program, as :func:`autocast_policy` reads it.
+
+        >>> ep = predispatch.export_predispatch(torch.nn.Linear(2, 2), (torch.ones(1, 2),),
+        ...                                     backward_pass_autocast="off")
+        >>> policy = predispatch.autocast_policy(ep)
+        >>> policy.backward_pass_autocast, policy.on_backward_autocast_mismatch
+        ('off', 'error')
+
+    ``backward_pass_autocast``: "same_as_forward", "off", or a list of
     ``torch.amp.autocast`` kwargs dicts; ``on_backward_autocast_mismatch``:
-    "error", "warn" or "do_nothing"."""
+    "error", "warn" or "do_nothing" (see :func:`export_predispatch`)."""
 
     backward_pass_autocast: object = "same_as_forward"
     on_backward_autocast_mismatch: str = "error"
@@ -100,5 +108,14 @@ def _check_action(value):
 
 
 def autocast_policy(ep) -> AutocastPolicy:
-    """The backward autocast policy recorded in an exported program (G6)."""
+    """The backward autocast policy recorded in an exported program.
+
+        >>> ep = predispatch.export_predispatch(torch.nn.Linear(2, 2), (torch.ones(1, 2),),
+        ...                                     on_backward_autocast_mismatch="warn")
+        >>> predispatch.autocast_policy(ep)
+        AutocastPolicy(backward_pass_autocast='same_as_forward', on_backward_autocast_mismatch='warn')
+
+    The policy is kept through ``torch.export.save`` and loading back, and
+    printed by :func:`format_program`; :func:`compile_training` enforces it.
+    """
     return AutocastPolicy.from_json(program_meta(ep).get("autocast_policy", {}))

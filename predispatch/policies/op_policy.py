@@ -50,17 +50,36 @@ def _tagged_liar(op) -> bool:
 
 @dataclasses.dataclass(frozen=True)
 class OpPolicy:
-    """Which composites to keep. Use :meth:`default`, then :meth:`keep` /
-    :meth:`decompose`; :meth:`explain` says what happens to an op and why."""
+    """Which CompositeImplicitAutograd ops a program keeps whole.
+
+        >>> policy = predispatch.OpPolicy.default()
+        >>> print(policy.explain(torch.ops.aten.linear.default))
+        aten::linear: kept (a truthful aten composite: functional schema, not tagged, audit clean)
+        >>> print(policy.explain(torch.ops.aten.type_as.default))
+        aten::type_as: decomposed (the composite audit saw it alias or mutate although its schema says it does not)
+        >>> policy = policy.decompose(torch.ops.aten.linear.default)
+        >>> ep = predispatch.export_predispatch(torch.nn.Linear(2, 2), (torch.ones(1, 2),), op_policy=policy)
+        >>> [n.target.__name__ for n in ep.graph.nodes if n.op == "call_function"]
+        ['t.default', 'addmm.default']
+
+    The default keeps an ``aten`` composite whose schema is functional and
+    truthful (not tagged ``maybe_aliasing_or_mutating``, and clean in the
+    audit of every aten composite, ``tools/audit_composites.py``), and
+    decomposes every other composite. :meth:`keep` and :meth:`decompose`
+    return a new policy; keeping an op whose schema lies is refused with
+    ``ValueError``. design/op-policy.md has the rules."""
 
     kept: frozenset = frozenset()
     decomposed: frozenset = frozenset()
 
     @classmethod
     def default(cls) -> "OpPolicy":
+        """The policy ``export_predispatch`` uses when given none."""
         return cls()
 
     def keep(self, op) -> "OpPolicy":
+        """A policy that also keeps ``op`` (an overload, or every overload of a
+        packet): e.g. your library's fused op, ``torch.ops.mylib.fused``."""
         ops = _overloads(op)
         for o in ops:
             # A non-composite is traced as itself whatever the policy says, so
@@ -72,10 +91,12 @@ class OpPolicy:
         return dataclasses.replace(self, kept=self.kept | ops, decomposed=self.decomposed - ops)
 
     def decompose(self, op) -> "OpPolicy":
+        """A policy that decomposes ``op`` (an overload, or every overload of a packet)."""
         ops = _overloads(op)
         return dataclasses.replace(self, decomposed=self.decomposed | ops, kept=self.kept - ops)
 
     def explain(self, op) -> str:
+        """What this policy does to ``op`` (each overload of a packet) and why."""
         lines = []
         for o in sorted(_overloads(op), key=lambda o: o.name()):
             decision, why = self.decide(o)

@@ -144,7 +144,27 @@ def _subgraphs(node: torch.fx.Node) -> list[tuple[torch.fx.Node, tuple | None]]:
 
 
 def format_program(ep_or_gm) -> str:
-    """Graph, every subgraph, signature and autocast policy, normalized."""
+    """The program as text: graph, every subgraph, signature and autocast policy.
+
+        >>> ep = predispatch.export_predispatch(torch.nn.Linear(3, 2), (torch.ones(1, 3),))
+        >>> print(predispatch.format_program(ep))
+        def forward(p_weight: f32[2, 3], p_bias: f32[2], input: f32[1, 3]):
+            linear = aten.linear.default(input, p_weight, p_bias)
+            return (linear,)
+        inputs:
+            p_weight: PARAMETER -> weight
+            p_bias: PARAMETER -> bias
+            input: USER_INPUT
+        outputs:
+            linear: USER_OUTPUT
+        autocast policy: backward_pass_autocast='same_as_forward', on_backward_autocast_mismatch='error'
+        <BLANKLINE>
+
+    Normalized: node names are re-derived from their ops and nothing
+    depends on file paths, line numbers or torch's name counters, so the
+    text is stable (what ``predispatch.testing.GraphTestCase`` compares).
+    Takes an ``ExportedProgram`` or a graph module (then without signature).
+    """
     gm = ep_or_gm.graph_module if isinstance(ep_or_gm, ExportedProgram) else ep_or_gm
     parts = _format_graphs("forward", gm)
     if isinstance(ep_or_gm, ExportedProgram):

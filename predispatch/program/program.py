@@ -31,7 +31,28 @@ def restore_module_order(unlifted: torch.nn.Module, order: list[str]) -> None:
 
 
 class PredispatchProgram(ExportedProgram):
-    """An ``ExportedProgram`` made by :func:`predispatch.export_predispatch`."""
+    """The ``ExportedProgram`` :func:`export_predispatch` returns.
+
+        >>> class EMA(torch.nn.Module):
+        ...     def __init__(self):
+        ...         super().__init__()
+        ...         self.register_buffer("mean", torch.zeros(2))
+        ...     def forward(self, x):
+        ...         self.mean.mul_(0.5).add_(x)
+        ...         return x * 2
+        >>> ep = predispatch.export_predispatch(EMA(), (torch.ones(2),))
+        >>> isinstance(ep, torch.export.ExportedProgram), type(ep).__name__
+        (True, 'PredispatchProgram')
+        >>> m = ep.module()
+        >>> m(torch.ones(2)), m.mean       # the buffer is updated as eager updates it
+        (tensor([2., 2.]), tensor([1., 1.]))
+
+    Its ``module()`` writes mutated parameters, buffers and inputs back the
+    way eager mutated them (a parameter updated under no_grad is updated
+    without autograd errors), checks that a call's inputs share memory as
+    the example inputs did where it matters, and keeps the module's
+    submodule order. :func:`load` gives one back after ``torch.export.save``.
+    """
 
     def module(self, check_guards: bool = True) -> torch.fx.GraphModule:
         unlifted = super().module(check_guards=check_guards)
@@ -63,6 +84,15 @@ def as_predispatch_program(ep: ExportedProgram) -> PredispatchProgram:
 
 def load(path, **kwargs) -> PredispatchProgram:
     """``torch.export.load`` that restores what a plain load cannot.
+
+        >>> import os, tempfile
+        >>> ep = predispatch.export_predispatch(torch.nn.Linear(2, 2), (torch.ones(1, 2),),
+        ...                                     backward_pass_autocast="off")
+        >>> path = os.path.join(tempfile.mkdtemp(), "linear.pt2")
+        >>> torch.export.save(ep, path)
+        >>> loaded = predispatch.load(path)
+        >>> type(loaded).__name__, predispatch.autocast_policy(loaded).backward_pass_autocast
+        ('PredispatchProgram', 'off')
 
     A plain ``torch.export.load`` keeps the graph, the regions, the signature
     and the autocast policy (``predispatch.policies.autocast_policy`` reads it), but

@@ -27,7 +27,31 @@ __all__ = ["GraphTestCase", "assert_invariants", "assert_matches_eager", "assert
 
 
 class GraphTestCase(expecttest.TestCase):
-    """An ``expecttest.TestCase`` with :meth:`assertGraphExpectedInline`."""
+    """An ``expecttest.TestCase`` with :meth:`assertGraphExpectedInline`.
+
+        >>> class TestDouble(predispatch.testing.GraphTestCase):
+        ...     def test_double(self):
+        ...         ep = predispatch.export_predispatch(torch.nn.Linear(2, 2), (torch.ones(1, 2),))
+        ...         self.assertGraphExpectedInline(ep, '''\\
+        ... def forward(p_weight: f32[2, 2], p_bias: f32[2], input: f32[1, 2]):
+        ...     linear = aten.linear.default(input, p_weight, p_bias)
+        ...     return (linear,)
+        ... inputs:
+        ...     p_weight: PARAMETER -> weight
+        ...     p_bias: PARAMETER -> bias
+        ...     input: USER_INPUT
+        ... outputs:
+        ...     linear: USER_OUTPUT
+        ... autocast policy: backward_pass_autocast='same_as_forward', on_backward_autocast_mismatch='error'
+        ... ''')
+        >>> import io, unittest
+        >>> unittest.TextTestRunner(stream=io.StringIO()).run(TestDouble("test_double")).wasSuccessful()
+        True
+
+    The program is printed by :func:`predispatch.format_program`, so the
+    text does not change with file paths, line numbers or torch's node-name
+    counters; ``EXPECTTEST_ACCEPT=1`` rewrites the expected strings.
+    """
 
     def assertGraphExpectedInline(self, ep_or_graph_module, expect: str, skip: int = 0) -> None:
         self.assertExpectedInline(format_program(ep_or_graph_module), expect, skip=skip + 1)

@@ -177,9 +177,23 @@ def _fresh_module(ep):
 def assert_matches_eager(module, args, kwargs=None, *, export=None, grad_modes=(True, False),
                          inputs_require_grad=True, rtol=None, atol=None, check_reexport=True,
                          **export_kwargs):
-    """Export a copy of ``module`` and check it against eager under each grad
-    mode; also that the graph holds G1/G3 and that re-exporting
-    ``ep.module()`` gives the same graph (G7). Returns the program."""
+    """Export a copy of ``module`` and check it against eager under each grad mode.
+
+        >>> class EMA(torch.nn.Module):
+        ...     def __init__(self):
+        ...         super().__init__()
+        ...         self.w = torch.nn.Parameter(torch.ones(2))
+        ...     def forward(self, x):
+        ...         with torch.no_grad():
+        ...             self.w.mul_(0.5)      # a parameter updated under no_grad
+        ...         return x * self.w
+        >>> ep = predispatch.testing.assert_matches_eager(EMA(), (torch.randn(2),))
+
+    Compares outputs and their ``requires_grad``, the gradients of inputs
+    and parameters, and the buffer and input states after the call; also
+    that the graph holds G1/G3 and that re-exporting ``ep.module()`` gives
+    the same graph (G7). Raises ``AssertionError`` naming what differs;
+    returns the program."""
     from .. import export_predispatch
     from ..program.printing import format_program
     from .invariants import assert_invariants

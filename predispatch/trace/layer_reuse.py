@@ -54,7 +54,21 @@ _COPIED_META = frozenset({"val", "tensor_meta", "nn_module_stack", "torch_fn", "
 @contextlib.contextmanager
 def reuse_layers(enabled: bool):
     """Exports in this block trace repeated layers once (``True``, the default
-    unless ``PREDISPATCH_LAYER_REUSE=0``) or every layer (``False``)."""
+    unless ``PREDISPATCH_LAYER_REUSE=0``) or every layer (``False``).
+
+        >>> layers = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(3)])
+        >>> with predispatch.reuse_layers(False):
+        ...     traced = predispatch.export_predispatch(layers, (torch.ones(1, 4),))
+        >>> reused = predispatch.export_predispatch(layers, (torch.ones(1, 4),))
+        >>> predispatch.format_program(traced) == predispatch.format_program(reused)
+        True
+
+    A later call of a layer with the same key (module class, parameter,
+    buffer and input metadata, grad mode) is replayed on meta tensors; when
+    its torch calls are those of a layer already traced, that layer's nodes
+    are copied for it. The program is the same, up to node names; only the
+    export is faster. design/layer-reuse.md says what makes a layer traced.
+    """
     if not isinstance(enabled, bool):
         raise ValueError(f"reuse_layers takes True or False, got {enabled!r}")
     _enabled.append(enabled)
