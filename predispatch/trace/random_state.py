@@ -1,0 +1,125 @@
+"""torch's random generator seeded, forked or restored in the forward: recorded, not refused.
+
+The draws a program makes (``aten.randn``, ``aten.bernoulli``, ...) act on
+the caller's generator at run time, as eager's do. A forward that also
+seeds it (``torch.manual_seed(42)``), reads and restores it
+(``torch.get_rng_state()`` / ``set_rng_state``) or forks it (``fork_rng``,
+torch's test helper ``freeze_rng_state``) has those calls recorded as the
+generator ops of :mod:`predispatch.ir.generator_ops`, in the order they ran
+among the draws: the program draws what eager draws and leaves the
+generator as eager leaves it. The real generator is not touched while
+tracing (the trace draws nothing).
+
+A seed must be a number the program can hold: a literal, or a size of a
+dynamic shape. A seed read from a tensor's data is refused, naming the
+line; so is ``torch.seed()``, whose seed eager draws anew each call.
+"""
+from __future__ import annotations
+
+import contextlib
+import numbers
+
+import torch
+
+from .. import _torch
+from ..errors import ExportError, user_location
+from ..ir import generator_ops
+from .._torch.patching import patched
+
+_CPU = torch.device("cpu")
+
+
+def _seed_of(seed):
+    """The seed as the graph holds it: an int, or a SymInt of a dynamic size."""
+    if isinstance(seed, torch.SymInt):
+        return seed
+    if isinstance(seed, torch.Tensor) or not isinstance(seed, numbers.Integral):
+        if isinstance(seed, torch.Tensor) and not _torch.is_traced(seed):
+            return int(seed)  # a constant tensor: its value is the literal
+        raise ExportError(
+            f"torch.manual_seed({type(seed).__name__}) at {user_location()} cannot be exported "
+            "soundly: the seed is read from a tensor's data, which a program cannot hold as a "
+            "literal, and its draws would be this export's on every call; seed with a Python int")
+    return int(seed)
+
+
+def _seeding(_original):
+    def manual_seed(seed):
+        generator_ops.MANUAL_SEED(_seed_of(seed))
+        return torch.default_generator
+    return manual_seed
+
+
+def _getting(_original):
+    def get_rng_state():
+        return generator_ops.GET_RNG_STATE(_CPU)
+    return get_rng_state
+
+
+def _setting(_original):
+    def set_rng_state(new_state):
+        generator_ops.SET_RNG_STATE(new_state, _CPU)
+    return set_rng_state
+
+
+def _getting_device(device_type: str):
+    def make(_original):
+        def get_rng_state(device="cuda" if device_type == "cuda" else device_type):
+            return generator_ops.GET_RNG_STATE(_device(device_type, device))
+        return get_rng_state
+    return make
+
+
+def _setting_device(device_type: str):
+    def make(_original):
+        def set_rng_state(new_state, device=device_type):
+            generator_ops.SET_RNG_STATE(new_state, _device(device_type, device))
+        return set_rng_state
+    return make
+
+
+def _device(device_type: str, device) -> torch.device:
+    """A device module's ``device`` argument (an index, a name, a device) as a
+    device with its index (the current one where it names none)."""
+    device = torch.device(device_type, device) if isinstance(device, int) else torch.device(device)
+    if device.index is None:
+        device = torch.device(device.type, torch.get_device_module(device.type).current_device())
+    return device
+
+
+def _freezing(_original):
+    """``freeze_rng_state()``: a fork of the CPU generator and the current
+    accelerator's, as the helper does (it forks under ``no_dispatch``, where
+    the trace would not see it)."""
+    @contextlib.contextmanager
+    def freeze_rng_state():
+        accelerator = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
+        devices = [] if accelerator is None else [torch.get_device_module(accelerator.type).current_device()]
+        with torch.random.fork_rng(devices=devices, device_type=None if accelerator is None else accelerator.type):
+            yield
+    return freeze_rng_state
+
+
+def _accelerator_modules() -> list:
+    """The device modules whose generators a forward may fork (``fork_rng``
+    reads and restores them through the module's get/set_rng_state)."""
+    accelerator = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
+    return [] if accelerator is None else [(accelerator.type, torch.get_device_module(accelerator.type))]
+
+
+@contextlib.contextmanager
+def generator_calls_as_ops():
+    """While the forward is traced, torch's generator calls (from any code:
+    torch's own helpers seed and fork inside the ops they wrap) record the
+    generator ops instead of acting on the real generator."""
+    with contextlib.ExitStack() as stack:
+        for module in (torch, torch.random):
+            stack.enter_context(patched(module, "manual_seed", _seeding))
+            stack.enter_context(patched(module, "get_rng_state", _getting))
+            stack.enter_context(patched(module, "set_rng_state", _setting))
+        for device_type, module in _accelerator_modules():
+            stack.enter_context(patched(module, "get_rng_state", _getting_device(device_type)))
+            stack.enter_context(patched(module, "set_rng_state", _setting_device(device_type)))
+        for owner in _torch.rng_freezing_owners():
+            stack.enter_context(patched(owner, "freeze_rng_state", _freezing))
+        yield
