@@ -10,6 +10,15 @@ among the draws: the program draws what eager draws and leaves the
 generator as eager leaves it. The real generator is not touched while
 tracing (the trace draws nothing).
 
+A ``torch.Generator`` made in the forward (``torch.Generator().manual_seed(s)``,
+a diffusion sampler's noise) starts from the same state on every call, where
+eager makes it anew; its state is a value of the graph (a seed's state, or a
+constant), and each draw from it is a draw from the device's default
+generator set to that state, the state after it kept and the default
+generator restored (:mod:`predispatch.trace.recorder.generators`). A
+generator made before the forward keeps its own state between calls and is
+the graph's as before.
+
 A seed must be a number the program can hold: a literal, or a size of a
 dynamic shape. A seed read from a tensor's data is refused, naming the
 line; so is ``torch.seed()``, whose seed eager draws anew each call.
@@ -18,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import numbers
+import threading
 
 import torch
 
@@ -107,8 +117,70 @@ def _accelerator_modules() -> list:
     return [] if accelerator is None else [(accelerator.type, torch.get_device_module(accelerator.type))]
 
 
+class ForwardGenerators:
+    """The ``torch.Generator`` objects made while the forward is traced, and
+    each one's state as the graph has it (from its first draw on)."""
+
+    def __init__(self):
+        self.made: dict[int, torch.Generator] = {}  # id -> generator, alive for the trace
+        self.states: dict[int, torch.Tensor] = {}  # id -> its state now, a graph value
+        self.draws = 0  # draws from them so far
+
+    def owns(self, generator) -> bool:
+        return self.made.get(id(generator)) is generator
+
+    def state_of(self, generator: torch.Generator) -> torch.Tensor:
+        """Its state now: before its first draw, what it was made and seeded
+        with (the real generator's: the trace draws nothing from it)."""
+        if id(generator) not in self.states:
+            self.states[id(generator)] = _initial_state(generator)
+        return self.states[id(generator)]
+
+    @contextlib.contextmanager
+    def noting_made(self):
+        """``torch.Generator`` replaced, for the tracing thread, by a class that
+        makes real generators and notes them; still their type for
+        ``isinstance`` (the C type's methods cannot be replaced)."""
+        original = torch.Generator
+        replacement = self._making(original, threading.get_ident())
+        torch.Generator = replacement
+        try:
+            yield
+        finally:
+            torch.Generator = original
+
+    def _making(self, _original, thread: int):
+        made = self.made
+
+        class _Meta(type):
+            def __call__(cls, *args, **kwargs):
+                generator = _original(*args, **kwargs)
+                if threading.get_ident() == thread:
+                    made[id(generator)] = generator
+                return generator
+
+            def __instancecheck__(cls, obj):
+                return isinstance(obj, _original)
+
+            def __subclasscheck__(cls, sub):
+                return issubclass(sub, _original)
+
+        return _Meta("Generator", (), {"__doc__": _original.__doc__, "__module__": "torch"})
+
+
+def _initial_state(generator: torch.Generator) -> torch.Tensor:
+    """A generator's state as a graph value: the state of its seed, where it
+    is that (``manual_seed(s)``: the seed a literal), else the state itself,
+    a constant."""
+    state = generator.get_state()
+    seed = generator.initial_seed()
+    if generator.device.type == "cpu" and torch.equal(state, type(generator)().manual_seed(seed).get_state()):
+        return generator_ops.SEED_STATE(seed)
+    return state
+
+
 @contextlib.contextmanager
-def generator_calls_as_ops():
+def generator_calls_as_ops(generators: ForwardGenerators):
     """While the forward is traced, torch's generator calls (from any code:
     torch's own helpers seed and fork inside the ops they wrap) record the
     generator ops instead of acting on the real generator."""
@@ -120,6 +192,7 @@ def generator_calls_as_ops():
         for device_type, module in _accelerator_modules():
             stack.enter_context(patched(module, "get_rng_state", _getting_device(device_type)))
             stack.enter_context(patched(module, "set_rng_state", _setting_device(device_type)))
+        stack.enter_context(generators.noting_made())
         for owner in _torch.rng_freezing_owners():
             stack.enter_context(patched(owner, "freeze_rng_state", _freezing))
         yield

@@ -86,7 +86,7 @@ def _forward_recorded(module, state: TraceState, eager_autocast_cache: bool, reu
         enter(inference_mode_as_no_grad())
         enter(buffer_reassignment_as_update())  # self.buf = new
         enter(refusing_state_calls())
-        enter(generator_calls_as_ops())  # manual_seed, fork_rng, get/set_rng_state
+        enter(generator_calls_as_ops(state.generators))  # manual_seed, fork_rng, get/set_rng_state
         # each op where functionalization sees it (in-place updates inside library calls too)
         enter(observing_ops(functools.partial(before_functional_op, state)))
         yield enter(_reusing_layers(module, recorder, stamper, reuse_layers))
