@@ -114,6 +114,8 @@ class DiffusionNoise(torch.nn.Module):
             noise = torch.randn(x.shape, generator=generator)
             x = x - 0.1 * self.denoise(x + noise)
         kept = torch.empty(x.shape).normal_(generator=generator) > 0  # an in-place draw
+        generator.manual_seed(self.seed + 1)  # seeded again between draws
+        x = x + torch.rand(x.shape, generator=generator)
         return F.dropout(x, 0.3, training=True) * kept
 
 
@@ -174,6 +176,14 @@ def test_matches_eager(make):
     _assert_calls_match(module, _round_trip(ep).module(), x)
 
 
+def test_export_leaves_the_callers_generator_alone():
+    torch.manual_seed(0)
+    module, x = NoiseInAFork(), torch.randn(3, 4)
+    before = torch.get_rng_state()
+    predispatch.export_predispatch(module, (x,))
+    assert torch.equal(before, torch.get_rng_state())
+
+
 def test_seed_from_a_dynamic_size():
     ep = predispatch.export_predispatch(SeedFromShape(), (torch.randn(3, 4),),
                                         dynamic_shapes=({0: torch.export.Dim("n", min=2)},))
@@ -222,6 +232,20 @@ def _op_db_modules():
 @pytest.mark.parametrize("module, x", list(_op_db_modules()))
 def test_op_db_seeded_variants(module, x):
     assert_matches_eager(module, (x,), grad_modes=(True,), check_reexport=False)
+
+
+class SeedsTheDefaultGeneratorObject(torch.nn.Module):
+    def forward(self, x):
+        torch.default_generator.manual_seed(3)
+        return x + torch.rand(3)
+
+
+def test_a_change_the_trace_cannot_see_is_refused():
+    torch.manual_seed(0)
+    before = torch.get_rng_state()
+    with pytest.raises(predispatch.ExportError, match="default_generator"):
+        predispatch.export_predispatch(SeedsTheDefaultGeneratorObject(), (torch.ones(3),))
+    assert torch.equal(before, torch.get_rng_state())
 
 
 class SeedReadFromData(torch.nn.Module):

@@ -124,16 +124,22 @@ class ForwardGenerators:
     def __init__(self):
         self.made: dict[int, torch.Generator] = {}  # id -> generator, alive for the trace
         self.states: dict[int, torch.Tensor] = {}  # id -> its state now, a graph value
+        self.seen: dict[int, torch.Tensor] = {}  # id -> the real generator's state at its last draw
         self.draws = 0  # draws from them so far
 
     def owns(self, generator) -> bool:
         return self.made.get(id(generator)) is generator
 
     def state_of(self, generator: torch.Generator) -> torch.Tensor:
-        """Its state now: before its first draw, what it was made and seeded
-        with (the real generator's: the trace draws nothing from it)."""
-        if id(generator) not in self.states:
+        """Its state now. The trace draws nothing from the real generator, so
+        its real state changes only where the forward seeds or sets it
+        (``g.manual_seed(s)``, before its first draw or between two): then
+        the graph's state starts again from the real one."""
+        real = generator.get_state()
+        seen = self.seen.get(id(generator))
+        if seen is None or not torch.equal(seen, real):
             self.states[id(generator)] = _initial_state(generator)
+            self.seen[id(generator)] = real
         return self.states[id(generator)]
 
     @contextlib.contextmanager
@@ -183,7 +189,10 @@ def _initial_state(generator: torch.Generator) -> torch.Tensor:
 def generator_calls_as_ops(generators: ForwardGenerators):
     """While the forward is traced, torch's generator calls (from any code:
     torch's own helpers seed and fork inside the ops they wrap) record the
-    generator ops instead of acting on the real generator."""
+    generator ops instead of acting on the real generator. A change of the
+    real default generator's state the trace did not see (a method of
+    ``torch.default_generator``, whose C type cannot be wrapped) is refused."""
+    before = torch.default_generator.get_state()
     with contextlib.ExitStack() as stack:
         for module in (torch, torch.random):
             stack.enter_context(patched(module, "manual_seed", _seeding))
@@ -196,3 +205,10 @@ def generator_calls_as_ops(generators: ForwardGenerators):
         for owner in _torch.rng_freezing_owners():
             stack.enter_context(patched(owner, "freeze_rng_state", _freezing))
         yield
+    if not torch.equal(before, torch.default_generator.get_state()):
+        torch.default_generator.set_state(before)  # the caller's, as an export found it
+        raise ExportError(
+            "torch's random generator was seeded or set in the forward by a call the trace "
+            "cannot see (a method of torch.default_generator: manual_seed, set_state, seed), "
+            "at an unknown line: the program would not do it. Use torch.manual_seed(s) or "
+            "torch.set_rng_state(state), which the program records")
