@@ -56,7 +56,7 @@ class DrawsInAForkWithoutSeed(torch.nn.Module):
     """A fork's draws are the caller's own; the caller's generator is put back."""
 
     def forward(self, x):
-        with torch.random.fork_rng(devices=[]):
+        with torch.random.fork_rng():  # every device's generator: on a CPU-only torch, none
             inside = torch.rand(x.shape)
         return x * inside + torch.rand(x.shape)  # the same numbers again
 
@@ -174,6 +174,16 @@ def test_matches_eager(make):
     ep = assert_matches_eager(module, (x,))
     _assert_calls_match(module, ep.module(), x)
     _assert_calls_match(module, _round_trip(ep).module(), x)
+
+
+@pytest.mark.parametrize("make", [SeedsMidForward, ForkInRegions, DiffusionNoise])
+def test_run_decompositions_keeps_the_generator_ops(make):
+    """torch's dead-code elimination drops random ops whose result is unused
+    while it retraces; a seed or a restore is kept."""
+    torch.manual_seed(0)
+    module, x = make(), torch.randn(3, 4)
+    ep = predispatch.export_predispatch(copy.deepcopy(module), (x,))
+    _assert_calls_match(module, ep.run_decompositions().module(), x)
 
 
 def test_export_leaves_the_callers_generator_alone():

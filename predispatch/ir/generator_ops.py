@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import torch
 
+from .. import _torch
+
 _LIB = torch.library.Library("predispatch", "FRAGMENT")
 _CHANGES_GENERATOR = (torch.Tag.nondeterministic_seeded,)
 _LIB.define("manual_seed(SymInt seed) -> Tensor", tags=_CHANGES_GENERATOR)
@@ -88,3 +90,7 @@ GET_RNG_STATE = torch.ops.predispatch.get_rng_state.default
 SET_RNG_STATE = torch.ops.predispatch.set_rng_state.default
 SEED_STATE = torch.ops.predispatch.seed_state.default
 READS = (GET_RNG_STATE, SEED_STATE)  # ops that read a state and change none
+for _op in (MANUAL_SEED, SET_RNG_STATE):
+    # kept by dead-code elimination in torch's tracing contexts too, where it
+    # drops random ops whose result is unused (run_decompositions)
+    _torch.mark_side_effectful(_op)

@@ -43,14 +43,12 @@ def _seed_of(seed):
     """The seed as the graph holds it: an int, or a SymInt of a dynamic size."""
     if isinstance(seed, torch.SymInt):
         return seed
-    if isinstance(seed, torch.Tensor) or not isinstance(seed, numbers.Integral):
-        if isinstance(seed, torch.Tensor) and not _torch.is_traced(seed):
-            return int(seed)  # a constant tensor: its value is the literal
+    if isinstance(seed, torch.Tensor) and _torch.is_traced(seed):
         raise ExportError(
-            f"torch.manual_seed({type(seed).__name__}) at {user_location()} cannot be exported "
-            "soundly: the seed is read from a tensor's data, which a program cannot hold as a "
-            "literal, and its draws would be this export's on every call; seed with a Python int")
-    return int(seed)
+            f"torch.manual_seed(a tensor) at {user_location()} cannot be exported soundly: the "
+            "seed is read from a tensor's data, which a program cannot hold as a literal, and "
+            "its draws would be this export's on every call; seed with a Python int")
+    return int(seed)  # as torch.manual_seed reads it (a host random draw read here is refused)
 
 
 def _seeding(_original):
@@ -74,7 +72,7 @@ def _setting(_original):
 
 def _getting_device(device_type: str):
     def make(_original):
-        def get_rng_state(device="cuda" if device_type == "cuda" else device_type):
+        def get_rng_state(device=device_type):
             return generator_ops.GET_RNG_STATE(_device(device_type, device))
         return get_rng_state
     return make
@@ -97,24 +95,38 @@ def _device(device_type: str, device) -> torch.device:
     return device
 
 
+def _refusing_device_seed(original):
+    def seed(*args, **kwargs):
+        raise ExportError(
+            f"{original.__module__}.{original.__name__}() at {user_location()} cannot be exported "
+            "soundly: the program records torch.manual_seed(s), which seeds every device, and "
+            "not a device's own seeding")
+    return seed
+
+
+def _accelerator():
+    """(device type, device module) of the accelerator present, or None."""
+    if not torch.accelerator.is_available():
+        return None
+    device_type = torch.accelerator.current_accelerator().type
+    return device_type, torch.get_device_module(device_type)
+
+
 def _freezing(_original):
     """``freeze_rng_state()``: a fork of the CPU generator and the current
     accelerator's, as the helper does (it forks under ``no_dispatch``, where
     the trace would not see it)."""
     @contextlib.contextmanager
     def freeze_rng_state():
-        accelerator = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
-        devices = [] if accelerator is None else [torch.get_device_module(accelerator.type).current_device()]
-        with torch.random.fork_rng(devices=devices, device_type=None if accelerator is None else accelerator.type):
+        accelerator = _accelerator()
+        if accelerator is None:
+            with torch.random.fork_rng(devices=[]):
+                yield
+            return
+        device_type, module = accelerator
+        with torch.random.fork_rng(devices=[module.current_device()], device_type=device_type):
             yield
     return freeze_rng_state
-
-
-def _accelerator_modules() -> list:
-    """The device modules whose generators a forward may fork (``fork_rng``
-    reads and restores them through the module's get/set_rng_state)."""
-    accelerator = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
-    return [] if accelerator is None else [(accelerator.type, torch.get_device_module(accelerator.type))]
 
 
 class ForwardGenerators:
@@ -198,9 +210,13 @@ def generator_calls_as_ops(generators: ForwardGenerators):
             stack.enter_context(patched(module, "manual_seed", _seeding))
             stack.enter_context(patched(module, "get_rng_state", _getting))
             stack.enter_context(patched(module, "set_rng_state", _setting))
-        for device_type, module in _accelerator_modules():
+        accelerator = _accelerator()
+        if accelerator is not None:
+            device_type, module = accelerator
             stack.enter_context(patched(module, "get_rng_state", _getting_device(device_type)))
             stack.enter_context(patched(module, "set_rng_state", _setting_device(device_type)))
+            for name in ("manual_seed", "manual_seed_all", "seed", "seed_all"):
+                stack.enter_context(patched(module, name, _refusing_device_seed))
         stack.enter_context(generators.noting_made())
         for owner in _torch.rng_freezing_owners():
             stack.enter_context(patched(owner, "freeze_rng_state", _freezing))
