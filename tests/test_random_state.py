@@ -143,8 +143,33 @@ class SeedFromShape(torch.nn.Module):
         return x + torch.rand(x.shape[0], 1)
 
 
+class NoisyLayer(torch.nn.Module):
+    def __init__(self, own_generator):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.own_generator = own_generator
+
+    def forward(self, x):
+        if self.own_generator:
+            return self.lin(x) + torch.randn(x.shape, generator=torch.Generator().manual_seed(1))
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(2)
+            x = F.dropout(self.lin(x), 0.3, training=True)
+        return F.dropout(x, 0.1, training=True)
+
+
+def repeated_layers():
+    """Layers traced once and stamped (layer reuse): each seeds and forks,
+    or draws from a generator of its own (a state the stamp would not follow)."""
+    return torch.nn.Sequential(*[NoisyLayer(own_generator=i % 2 == 1) for i in range(4)])
+
+
+def dropout_frozen_in_place():
+    return DropoutFrozen(inplace=True)
+
+
 MODULES = [SeedsMidForward, NoiseInAFork, DrawsInAForkWithoutSeed, RestoresState, DropoutFrozen,
-           lambda: DropoutFrozen(inplace=True), RreluInPlaceFrozen, DiffusionNoise, ForkInRegions]
+           dropout_frozen_in_place, RreluInPlaceFrozen, DiffusionNoise, ForkInRegions, repeated_layers]
 
 
 def _round_trip(ep):
@@ -166,7 +191,7 @@ def _assert_calls_match(eager, program, x, seeds=(11, 12)):
         assert torch.equal(expected_state, torch.get_rng_state()), f"generator differs from seed {seed}"
 
 
-@pytest.mark.parametrize("make", MODULES, ids=lambda m: getattr(m, "__name__", "DropoutFrozenInPlace"))
+@pytest.mark.parametrize("make", MODULES, ids=lambda m: m.__name__)
 def test_matches_eager(make):
     torch.manual_seed(0)
     module = make()
