@@ -19,8 +19,9 @@ in the order it ran them among the draws (``aten.randn``, ``aten.bernoulli``,
 The seed is a literal of the graph and a state a tensor, so a program
 survives ``torch.export.save`` / ``load`` with predispatch imported. Like
 torch's random ops, the ops that change a generator are tagged
-``nondeterministic_seeded``: dead-code elimination keeps them; a read no
-one uses goes. Their order is the graph's, as for torch's random ops: a
+``nondeterministic_seeded``, and marked side-effectful, so that dead-code
+elimination keeps them also where it drops unused draws (torch's tracing
+contexts: ``run_decompositions``); a read no one uses goes. Their order is the graph's, as for torch's random ops: a
 pass that merges equal calls (inductor's CSE) could merge two reads with a
 draw between them, as it would not two draws. (torch's own ``run_with_rng_state``
 higher-order op is the model; it takes an op as an argument, which a saved
