@@ -159,9 +159,9 @@ class MutatesGlobalTensor(torch.nn.Module):
         return x * 2
 
 
-class ReseedsTorch(torch.nn.Module):
+class ReseedsTorchAnew(torch.nn.Module):
     def forward(self, x):
-        torch.manual_seed(0)
+        torch.seed()
         return x * torch.rand(2, 4)
 
 
@@ -231,7 +231,7 @@ class CustomBackwardThatCannotRun(torch.nn.Module):
 
 @pytest.mark.parametrize("module, args, construct, code", [
     (AssignsData(), (torch.randn(2, 4),), "assigning Tensor.data", "self.lin.weight.data ="),
-    (ReseedsTorch(), (torch.randn(2, 4),), "random generator re-seeded", "torch.manual_seed(0)"),
+    (ReseedsTorchAnew(), (torch.randn(2, 4),), "seed drawn anew on each call", "torch.seed()"),
     (GradientPenalty(), (torch.randn(2, 4),), "autograd run inside the traced code",
      "torch.autograd.grad(y"),
     (VmapInForward(), (torch.randn(2, 4),), "torch.func transform", "torch.vmap(torch.outer)"),

@@ -14,10 +14,19 @@ def test_non_tensor_outputs_are_compared_with_eq():
     assert_matches_eager(ReturnsALabel(), (torch.randn(2),))
 
 
-def _run(*outputs, require_grad=None, layouts=None, sharing=()):
+def _run(*outputs, require_grad=None, layouts=None, sharing=(), rng_state=None):
     return Run(outputs=list(outputs), input_grads=[], param_grads={}, params={}, buffers={},
                inputs_after=[], outputs_with_history=require_grad or [False] * len(outputs),
-               layouts_after=layouts or {}, storage_sharing=list(sharing))
+               layouts_after=layouts or {}, storage_sharing=list(sharing),
+               rng_state_after=torch.get_rng_state() if rng_state is None else rng_state)
+
+
+def test_a_different_generator_state_after_the_call_fails():
+    torch.manual_seed(0)
+    before = torch.get_rng_state()
+    torch.rand(1)
+    with pytest.raises(AssertionError, match="random generator after the call"):
+        assert_runs_match(_run(rng_state=before), _run(rng_state=torch.get_rng_state()))
 
 
 @pytest.mark.parametrize("eager, exported", [

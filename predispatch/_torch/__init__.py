@@ -137,6 +137,7 @@ from .tracing import (  # noqa: E402,F401
     register_grad_mode_block,
     restore_ambient_modes,
     returns_a_view,
+    rng_freezing_owners,
     size_hint,
     state_tables,
     TENSOR_DATA,

@@ -498,3 +498,16 @@ def has_own_hooks(module: torch.nn.Module) -> bool:
     """Does ``module`` itself have forward or backward hooks (not global ones)?"""
     return bool(module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
                 or getattr(module, "_backward_pre_hooks", None))
+
+
+def rng_freezing_owners() -> list:
+    """The modules ``freeze_rng_state`` (torch's test helper, which forks the
+    generator under ``no_dispatch``, out of the trace's sight) lives in:
+    ``torch.testing._utils``, and ``common_utils`` where it is loaded (it
+    defines its own in some releases)."""
+    import sys
+
+    owners = [m for m in (sys.modules.get("torch.testing._utils"),
+                          sys.modules.get("torch.testing._internal.common_utils"))
+              if m is not None and hasattr(m, "freeze_rng_state")]
+    return owners

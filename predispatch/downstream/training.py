@@ -44,6 +44,7 @@ from .._torch import pytree
 from .. import _torch
 from ..policies.autocast_policy import AutocastPolicy, autocast_policy
 from ..errors import BackwardAutocastMismatchError, BackwardAutocastMismatchWarning
+from ..ir import generator_ops
 from ..program.write_backs import read_before_mutation, write_back_under_no_grad, write_back_with_grad
 
 
@@ -303,10 +304,13 @@ def _run_without_autocast(gm: torch.fx.GraphModule):
 def _without_dead_random_ops(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     """torch's default partitioner copies the forward's random ops into the
     backward, unused; run, each would draw from the generator once more per
-    step than eager does (the next step's dropout masks would differ)."""
-    for node in list(gm.graph.nodes):
+    step than eager does (the next step's dropout masks would differ); so
+    does it the forward's generator ops (a seed, a restore), and the reads
+    of generator states they used."""
+    for node in reversed(list(gm.graph.nodes)):  # users first: a read only they used goes too
         if (node.op == "call_function" and not node.users
-                and torch.Tag.nondeterministic_seeded in getattr(node.target, "tags", ())):
+                and (torch.Tag.nondeterministic_seeded in getattr(node.target, "tags", ())
+                     or node.target in generator_ops.READS)):
             gm.graph.erase_node(node)
     gm.recompile()
     return gm

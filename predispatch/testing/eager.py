@@ -7,7 +7,8 @@ inputs require grad unless ``inputs_require_grad=False``), backpropagates a
 loss over the floating outputs that require grad (under ``no_grad`` too: a
 history can outlive the forward's updates), and compares outputs, which
 require grad, gradients of inputs and parameters, buffers, parameters and
-inputs afterwards.
+inputs afterwards, and torch's CPU generator afterwards (both runs start
+from the same seed).
 """
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ class Run:
     # buffers after the call, and which of them share a storage (t_(), resize_(), set_())
     layouts_after: dict
     storage_sharing: list
+    rng_state_after: torch.Tensor  # torch's CPU generator after the call and the backward
 
 
 def fresh_inputs(args, kwargs, requires_grad: bool):
@@ -101,6 +103,7 @@ def run_module(module, args, kwargs, *, grad_mode=True, inputs_require_grad=True
     loss = _loss(outputs)  # under no_grad, over the outputs that still have a history
     if loss is not None:
         loss.backward()
+    rng_state_after = torch.get_rng_state()
     detach = lambda t: t.detach().clone() if isinstance(t, torch.Tensor) else t  # noqa: E731
     state = {**{f"input {i}": x for i, x in enumerate(leaves)},
              **{f"parameter {n}": p for n, p in module.named_parameters()},
@@ -115,6 +118,7 @@ def run_module(module, args, kwargs, *, grad_mode=True, inputs_require_grad=True
         inputs_after=[detach(x) for x in leaves],
         layouts_after={n: (tuple(t.shape), t.stride(), t.storage_offset()) for n, t in state.items()},
         storage_sharing=_storage_sharing(state),
+        rng_state_after=rng_state_after,
     )
 
 
@@ -151,6 +155,9 @@ def assert_runs_match(eager: Run, exported: Run, *, rtol=None, atol=None, what="
             close(mine[name], theirs[name], f"{field}[{name}]")
     for i, (a, b) in enumerate(zip(eager.inputs_after, exported.inputs_after)):
         close(a, b, f"input {i} after the call")
+    assert torch.equal(eager.rng_state_after, exported.rng_state_after), (
+        f"{what}torch's random generator after the call: the program left it in another "
+        "state than eager (drew more or less, or seeded or restored it otherwise)")
     for name, layout in eager.layouts_after.items():  # the program may hold more (lifted constants)
         if name not in exported.layouts_after:
             continue  # a state the comparison above finds missing, or names otherwise

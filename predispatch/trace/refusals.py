@@ -22,8 +22,8 @@ from .._torch.patching import patched
 # torch.autocast's __enter__ setting the autocast state, are not refused.)
 _AUTOCAST_CALL = ("an autocast mode set by a function call rather than a block: the program "
                   "would run without it; use `with torch.autocast(...)`")
-_RNG_CALL = ("torch's random generator re-seeded or restored: the program would draw from the "
-             "caller's generator state instead")
+_RNG_CALL = ("torch's random generator re-seeded with a seed drawn anew on each call, which "
+             "the program would replay; seed with torch.manual_seed(an int)")
 _AUTOGRAD_CALL = ("autograd run inside the traced code (a gradient, a hook on the backward): a "
                   "pre-dispatch graph records the ops, and the program's backward would not do "
                   "it; compute it outside the exported module (a custom Function's backward: "
@@ -46,9 +46,7 @@ _REFUSED_CALLS = {
     **{(torch, name): _AUTOCAST_CALL for name in (
         "set_autocast_enabled", "set_autocast_dtype", "set_autocast_cpu_enabled",
         "set_autocast_cpu_dtype", "set_autocast_gpu_dtype", "set_autocast_cache_enabled")},
-    **{(module, name): _RNG_CALL for module in (torch, torch.random)
-       for name in ("manual_seed", "seed", "set_rng_state")},
-    (torch.random, "fork_rng"): _RNG_CALL,
+    **{(module, "seed"): _RNG_CALL for module in (torch, torch.random)},
     (torch, "cond"): _CONTROL_FLOW_CALL,
     **{(_torch.control_flow_ops_module(), name): _CONTROL_FLOW_CALL
        for name in ("cond", "while_loop", "scan", "map", "associative_scan")},
@@ -58,8 +56,8 @@ _REFUSED_CALLS = {
 @contextlib.contextmanager
 def refusing_state_calls():
     """The calls of ``_REFUSED_CALLS`` from the user's code raise ``ExportError``;
-    a re-seed from any code (torch's own test helpers re-seed inside the ops
-    they wrap, and the program would not)."""
+    a re-seed from any code (the seeds and forks the program can make are
+    recorded instead: :mod:`predispatch.trace.random_state`)."""
     def refusing(why):
         def make(fn):
             def call(*args, **kwargs):

@@ -35,14 +35,15 @@ class Recorder(_torch.TorchFunctionMode):
         """What a layer traced once and stamped later (:mod:`predispatch.trace.layer_reuse`)
         must leave as it found it; None where the recorder's state allows no
         reuse now (under no_grad, after a leaf, inside a hidden block, with a
-        host random draw pending)."""
+        host random draw pending); a layer that draws from a generator made
+        in the forward changes its state, which a stamp would not."""
         state = self.state
         if (state.watch is not None or state.reads_through or state.hidden_blocks or not torch.is_grad_enabled()
                 or (state.draws is not None and state.draws.pending)):
             return None
         r = state.record
         return (len(r.replacements), len(r.needed), len(state.block_ids),
-                state.after_a_grad_marker, state.any_no_grad_view, state.grad_mode)
+                state.after_a_grad_marker, state.any_no_grad_view, state.grad_mode, state.generators.draws)
 
     def views_made(self) -> int:
         """How many views the recorder has seen made since the last grad-mode marker."""

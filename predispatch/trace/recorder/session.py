@@ -19,6 +19,7 @@ from ..autograd_function.capture import capturing_autograd_functions
 from ..grad_mode_reads import noting_grad_mode_reads
 from ..host_random import HostDraws, refusing_host_randomness
 from ..layer_reuse import LayerReuse, note_no_reuse, reuse_enabled
+from ..random_state import generator_calls_as_ops
 from ..refusals import refusing_state_calls
 from ..stack_traces import stamping_stack_traces
 from ..translations import autocast_blocks_as_in_eager, buffer_reassignment_as_update, inference_mode_as_no_grad
@@ -85,6 +86,7 @@ def _forward_recorded(module, state: TraceState, eager_autocast_cache: bool, reu
         enter(inference_mode_as_no_grad())
         enter(buffer_reassignment_as_update())  # self.buf = new
         enter(refusing_state_calls())
+        enter(generator_calls_as_ops(state.generators))  # manual_seed, fork_rng, get/set_rng_state
         # each op where functionalization sees it (in-place updates inside library calls too)
         enter(observing_ops(functools.partial(before_functional_op, state)))
         yield enter(_reusing_layers(module, recorder, stamper, reuse_layers))

@@ -18,6 +18,7 @@ from ... import _torch
 from ...ir.records import TraceRecord
 from ..autocast_cache import CastCache
 from ..host_random import HostDraws
+from ..random_state import ForwardGenerators
 
 # id(tensor) -> (the tensor, its node then): the first value a span saw of each tensor
 FirstValues = dict[int, tuple[torch.Tensor, torch.fx.Node]]
@@ -41,6 +42,8 @@ class TraceState:
     record: TraceRecord  # what the later stages read (replacements, needed nodes, ...)
     casts: CastCache  # eager autocast's cast cache, followed
     draws: HostDraws | None = None  # host random draws: one passed to torch is read
+    # torch.Generator objects made in the forward, their states as graph values (generators.py)
+    generators: ForwardGenerators = dataclasses.field(default_factory=ForwardGenerators)
 
     # -- grad-mode blocks (grad_blocks.py)
     grad_mode: bool = dataclasses.field(default_factory=torch.is_grad_enabled)  # as the markers seen so far set it
