@@ -30,6 +30,18 @@ def restore_module_order(unlifted: torch.nn.Module, order: list[str]) -> None:
         _torch.reorder_child_modules(m, lambda name, prefix=prefix: rank.get(prefix + name, len(rank)))
 
 
+def leave_grad_mode(unlifted: torch.fx.GraphModule, mode: bool | None) -> None:
+    """A forward whose bare grad-mode switch is still in force at its end
+    leaves its caller in that mode, as eager does: the module sets it last,
+    after the write-backs (which ran in the caller's mode, as the graph's did)."""
+    if mode is None:
+        return
+    graph = unlifted.graph
+    with graph.inserting_before(graph.output_node()):
+        graph.call_function(_torch.SET_GRAD_ENABLED, (mode,))
+    unlifted.recompile()
+
+
 class PredispatchProgram(ExportedProgram):
     """An ``ExportedProgram`` made by :func:`predispatch.export_predispatch`."""
 
@@ -41,6 +53,7 @@ class PredispatchProgram(ExportedProgram):
         if mutated:
             check_input_aliasing(unlifted, record.get("input_views", {}), mutated)
         restore_module_order(unlifted, program_meta(self).get("module_order", []))
+        leave_grad_mode(unlifted, record.get("grad_mode_after"))
         use_run_time_calls(unlifted)
         return unlifted
 
@@ -68,8 +81,11 @@ def load(path, **kwargs) -> PredispatchProgram:
     and the autocast policy (``predispatch.policies.autocast_policy`` reads it), but
     gives a plain ``ExportedProgram`` whose ``module()`` writes mutations back
     torch's way (a ``copy_`` outside no_grad, refused for a parameter updated
-    under no_grad). This returns a :class:`PredispatchProgram`, whose
-    ``module()`` writes them back as eager did. Importing predispatch also
+    under no_grad), and does not leave its caller in the grad mode a bare
+    switch left in force at the forward's end (``torch.set_grad_enabled(False)``
+    called as a function, and never switched back). This returns a
+    :class:`PredispatchProgram`, whose ``module()`` writes them back as eager
+    did and leaves the caller in that mode. Importing predispatch also
     registers ``predispatch::keep_history``, which loading needs.
     """
     return as_predispatch_program(torch.export.load(path, **kwargs))

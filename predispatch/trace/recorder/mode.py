@@ -41,5 +41,6 @@ class Recorder(_torch.TorchFunctionMode):
                 or (state.draws is not None and state.draws.pending)):
             return None
         r = state.record
-        return (len(r.replacements), len(r.needed), len(state.block_ids), len(state.written or ()),
+        return (len(r.replacements), len(r.needed), len(state.block_ids), state.bare_switches,
+                len(state.written or ()),
                 state.after_a_grad_marker, state.any_no_grad_view, state.grad_mode)
