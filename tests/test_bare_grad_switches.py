@@ -15,6 +15,7 @@ import torch
 import predispatch
 from predispatch.ir.program_meta import program_meta
 from predispatch.testing.eager import assert_matches_eager, assert_runs_match, fresh_inputs, run_module
+from predispatch.testing import GraphTestCase
 from predispatch.testing.structure import assert_same_program
 
 
@@ -334,3 +335,72 @@ def test_compile_training(module, ambient):
     torch.testing.assert_close(b_out, a_out)
     torch.testing.assert_close(b_grad, a_grad)
     torch.testing.assert_close(b_pgrads, a_pgrads)
+
+
+class FrozenBackboneThenHead(_Frozen):
+    """The expect test's case: a switch inside autocast runs past its end; the
+    forward ends under a switch, which the caller is left in."""
+
+    def forward(self, x):
+        prev = torch.is_grad_enabled()
+        torch._C._set_grad_enabled(False)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            feats = self.backbone(x)
+            torch.set_grad_enabled(True)
+            out = self.head(x)
+        out = out.float() + feats.float()
+        torch._C._set_grad_enabled(prev)  # the caller's mode: no region
+        y = out * 2
+        torch.set_grad_enabled(False)
+        return y, out.sum()
+
+
+class TestGraph(GraphTestCase):
+    def test_regions_of_bare_switches(self):
+        ep = assert_matches_eager(FrozenBackboneThenHead(), (torch.randn(2, 4),))
+        self.assertGraphExpectedInline(ep, """\
+def forward(p_backbone_weight: f32[4, 4], p_backbone_bias: f32[4], p_head_weight: f32[4, 4], p_head_bias: f32[4], x: f32[2, 4]):
+    no_grad_0 = wrap_with_set_grad_enabled(False, self.no_grad_0, x, p_backbone_weight, p_backbone_bias, p_head_weight, p_head_bias)
+    getitem = no_grad_0[0]
+    getitem_1 = no_grad_0[1]
+    enable_grad_3 = wrap_with_set_grad_enabled(True, self.enable_grad_3, getitem_1, getitem)
+    getitem_2 = enable_grad_3[0]
+    mul = aten.mul.Tensor(getitem_2, 2)
+    no_grad_4 = wrap_with_set_grad_enabled(False, self.no_grad_4, getitem_2)
+    getitem_3 = no_grad_4[0]
+    return (mul, getitem_3)
+def no_grad_0(x: f32[2, 4], p_backbone_weight: f32[4, 4], p_backbone_bias: f32[4], p_head_weight: f32[4, 4], p_head_bias: f32[4]):
+    autocast_bfloat16_1 = wrap_with_autocast('cpu', torch.bfloat16, True, True, self.autocast_bfloat16_1, x, p_backbone_weight, p_backbone_bias, p_head_weight, p_head_bias)
+    getitem = autocast_bfloat16_1[0]
+    getitem_1 = autocast_bfloat16_1[1]
+    return (getitem, getitem_1)
+def no_grad_0.autocast_bfloat16_1(x: f32[2, 4], p_backbone_weight: f32[4, 4], p_backbone_bias: f32[4], p_head_weight: f32[4, 4], p_head_bias: f32[4]):
+    linear = aten.linear.default(x, p_backbone_weight, p_backbone_bias)
+    enable_grad_2 = wrap_with_set_grad_enabled(True, self.enable_grad_2, x, p_head_weight, p_head_bias)
+    getitem = enable_grad_2[0]
+    return (linear, getitem)
+def no_grad_0.autocast_bfloat16_1.enable_grad_2(x: f32[2, 4], p_head_weight: f32[4, 4], p_head_bias: f32[4]):
+    linear = aten.linear.default(x, p_head_weight, p_head_bias)
+    return (linear,)
+def enable_grad_3(getitem_1: bf16[2, 4], getitem: bf16[2, 4]):
+    _assert_tensor_metadata = aten._assert_tensor_metadata.default(getitem_1, None, None, torch.bfloat16, device=device(type='cpu'), layout=torch.strided)
+    _to_copy = aten._to_copy.default(getitem_1, dtype=torch.float32)
+    _assert_tensor_metadata_1 = aten._assert_tensor_metadata.default(getitem, None, None, torch.bfloat16, device=device(type='cpu'), layout=torch.strided)
+    _to_copy_1 = aten._to_copy.default(getitem, dtype=torch.float32)
+    add = aten.add.Tensor(_to_copy, _to_copy_1)
+    return (add,)
+def no_grad_4(getitem_2: f32[2, 4]):
+    sum = aten.sum.default(getitem_2)
+    return (sum,)
+inputs:
+    p_backbone_weight: PARAMETER -> backbone.weight
+    p_backbone_bias: PARAMETER -> backbone.bias
+    p_head_weight: PARAMETER -> head.weight
+    p_head_bias: PARAMETER -> head.bias
+    x: USER_INPUT
+outputs:
+    mul: USER_OUTPUT
+    getitem_3: USER_OUTPUT
+autocast policy: backward_pass_autocast='same_as_forward', on_backward_autocast_mismatch='error'
+leaves the caller in grad mode: off
+""")
