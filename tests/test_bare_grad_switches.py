@@ -337,6 +337,45 @@ def test_compile_training(module, ambient):
     torch.testing.assert_close(b_pgrads, a_pgrads)
 
 
+class RaisesUnderASwitch(_Frozen):
+    """An index out of range raises inside a region at run time: i = 5 in the
+    with block, i = 3 after the switch."""
+
+    def forward(self, x, i):
+        with torch.no_grad():
+            a = x * 2
+            torch.set_grad_enabled(True)
+            b = self.head(x)[:, i]  # the with block's end restores the caller's mode, raising or not
+        torch.set_grad_enabled(False)
+        y = self.backbone(x)[i]  # eager leaves the caller under no_grad when this raises
+        torch.set_grad_enabled(True)
+        return y + a[0] + b[0]
+
+
+def _mode_left_by_a_failing_call(f, ambient: bool, i: int) -> bool:
+    with torch.set_grad_enabled(ambient):
+        with pytest.raises(IndexError):
+            f(torch.randn(3, 4), torch.tensor(i))
+        return torch.is_grad_enabled()
+
+
+def test_an_exception_restores_what_eager_restores(tmp_path):
+    """G7: a block's region restores its mode when an exception leaves it, a
+    switch's region does not, as in eager; through save and load too."""
+    module = RaisesUnderASwitch()
+    ep = predispatch.export_predispatch(module, (torch.randn(3, 4), torch.tensor(1)))
+    torch.export.save(ep, tmp_path / "raises.pt2")
+    programs = [ep.module(), copy.deepcopy(ep.module()), predispatch.load(tmp_path / "raises.pt2").module()]
+    left = []
+    for ambient in (True, False):
+        for i in (5, 3):
+            expected = _mode_left_by_a_failing_call(module, ambient, i)
+            left.append(expected)
+            for program in programs:
+                assert _mode_left_by_a_failing_call(program, ambient, i) == expected, (ambient, i)
+    assert left == [True, False, False, False]  # the case raises where it should
+
+
 class FrozenBackboneThenHead(_Frozen):
     """The expect test's case: a switch inside autocast runs past its end; the
     forward ends under a switch, which the caller is left in."""

@@ -26,7 +26,7 @@ import torch.fx
 from .. import _torch
 from ..errors import ExportError, node_location
 from ..ir.regions import AUTOCAST, GRAD, RegionKind, delete_unused_submodules
-from ..ir.meta_keys import DERIVED, GRAD_BLOCK, GRAD_MODE_READ, UNKNOWN
+from ..ir.meta_keys import DERIVED, GRAD_BLOCK, GRAD_MODE_READ, SWITCH_REGION, UNKNOWN
 
 
 @dataclasses.dataclass(frozen=True)
@@ -309,7 +309,9 @@ def _outline(gm: torch.fx.GraphModule, block: Block, markers: set) -> None:
             body.append(node)
         node = node.next
     if body:
-        outline_region(gm, body, block.kind.hop, block.args, block.name, block.enter.meta)
+        call = outline_region(gm, body, block.kind.hop, block.args, block.name, block.enter.meta)
+        if block.key == SWITCH:
+            call.meta.setdefault("custom", {})[SWITCH_REGION] = True
 
 
 def outline_region(gm: torch.fx.GraphModule, body: list[torch.fx.Node], hop, args: tuple, name: str,

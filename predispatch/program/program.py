@@ -14,7 +14,9 @@ import torch
 from torch.export import ExportedProgram
 
 from .. import _torch
+from ..ir.meta_keys import SWITCH_REGION
 from ..ir.program_meta import program_meta
+from ..ir.regions import regions
 from .run_time_calls import use_run_time_calls
 from .write_backs import check_input_aliasing, fix_write_backs, mutated_user_inputs
 
@@ -42,6 +44,15 @@ def leave_grad_mode(unlifted: torch.fx.GraphModule, mode: bool | None) -> None:
     unlifted.recompile()
 
 
+def mark_switch_regions(unlifted: torch.fx.GraphModule) -> None:
+    """The submodules of the regions bare switches opened, marked for the
+    region run time (in ``meta``, which a copy of the module keeps): an
+    exception leaving one restores no grad mode, as in eager."""
+    for region in regions(unlifted):
+        if region.node.meta.get("custom", {}).get(SWITCH_REGION):
+            region.submodule.meta[SWITCH_REGION] = True
+
+
 class PredispatchProgram(ExportedProgram):
     """An ``ExportedProgram`` made by :func:`predispatch.export_predispatch`."""
 
@@ -55,6 +66,7 @@ class PredispatchProgram(ExportedProgram):
         restore_module_order(unlifted, program_meta(self).get("module_order", []))
         leave_grad_mode(unlifted, record.get("grad_mode_after"))
         use_run_time_calls(unlifted)
+        mark_switch_regions(unlifted)
         return unlifted
 
     def run_decompositions(self, *args, **kwargs) -> PredispatchProgram:
