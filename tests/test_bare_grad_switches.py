@@ -168,6 +168,43 @@ class SwitchedOnAndUpdatesItsInput(_Counted):
         return x * 2
 
 
+class UpdatedUnderASwitchKeepsItsHistory(torch.nn.Module):
+    def forward(self, x):
+        y = x * 2
+        torch.set_grad_enabled(False)
+        y.add_(1)  # out of autograd's sight: y keeps x * 2's history
+        torch.set_grad_enabled(True)
+        return y * y
+
+
+class UpdatedAfterASwitchOn(_Frozen):
+    def forward(self, x):
+        torch.set_grad_enabled(False)
+        y = self.backbone(x)
+        torch.set_grad_enabled(True)
+        y.mul_(self.head.weight[0])  # y gets a history here, under a no_grad caller too
+        return y
+
+
+class SwitchedOnAroundALibraryBlock(_Frozen):
+    def forward(self, x):
+        t = x * 1
+        torch.set_grad_enabled(True)
+        torch.nn.init.constant_(t, 0.5)  # its own no_grad block, which the trace does not see
+        return self.head(t) + x
+
+
+class SwitchedInAHelper(torch.nn.Module):
+    def forward(self, x):
+        def freeze():
+            torch.set_grad_enabled(False)
+        a = x * 2
+        freeze()
+        b = x * 3
+        torch.set_grad_enabled(True)
+        return a + b
+
+
 # Refused before as "never restores" (tests/test_errors.py had them):
 class GradModeTurnedOn(torch.nn.Module):
     def forward(self, x):
@@ -198,6 +235,10 @@ class SwitchedBackInsideABlockToTheModeReadThere(torch.nn.Module):
     (GradModeTurnedOn(), (torch.randn(3),)),
     (GradModeSetByAnExpression(), (torch.randn(3),)),
     (SwitchedBackInsideABlockToTheModeReadThere(), (torch.randn(3),)),
+    (UpdatedUnderASwitchKeepsItsHistory(), (torch.randn(3),)),
+    (UpdatedAfterASwitchOn(), (torch.randn(2, 4),)),
+    (SwitchedOnAroundALibraryBlock(), (torch.randn(2, 4),)),
+    (SwitchedInAHelper(), (torch.randn(3),)),
     (SwitchedOffToTheEnd(), (torch.randn(2, 4),)),
     (CSwitchRestored(), (torch.randn(2, 4),)),
     (CSwitchedOnToTheEnd(), (torch.randn(2, 4),)),

@@ -45,6 +45,7 @@ from .. import _torch
 from ..ir.program_meta import program_meta
 from ..policies.autocast_policy import AutocastPolicy, autocast_policy
 from ..errors import BackwardAutocastMismatchError, BackwardAutocastMismatchWarning
+from ..program.program import leave_caller_in_grad_mode
 from ..program.write_backs import read_before_mutation, write_back_under_no_grad, write_back_with_grad
 
 
@@ -263,7 +264,7 @@ def for_autograd_tracing(unlifted: torch.fx.GraphModule) -> torch.fx.GraphModule
     for node in list(unlifted.graph.nodes):
         if node.op == "call_function" and node.target in _FOR_AUTOGRAD:
             node.target = _FOR_AUTOGRAD[node.target]
-        elif node.op == "call_function" and node.target is _torch.SET_GRAD_ENABLED:
+        elif node.op == "call_function" and node.target is leave_caller_in_grad_mode:
             unlifted.graph.erase_node(node)  # the mode left to the caller: set after the compiled call
     unlifted.recompile()
     return unlifted

@@ -32,6 +32,16 @@ def restore_module_order(unlifted: torch.nn.Module, order: list[str]) -> None:
         _torch.reorder_child_modules(m, lambda name, prefix=prefix: rank.get(prefix + name, len(rank)))
 
 
+def leave_caller_in_grad_mode(mode: bool) -> None:
+    """The last call of a module whose forward ends under a bare switch. A
+    switch as the user writes it: exporting the module again, the trace sees
+    one (torch's own redundant ``_set_grad_enabled`` calls it ignores)."""
+    torch.set_grad_enabled(mode)
+
+
+_torch.mark_side_effectful(leave_caller_in_grad_mode)
+
+
 def leave_grad_mode(unlifted: torch.fx.GraphModule, mode: bool | None) -> None:
     """A forward whose bare grad-mode switch is still in force at its end
     leaves its caller in that mode, as eager does: the module sets it last,
@@ -40,7 +50,7 @@ def leave_grad_mode(unlifted: torch.fx.GraphModule, mode: bool | None) -> None:
         return
     graph = unlifted.graph
     with graph.inserting_before(graph.output_node()):
-        graph.call_function(_torch.SET_GRAD_ENABLED, (mode,))
+        graph.call_function(leave_caller_in_grad_mode, (mode,))
     unlifted.recompile()
 
 
