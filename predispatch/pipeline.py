@@ -25,7 +25,6 @@ from typing import Callable
 
 import torch
 
-from .errors import ExportError
 from .ir.records import TraceRecord
 from .passes import dead_code, functional_check, history, regions, signature, writes
 from .passes.history import (
@@ -145,16 +144,8 @@ def _dead_code(work: Work) -> None:
 
 
 def _regions(work: Work) -> None:
-    work.record.grad_mode_after = regions.replace_blocks_with_regions(work.captured.gm)
-    if work.record.grad_mode_after is not None and not work.exports_a_module:
-        raise ExportError(
-            f"a bare grad-mode switch in the autograd.Function {_qualname(work.subject.fn)} leaves grad mode "
-            f"{'on' if work.record.grad_mode_after else 'off'} after it returns: cannot be exported "
-            f"soundly as one op; restore the mode before returning, or use a with block")
-
-
-def _qualname(fn) -> str:
-    return getattr(fn, "__qualname__", repr(fn))
+    one_op = None if work.exports_a_module else "an autograd.Function's forward or backward"
+    work.record.grad_mode_after = regions.replace_blocks_with_regions(work.captured.gm, one_op)
 
 
 def _signature(work: Work) -> None:

@@ -417,6 +417,47 @@ def test_an_exception_restores_what_eager_restores(tmp_path):
     assert left == [True, False, False, False]  # the case raises where it should
 
 
+class SwitchesInItsForward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        torch.set_grad_enabled(True)  # apply() restores the mode around forward, in eager too
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2
+
+
+class SwitchesInItsBackward(SwitchesInItsForward):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        torch.set_grad_enabled(False)
+        return g * 2
+
+
+class _Applies(torch.nn.Module):
+    def __init__(self, function):
+        super().__init__()
+        self.function = function
+
+    def forward(self, x):
+        return self.function.apply(x) + 1
+
+
+def test_a_switch_in_a_functions_forward_ends_with_it():
+    ep = assert_matches_eager(_Applies(SwitchesInItsForward), (torch.randn(3),))
+    assert "grad_mode_after" not in program_meta(ep)
+
+
+def test_a_switch_left_in_force_by_a_functions_backward_is_refused():
+    with pytest.raises(predispatch.ExportError, match="switch left in force at the end of an autograd.Function"):
+        predispatch.export_predispatch(_Applies(SwitchesInItsBackward), (torch.randn(3),))
+
+
 class FrozenBackboneThenHead(_Frozen):
     """The expect test's case: a switch inside autocast runs past its end; the
     forward ends under a switch, which the caller is left in."""

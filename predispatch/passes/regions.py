@@ -78,6 +78,7 @@ class BlockTree:
     top: list[Block]
     redundant: list[torch.fx.Node]
     grad_mode_after: bool | None
+    left_by: torch.fx.Node | None = None  # the switch that set it
 
 
 def read_blocks(graph: torch.fx.Graph) -> BlockTree:
@@ -183,11 +184,12 @@ class _BlockReader:
         """The switches still open run to the end of the forward; the mode
         they set is the one the caller is left in."""
         after = _fixed_grad_mode(self.stack)
+        left_by = self.stack[-1].enter if self.stack else None
         self.close_switches(output)
         if self.stack:
             raise ExportError(f"a {self.stack[-1].kind.name} block that the forward never ends "
                               f"cannot be exported soundly, at {_where(self.stack[-1].enter)}")
-        return BlockTree(self.top, self.redundant, after)
+        return BlockTree(self.top, self.redundant, after, left_by)
 
 
 def grad_modes(graph: torch.fx.Graph) -> dict[torch.fx.Node, bool | None]:
@@ -277,12 +279,19 @@ def _post_order(blocks):
         yield b
 
 
-def replace_blocks_with_regions(gm: torch.fx.GraphModule) -> bool | None:
+def replace_blocks_with_regions(gm: torch.fx.GraphModule, one_op: str | None = None) -> bool | None:
     """The pass: every region outlined into a higher-order op; no markers
     left. Returns the grad mode the forward leaves its caller in (None: the
-    caller's own), which the program sets after each call."""
+    caller's own), which the program sets after each call. ``one_op``: what
+    the graph is the body of, where it becomes one op, which cannot leave
+    its caller in another mode (refused)."""
     graph = gm.graph
     tree = read_blocks(graph)
+    if tree.grad_mode_after is not None and one_op is not None:
+        raise ExportError(
+            f"a grad-mode switch left in force at the end of {one_op} (grad mode "
+            f"{'on' if tree.grad_mode_after else 'off'} after it returns) cannot be exported soundly "
+            f"as one op; switch back before returning, or use a with block, at {_where(tree.left_by)}")
     choose_regions(tree.top)
     for node in tree.redundant:
         graph.erase_node(node)
