@@ -143,11 +143,17 @@ def _dead_code(work: Work) -> None:
     dead_code.eliminate_dead_code(c.gm, c.signature, c.artifact.aten.constants if work.exports_a_module else None)
 
 
+def _regions(work: Work) -> None:
+    one_op = None if work.exports_a_module else "an autograd.Function's forward or backward"
+    work.record.grad_mode_after = regions.replace_blocks_with_regions(work.captured.gm, one_op)
+
+
 def _signature(work: Work) -> None:
     if work.exports_a_module:  # a Function's subgraph: its outputs by position, nothing recorded
         s = work.subject
         signature.sync_output_names(work.captured)
-        signature.record_program_meta(work.captured, s.module, s.autocast_policy, s.sharding_layouts)
+        signature.record_program_meta(work.captured, s.module, s.autocast_policy, s.sharding_layouts,
+                                      work.record.grad_mode_after)
 
 
 def _program(work: Work) -> None:
@@ -169,8 +175,7 @@ STAGES = (
     Stage("dead code", "what the history stage did not need goes", _dead_code, (dead_code,)),
     Stage("writes", "functionalized writes written with differentiable ops",
           lambda w: writes.replace_writes(w.captured.gm), (writes,)),
-    Stage("regions", "grad-mode and autocast blocks become higher-order ops",
-          lambda w: regions.replace_blocks_with_regions(w.captured.gm), (regions,)),
+    Stage("regions", "grad-mode and autocast blocks become higher-order ops", _regions, (regions,)),
     Stage("functional", "no in-place op is left (G1's safety net)",
           lambda w: functional_check.refuse_remaining_mutations(w.captured.gm), (functional_check,)),
     Stage("signature", "outputs named; write-backs, layouts and the autocast policy recorded", _signature,

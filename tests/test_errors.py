@@ -20,37 +20,9 @@ class DataDependentBranch(torch.nn.Module):
         return x
 
 
-class GradModeNeverRestored(torch.nn.Module):
-    def forward(self, x):
-        torch.set_grad_enabled(False)  # the caller's mode is left changed
-        return x * 2
-
-
-class GradModeSetOnByAConstant(torch.nn.Module):
-    def forward(self, x):
-        torch.set_grad_enabled(False)
-        y = x * 2
-        torch.set_grad_enabled(True)  # on, even for a caller under no_grad
-        return y + x
-
-
-class GradModeTurnedOn(torch.nn.Module):
-    def forward(self, x):
-        torch.set_grad_enabled(True)  # a no-op while tracing, not for a caller under no_grad
-        return x * 2
-
-
 class DataDependentCond(torch.nn.Module):
     def forward(self, x):
         return torch.cond(x.sum() > 0, lambda x: x.sin(), lambda x: x * 2, (x,))
-
-
-class GradModeSetByAnExpression(torch.nn.Module):
-    frozen = False
-
-    def forward(self, x):
-        torch.set_grad_enabled(not self.frozen)  # True: not the mode read before
-        return x * 2
 
 
 class GradModeFromARead(torch.nn.Module):
@@ -248,11 +220,6 @@ class CustomBackwardThatCannotRun(torch.nn.Module):
     (PythonRandomScale(), (torch.randn(3),), "random numbers drawn with Python's random",
      "random.uniform("),
     (DataDependentBranch(), (torch.randn(3),), "data-dependent Python control flow", "if x.sum() > 0"),
-    (GradModeNeverRestored(), (torch.randn(3),), "never restores", "torch.set_grad_enabled(False)"),
-    (GradModeSetOnByAConstant(), (torch.randn(3),), "never restores", "torch.set_grad_enabled(True)"),
-    (GradModeTurnedOn(), (torch.randn(3),), "never restores", "torch.set_grad_enabled(True)"),
-    (GradModeSetByAnExpression(), (torch.randn(3),), "never restores",
-     "torch.set_grad_enabled(not self.frozen)"),
     (DataDependentCond(), (torch.randn(3),), "a control-flow operator", "torch.cond("),
     (GradModeFromARead(), (torch.randn(3),), "computed from torch.is_grad_enabled()",
      "torch.set_grad_enabled(use)"),

@@ -41,7 +41,6 @@ from .ops import (  # noqa: E402,F401
     redispatch_below_autograd,
     saved_for_backward,
     SET_GRAD_ENABLED,
-    SET_GRAD_ENABLED_NAME,
     without_default_arguments,
     written_arguments,
 )

@@ -198,7 +198,6 @@ def _saved_for_backward() -> dict[str, tuple[frozenset, bool]]:
 
 OpOverload = torch._ops.OpOverload  # one overload of an op: what a graph node calls
 OpOverloadPacket = torch._ops.OpOverloadPacket  # torch.ops.aten.linear: every overload of it
-SET_GRAD_ENABLED_NAME = "torch._C._set_grad_enabled"  # as a user writes the bare switch
 # the Python binding of ``_assert_tensor_metadata`` (one overload: the binding cannot pick another)
 ASSERT_TENSOR_METADATA_BINDING = torch._C._VariableFunctions._assert_tensor_metadata
 

@@ -42,9 +42,11 @@ from torch.export.graph_signature import InputKind
 
 from .._torch import pytree
 from .. import _torch
+from ..ir.program_meta import program_meta
 from ..policies.autocast_policy import AutocastPolicy, autocast_policy
 from ..errors import BackwardAutocastMismatchError, BackwardAutocastMismatchWarning
 from ..ir import generator_ops
+from ..program.program import leave_caller_in_grad_mode
 from ..program.write_backs import read_before_mutation, write_back_under_no_grad, write_back_with_grad
 
 
@@ -267,9 +269,11 @@ _FOR_AUTOGRAD = {write_back_with_grad: _write_back_for_autograd,
 def for_autograd_tracing(unlifted: torch.fx.GraphModule) -> torch.fx.GraphModule:
     """``ep.module()`` with its write-backs as the plain ops they run eagerly,
     so that AOTAutograd's trace gives a mutated input its autograd history."""
-    for node in unlifted.graph.nodes:
+    for node in list(unlifted.graph.nodes):
         if node.op == "call_function" and node.target in _FOR_AUTOGRAD:
             node.target = _FOR_AUTOGRAD[node.target]
+        elif node.op == "call_function" and node.target is leave_caller_in_grad_mode:
+            unlifted.graph.erase_node(node)  # the mode left to the caller: set after the compiled call
     unlifted.recompile()
     return unlifted
 
@@ -386,7 +390,8 @@ class CompiledTraining(torch.nn.Module):
 
     max_variants = 8  # traced kinds of call kept; the least recently used goes first
 
-    def __init__(self, first: Variant, policy: AutocastPolicy, mutated: frozenset):
+    def __init__(self, first: Variant, policy: AutocastPolicy, mutated: frozenset,
+                 grad_mode_after: bool | None = None):
         super().__init__()
         adopt_state(self, first.flat.module)
         # Not submodules: the traced module and graphs are how it runs, not
@@ -394,6 +399,7 @@ class CompiledTraining(torch.nn.Module):
         vars(self).update(flat=first.flat, first=first)
         self.policy = policy
         self.mutated = mutated
+        self.grad_mode_after = grad_mode_after  # a bare switch's, in force at the forward's end
         self.backward_check = first.check
         self.variants = collections.OrderedDict({first.key: first})
 
@@ -412,7 +418,7 @@ class CompiledTraining(torch.nn.Module):
         key = next(reversed(self.variants))
         key = dataclasses.replace(key, state=lifted_state(module))
         first = Variant(module, self.flat.in_spec, key, self.policy)
-        return CompiledTraining(first, self.policy, self.mutated)
+        return CompiledTraining(first, self.policy, self.mutated, self.grad_mode_after)
 
     def forward(self, *args, **kwargs):
         leaves = _torch.call_leaves(self.flat.module, args, kwargs)
@@ -423,6 +429,8 @@ class CompiledTraining(torch.nn.Module):
         outputs = list(variant.compiled(*inputs))
         for node in compiled_backward_nodes(outputs + inputs, history):
             node.register_prehook(lambda grad_outputs: variant.check())
+        if self.grad_mode_after is not None:  # the caller left in it, as by eager
+            torch.set_grad_enabled(self.grad_mode_after)
         return pytree.tree_unflatten(outputs, variant.flat.out_spec)
 
     def variant(self, key: CallKey, args, kwargs) -> Variant:
@@ -510,4 +518,4 @@ def compile_training(ep) -> CompiledTraining:
     leaves, in_spec = pytree.tree_flatten(ep.example_inputs)
     mutated = mutated_inputs(ep)
     first = Variant(module, in_spec, CallKey.of(leaves, mutated, True, module), policy)
-    return CompiledTraining(first, policy, mutated)
+    return CompiledTraining(first, policy, mutated, program_meta(ep).get("grad_mode_after"))

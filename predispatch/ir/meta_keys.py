@@ -31,3 +31,6 @@ GRAD_MODE_READ = "predispatch_grad_mode_read"
 # where the mode a set_grad_enabled(x) passes comes from, besides a read's node:
 DERIVED = "derived"  # computed from a grad-mode read: its value depends on the caller's
 UNKNOWN = "unknown"  # an origin the code does not show (an argument, an attribute)
+# in a region call's ``meta["custom"]`` (kept through save and load): the region a bare
+# grad-mode switch opened, which, as eager, restores no mode when an exception leaves it
+SWITCH_REGION = "predispatch_switch_region"

@@ -43,8 +43,11 @@ class TraceRecord:
     input_views: dict = dataclasses.field(default_factory=dict)
     # (value before, read by an op by then, where): in-place updates of memory a set_() made shared
     swap_updates: list = dataclasses.field(default_factory=list)
+    # the grad mode the forward leaves its caller in, a bare switch's (None: the caller's own)
+    grad_mode_after: bool | None = None
 
     def clear(self) -> None:
         """Forget a trace made again (see :func:`predispatch.trace.functional_trace.functional_trace`)."""
         for field in dataclasses.fields(self):
-            setattr(self, field.name, field.default_factory())
+            setattr(self, field.name, field.default if field.default_factory is dataclasses.MISSING
+                    else field.default_factory())

@@ -16,6 +16,7 @@ value mutated in a region is simply one of the region's outputs.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import operator
 
@@ -25,7 +26,7 @@ import torch.fx
 from .. import _torch
 from ..errors import ExportError, node_location
 from ..ir.regions import AUTOCAST, GRAD, RegionKind, delete_unused_submodules
-from ..ir.meta_keys import DERIVED, GRAD_BLOCK, GRAD_MODE_READ, UNKNOWN
+from ..ir.meta_keys import DERIVED, GRAD_BLOCK, GRAD_MODE_READ, SWITCH_REGION, UNKNOWN
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,7 +34,7 @@ class Marker:
     """A node that opens or closes a block. ``key`` pairs an exit with its enter."""
 
     kind: RegionKind
-    phase: str  # "enter" | "exit" | "bare"
+    phase: str  # "enter" | "exit" | "bare" (the C switch called directly)
     key: object
     args: tuple
     passed: object = None  # where a set_grad_enabled mode comes from (grad_mode_reads.passed_mode)
@@ -52,6 +53,9 @@ def marker(node: torch.fx.Node) -> Marker | None:
     return None
 
 
+SWITCH = "switch"  # the key of a block a bare switch opens (it has no exit of its own)
+
+
 @dataclasses.dataclass(eq=False)
 class Block:
     kind: RegionKind
@@ -65,66 +69,138 @@ class Block:
     empty: bool = True  # no op between its markers: never a region
 
 
-def read_blocks(graph: torch.fx.Graph) -> tuple[list[Block], list[torch.fx.Node]]:
+@dataclasses.dataclass(frozen=True)
+class BlockTree:
+    """The blocks of a graph (nesting as in the source), the markers that
+    open or close none, and the grad mode the forward leaves its caller in
+    (None: the caller's own)."""
+
+    top: list[Block]
+    redundant: list[torch.fx.Node]
+    grad_mode_after: bool | None
+    left_by: torch.fx.Node | None = None  # the switch that set it
+
+
+def read_blocks(graph: torch.fx.Graph) -> BlockTree:
     """The block tree from the markers, and the redundant markers to drop
     (``set_grad_enabled`` sets its mode in both __init__ and __enter__).
 
-    ``torch.set_grad_enabled(b)`` called as a function has no exit: such a
-    toggle opens a block (see :func:`_read_toggle` for what closes it)."""
-    top, stack, redundant = [], [], []
-    reads: dict = {}  # grad-mode read -> the mode fixed where it was read (None: the caller's)
+    A bare switch (``torch.set_grad_enabled(b)`` called as a function, or
+    the C function it calls, called directly) has no exit: it opens a block that
+    runs to the next switch, to the end of the block around it, or to the
+    end of the forward (see :meth:`_BlockReader.switch`)."""
+    reader = _BlockReader()
     markers = [(node, marker(node)) for node in graph.nodes]
     exits = {m.key for _, m in markers if m is not None and m.phase == "exit"}
     for node, m in markers:
-        if GRAD_MODE_READ in node.meta:  # the same code read in two contexts (recursion): unusable
-            read, mode = node.meta[GRAD_MODE_READ], _fixed_grad_mode(stack)
-            reads[read] = mode if reads.get(read, mode) == mode else _CONFLICT
-            redundant.append(node)
-            continue
-        if m is None:
-            if node.op not in ("placeholder", "output"):
-                for open_block in stack:
-                    open_block.empty = False
-            continue
-        if m.phase == "bare":
-            raise ExportError(
-                f"a bare {_torch.SET_GRAD_ENABLED_NAME} call, outside any grad-mode context "
-                f"manager, cannot be exported soundly, at {_where(node)}")
-        if m.phase == "enter" and m.kind is GRAD and m.key not in exits:  # a function-call toggle
-            _read_toggle(node, m, stack, top, redundant, reads)
-            continue
-        if m.phase == "enter":
-            if stack and stack[-1].key == m.key:
-                redundant.append(node)
-                continue
-            if m.kind is GRAD and _passed(node, m, reads) == "caller":  # with set_grad_enabled(prev)
-                _refuse_callers_mode(node)
-            block = Block(m.kind, m.args, m.key, node)
-            (stack[-1].children if stack else top).append(block)
-            stack.append(block)
-        elif not stack or stack[-1].key != m.key:
-            raise ExportError(f"a {m.kind.name} block that is not properly nested ends at {_where(node)}")
+        if GRAD_MODE_READ in node.meta:
+            reader.note_read(node)
+        elif m is None:
+            reader.note_op(node)
+        elif m.phase == "bare" or (m.phase == "enter" and m.kind is GRAD and m.key not in exits):
+            reader.switch(node, m)
+        elif m.phase == "enter":
+            reader.enter(node, m)
         else:
-            stack.pop().exit = node
-    if stack:
-        raise ExportError(
-            f"a {stack[-1].kind.name} mode change that the forward never restores (e.g. "
-            f"torch.set_grad_enabled(False) called as a function, not as a block) cannot be "
-            f"exported soundly: the mode it leaves is the caller's, unknown until run time; "
-            f"restore the mode read before (prev = torch.is_grad_enabled(); ...; "
-            f"torch.set_grad_enabled(prev)) or use a with block, at {_where(stack[-1].enter)}")
-    return top, redundant
+            reader.exit(node, m)
+    return reader.end(graph.output_node())
+
+
+class _BlockReader:
+    """The markers read in graph order into a tree of blocks."""
+
+    def __init__(self):
+        self.top: list[Block] = []
+        self.stack: list[Block] = []
+        self.redundant: list[torch.fx.Node] = []
+        self.reads: dict = {}  # grad-mode read -> the mode fixed where it was read (None: the caller's)
+
+    def note_read(self, node) -> None:
+        """The same code read in two contexts (recursion) is unusable."""
+        read, mode = node.meta[GRAD_MODE_READ], _fixed_grad_mode(self.stack)
+        self.reads[read] = mode if self.reads.get(read, mode) == mode else _CONFLICT
+        self.redundant.append(node)
+
+    def note_op(self, node) -> None:
+        if node.op not in ("placeholder", "output"):
+            for open_block in self.stack:
+                open_block.empty = False
+
+    def open(self, kind: RegionKind, args: tuple, key, node) -> None:
+        block = Block(kind, args, key, node)
+        (self.stack[-1].children if self.stack else self.top).append(block)
+        self.stack.append(block)
+
+    def enter(self, node, m: Marker) -> None:
+        if self.stack and self.stack[-1].key == m.key:
+            self.redundant.append(node)
+            return
+        if m.kind is GRAD and _passed(node, m, self.reads) == "caller":  # with set_grad_enabled(prev)
+            _refuse_callers_mode(node)
+        self.open(m.kind, m.args, m.key, node)
+
+    def exit(self, node, m: Marker) -> None:
+        """A block ends, and the switches made inside it with it; an autocast
+        block's end leaves the grad mode switched inside it in force."""
+        in_force = self.close_switches(node)
+        if not self.stack or self.stack[-1].key != m.key:
+            raise ExportError(f"a {m.kind.name} block that is not properly nested ends at {_where(node)}")
+        self.stack.pop().exit = node
+        if m.kind is AUTOCAST and in_force != _fixed_grad_mode(self.stack):
+            self.switch_to(node, in_force)
+
+    def close_switches(self, node) -> bool | None:
+        """End at ``node`` the switch blocks open inside the innermost other
+        block; returns the grad mode in force before."""
+        in_force = _fixed_grad_mode(self.stack)
+        while self.stack and self.stack[-1].key == SWITCH:
+            self.stack.pop().exit = node
+        return in_force
+
+    def switch(self, node, m: Marker) -> None:
+        """A bare switch to a constant mode, to one read inside a block, or
+        back to the caller's (read outside every block)."""
+        passed = _passed(node, m, self.reads)
+        mode = None if passed == "caller" else m.args[0] if passed is None else passed
+        if mode == _fixed_grad_mode(self.stack):
+            self.redundant.append(node)  # the mode already in force: no block
+        else:
+            self.switch_to(node, mode)
+
+    def switch_to(self, node, mode: bool | None) -> None:
+        """The switch block open at this level ends at ``node``; unless the
+        mode is the one around it, another begins there. The caller's mode
+        (None) cannot be set inside a block that set another."""
+        if self.stack and self.stack[-1].key == SWITCH:
+            self.stack.pop().exit = node
+        around = _fixed_grad_mode(self.stack)
+        if mode == around:
+            return
+        if mode is None:
+            _refuse_callers_mode(node)
+        self.open(GRAD, (mode,), SWITCH, node)
+
+    def end(self, output: torch.fx.Node) -> BlockTree:
+        """The switches still open run to the end of the forward; the mode
+        they set is the one the caller is left in."""
+        after = _fixed_grad_mode(self.stack)
+        left_by = self.stack[-1].enter if self.stack else None
+        self.close_switches(output)
+        if self.stack:
+            raise ExportError(f"a {self.stack[-1].kind.name} block that the forward never ends "
+                              f"cannot be exported soundly, at {_where(self.stack[-1].enter)}")
+        return BlockTree(self.top, self.redundant, after, left_by)
 
 
 def grad_modes(graph: torch.fx.Graph) -> dict[torch.fx.Node, bool | None]:
     """The grad mode each node runs in: the one its innermost enclosing grad
     block sets, or None outside every grad block (the caller's)."""
-    blocks, _ = read_blocks(graph)
+    blocks = read_blocks(graph).top
     opens = {b.enter: b.args[0] for b in _post_order(blocks) if b.kind is GRAD}
-    closes = {b.exit for b in _post_order(blocks) if b.kind is GRAD}
+    closes = collections.Counter(b.exit for b in _post_order(blocks) if b.kind is GRAD)
     stack, modes = [], {}
     for node in graph.nodes:
-        if node in closes:
+        for _ in range(closes[node]):  # a block's end closes the switches inside it too
             stack.pop()
         modes[node] = stack[-1] if stack else None
         if node in opens:
@@ -168,38 +244,6 @@ def _refuse_callers_mode(node) -> None:
         f"restore it at the nesting it was read, at {_where(node)}")
 
 
-def _read_toggle(node, m: Marker, stack: list[Block], top: list[Block], redundant: list,
-                 reads: dict) -> None:
-    """A function-call toggle: it restores, changes nothing, or opens a block.
-
-    Passing back the caller's mode (read outside every grad block) closes the
-    toggle opened where the mode was the caller's, or changes nothing where
-    it still is; elsewhere it is refused. Any other mode (a constant, or one
-    read inside a block) closes the open toggle when it is the mode of the
-    block around that toggle, changes nothing inside a block that already
-    sets it, and otherwise opens a block, even to the mode the trace runs in:
-    outside every block ``torch.set_grad_enabled(True)`` sets the caller's
-    mode, which may be off (never restored, that is refused)."""
-    toggle = stack[-1] if stack and stack[-1].key == "toggle" else None
-    around = _fixed_grad_mode(stack[:-1]) if toggle is not None else None
-    fixed = _fixed_grad_mode(stack)
-    if _passed(node, m, reads) == "caller":
-        if toggle is not None and around is None:
-            stack.pop().exit = node
-        elif fixed is None:
-            redundant.append(node)  # it still is the caller's
-        else:
-            _refuse_callers_mode(node)
-    elif toggle is not None and around is not None and m.args[0] == around:
-        stack.pop().exit = node
-    elif fixed is not None and m.args[0] == fixed:
-        redundant.append(node)
-    else:
-        block = Block(m.kind, m.args, "toggle", node)
-        (stack[-1].children if stack else top).append(block)
-        stack.append(block)
-
-
 def _where(node: torch.fx.Node) -> str:
     return node_location(node.meta.get("stack_trace"))
 
@@ -235,31 +279,48 @@ def _post_order(blocks):
         yield b
 
 
-def replace_blocks_with_regions(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
-    """The pass: every region outlined into a higher-order op; no markers left."""
+def replace_blocks_with_regions(gm: torch.fx.GraphModule, one_op: str | None = None) -> bool | None:
+    """The pass: every region outlined into a higher-order op; no markers
+    left. Returns the grad mode the forward leaves its caller in (None: the
+    caller's own), which the program sets after each call. ``one_op``: what
+    the graph is the body of, where it becomes one op, which cannot leave
+    its caller in another mode (refused)."""
     graph = gm.graph
-    blocks, redundant = read_blocks(graph)
-    choose_regions(blocks)
-    for node in redundant:
+    tree = read_blocks(graph)
+    if tree.grad_mode_after is not None and one_op is not None:
+        raise ExportError(
+            f"a grad-mode switch left in force at the end of {one_op} (grad mode "
+            f"{'on' if tree.grad_mode_after else 'off'} after it returns) cannot be exported soundly "
+            f"as one op; switch back before returning, or use a with block, at {_where(tree.left_by)}")
+    choose_regions(tree.top)
+    for node in tree.redundant:
         graph.erase_node(node)
-    for block in _post_order(blocks):
+    blocks = list(_post_order(tree.top))
+    markers = {n for b in blocks for n in (b.enter, b.exit) if n.op != "output"}
+    for block in blocks:
         if block.is_region:
-            _outline(gm, block)
-        graph.erase_node(block.exit)  # the exit refers to the enter: erase it first
-        graph.erase_node(block.enter)
+            _outline(gm, block, markers)
+    for node in reversed(graph.nodes):  # an autocast exit refers to its enter: erased first
+        if node in markers:
+            graph.erase_node(node)
     delete_unused_submodules(gm)
     gm.recompile()
-    return gm
+    return tree.grad_mode_after
 
 
-def _outline(gm: torch.fx.GraphModule, block: Block) -> None:
+def _outline(gm: torch.fx.GraphModule, block: Block, markers: set) -> None:
+    """The block's ops into its region; the markers of the blocks inside it
+    (outlined already) stay, for the blocks that end or begin at them."""
     body = []
     node = block.enter.next
-    while node is not block.exit:  # inner blocks are done: no markers left here
-        body.append(node)
+    while node is not block.exit:
+        if node not in markers:
+            body.append(node)
         node = node.next
     if body:
-        outline_region(gm, body, block.kind.hop, block.args, block.name, block.enter.meta)
+        call = outline_region(gm, body, block.kind.hop, block.args, block.name, block.enter.meta)
+        if block.key == SWITCH:
+            call.meta.setdefault("custom", {})[SWITCH_REGION] = True
 
 
 def outline_region(gm: torch.fx.GraphModule, body: list[torch.fx.Node], hop, args: tuple, name: str,

@@ -19,14 +19,17 @@ from ..trace import input_aliasing
 from ..trace.capture import Captured
 
 
-def record_program_meta(captured, module: torch.nn.Module, autocast_policy, sharding_layouts: dict) -> None:
-    """The record of ``captured`` (the capture stage's result, its passes run) on its graph."""
+def record_program_meta(captured, module: torch.nn.Module, autocast_policy, sharding_layouts: dict,
+                        grad_mode_after: bool | None = None) -> None:
+    """The record of ``captured`` (the capture stage's result, its passes run)
+    on its graph; ``grad_mode_after``: the mode a bare switch leaves the caller in."""
     set_program_meta(captured.gm, {
         "write_back": write_back_modes(captured),
         "layouts": layout_changes(captured),
         "input_views": input_aliasing.to_json(captured.record.input_views),
         "autocast_policy": autocast_policy.to_json(),
         "module_order": module_order(module),
+        **({"grad_mode_after": grad_mode_after} if grad_mode_after is not None else {}),
         **({"sharding": {name: layout.to_json() for name, layout in sharding_layouts.items()}}
            if sharding_layouts else {}),
     })

@@ -28,6 +28,7 @@ from torch.export import ExportedProgram
 
 from .. import _torch
 from ..ir.autograd_function_op import AUTOGRAD_FUNCTION
+from ..ir.program_meta import program_meta
 from ..policies.autocast_policy import autocast_policy
 
 
@@ -144,7 +145,8 @@ def _subgraphs(node: torch.fx.Node) -> list[tuple[torch.fx.Node, tuple | None]]:
 
 
 def format_program(ep_or_gm) -> str:
-    """The program as text: graph, every subgraph, signature and autocast policy.
+    """The program as text: graph, every subgraph, signature and autocast policy,
+    and the grad mode a call leaves its caller in, where a bare switch sets it.
 
         >>> ep = predispatch.export_predispatch(torch.nn.Linear(3, 2), (torch.ones(1, 3),))
         >>> print(predispatch.format_program(ep))
@@ -171,6 +173,9 @@ def format_program(ep_or_gm) -> str:
         parts.append(format_signature(ep_or_gm))
         policy = autocast_policy(ep_or_gm)
         parts.append(f"autocast policy: {policy.describe()}")
+        after = program_meta(ep_or_gm).get("grad_mode_after")
+        if after is not None:  # a bare switch in force at the forward's end
+            parts.append(f"leaves the caller in grad mode: {'on' if after else 'off'}")
     return "\n".join(parts) + "\n"
 
 

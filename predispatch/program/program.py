@@ -14,7 +14,9 @@ import torch
 from torch.export import ExportedProgram
 
 from .. import _torch
+from ..ir.meta_keys import SWITCH_REGION
 from ..ir.program_meta import program_meta
+from ..ir.regions import regions
 from .run_time_calls import use_run_time_calls
 from .write_backs import check_input_aliasing, fix_write_backs, mutated_user_inputs
 
@@ -28,6 +30,37 @@ def restore_module_order(unlifted: torch.nn.Module, order: list[str]) -> None:
     for path, m in unlifted.named_modules():
         prefix = f"{path}." if path else ""
         _torch.reorder_child_modules(m, lambda name, prefix=prefix: rank.get(prefix + name, len(rank)))
+
+
+def leave_caller_in_grad_mode(mode: bool) -> None:
+    """The last call of a module whose forward ends under a bare switch. A
+    switch as the user writes it: exporting the module again, the trace sees
+    one (torch's own redundant ``_set_grad_enabled`` calls it ignores)."""
+    torch.set_grad_enabled(mode)
+
+
+_torch.mark_side_effectful(leave_caller_in_grad_mode)
+
+
+def leave_grad_mode(unlifted: torch.fx.GraphModule, mode: bool | None) -> None:
+    """A forward whose bare grad-mode switch is still in force at its end
+    leaves its caller in that mode, as eager does: the module sets it last,
+    after the write-backs (which ran in the caller's mode, as the graph's did)."""
+    if mode is None:
+        return
+    graph = unlifted.graph
+    with graph.inserting_before(graph.output_node()):
+        graph.call_function(leave_caller_in_grad_mode, (mode,))
+    unlifted.recompile()
+
+
+def mark_switch_regions(unlifted: torch.fx.GraphModule) -> None:
+    """The submodules of the regions bare switches opened, marked for the
+    region run time (in ``meta``, which a copy of the module keeps): an
+    exception leaving one restores no grad mode, as in eager."""
+    for region in regions(unlifted):
+        if region.node.meta.get("custom", {}).get(SWITCH_REGION):
+            region.submodule.meta[SWITCH_REGION] = True
 
 
 class PredispatchProgram(ExportedProgram):
@@ -62,7 +95,9 @@ class PredispatchProgram(ExportedProgram):
         if mutated:
             check_input_aliasing(unlifted, record.get("input_views", {}), mutated)
         restore_module_order(unlifted, program_meta(self).get("module_order", []))
+        leave_grad_mode(unlifted, record.get("grad_mode_after"))
         use_run_time_calls(unlifted)
+        mark_switch_regions(unlifted)
         return unlifted
 
     def run_decompositions(self, *args, **kwargs) -> PredispatchProgram:
@@ -98,8 +133,11 @@ def load(path, **kwargs) -> PredispatchProgram:
     and the autocast policy (``predispatch.policies.autocast_policy`` reads it), but
     gives a plain ``ExportedProgram`` whose ``module()`` writes mutations back
     torch's way (a ``copy_`` outside no_grad, refused for a parameter updated
-    under no_grad). This returns a :class:`PredispatchProgram`, whose
-    ``module()`` writes them back as eager did. Importing predispatch also
+    under no_grad), and does not leave its caller in the grad mode a bare
+    switch left in force at the forward's end (``torch.set_grad_enabled(False)``
+    called as a function, and never switched back). This returns a
+    :class:`PredispatchProgram`, whose ``module()`` writes them back as eager
+    did and leaves the caller in that mode. Importing predispatch also
     registers ``predispatch::keep_history``, which loading needs.
     """
     return as_predispatch_program(torch.export.load(path, **kwargs))

@@ -1,7 +1,8 @@
 """How a program's regions run: exception-safe, and cheap.
 
 torch's ``wrap_with_set_grad_enabled`` restores grad mode without ``finally``
-(an exception inside a region leaks its mode to the caller, against G7) and
+(an exception inside a region leaks its mode to the caller, against G7:
+only a bare switch's region leaves its mode, as eager's switch does) and
 both region ops build a dynamo-disabled wrapper per call. Installed when
 predispatch is imported (:func:`install_region_runtime`), their calls run
 the region's body in a :class:`GradBlock` or an autocast state set and
@@ -19,6 +20,7 @@ import torch
 
 from .. import _torch
 from ..ir.bodies import call_body
+from ..ir.meta_keys import SWITCH_REGION
 
 _set_grad_enabled = _torch.SET_GRAD_ENABLED  # bound once: a region runs per call of the program
 
@@ -49,9 +51,19 @@ def _exception_safe_call(self, enable_grad, wrapped_func, *args, **kwargs):
     prev = torch.is_grad_enabled()
     _set_grad_enabled(enable_grad)
     try:
-        return call_body(wrapped_func, args, kwargs)
-    finally:
-        _set_grad_enabled(prev)
+        out = call_body(wrapped_func, args, kwargs)
+    except BaseException:
+        if not _opened_by_a_switch(wrapped_func):
+            _set_grad_enabled(prev)
+        raise
+    _set_grad_enabled(prev)
+    return out
+
+
+def _opened_by_a_switch(submodule) -> bool:
+    """A bare switch's region: eager restores no mode when an exception
+    leaves it (a block's region restores it, as the block's ``__exit__``)."""
+    return getattr(submodule, "meta", {}).get(SWITCH_REGION, False)
 
 
 @functools.lru_cache(maxsize=64)

@@ -7,8 +7,8 @@ inputs require grad unless ``inputs_require_grad=False``), backpropagates a
 loss over the floating outputs that require grad (under ``no_grad`` too: a
 history can outlive the forward's updates), and compares outputs, which
 require grad, gradients of inputs and parameters, buffers, parameters and
-inputs afterwards, and torch's CPU generator afterwards (both runs start
-from the same seed).
+inputs afterwards, torch's CPU generator afterwards (both runs start
+from the same seed), and the grad mode the call leaves its caller in.
 """
 from __future__ import annotations
 
@@ -36,6 +36,7 @@ class Run:
     layouts_after: dict
     storage_sharing: list
     rng_state_after: torch.Tensor  # torch's CPU generator after the call and the backward
+    grad_mode_after: bool | None = None  # the grad mode the call left its caller in
 
 
 def fresh_inputs(args, kwargs, requires_grad: bool):
@@ -99,6 +100,7 @@ def run_module(module, args, kwargs, *, grad_mode=True, inputs_require_grad=True
     torch.manual_seed(seed)
     with torch.set_grad_enabled(grad_mode):
         out = module(*args, **kwargs)
+        grad_mode_after = torch.is_grad_enabled()
     outputs = [o for o in pytree.tree_leaves(out)]
     loss = _loss(outputs)  # under no_grad, over the outputs that still have a history
     if loss is not None:
@@ -119,6 +121,7 @@ def run_module(module, args, kwargs, *, grad_mode=True, inputs_require_grad=True
         layouts_after={n: (tuple(t.shape), t.stride(), t.storage_offset()) for n, t in state.items()},
         storage_sharing=_storage_sharing(state),
         rng_state_after=rng_state_after,
+        grad_mode_after=grad_mode_after,
     )
 
 
@@ -141,6 +144,9 @@ def assert_runs_match(eager: Run, exported: Run, *, rtol=None, atol=None, what="
         torch.testing.assert_close(a, b, rtol=rtol, atol=atol, equal_nan=True,
                                    msg=lambda m: f"{what}{msg}: {m}")
     assert len(eager.outputs) == len(exported.outputs), f"{what}number of outputs differs"
+    assert eager.grad_mode_after == exported.grad_mode_after, (
+        f"{what}grad mode after the call: {eager.grad_mode_after} in eager, "
+        f"{exported.grad_mode_after} in the program")
     for i, (a, b) in enumerate(zip(eager.outputs, exported.outputs)):
         close(a, b, f"output {i}")
     assert eager.outputs_with_history == exported.outputs_with_history, (

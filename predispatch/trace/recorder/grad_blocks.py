@@ -96,8 +96,11 @@ def _mark(state: TraceState, func, args, kwargs, caller) -> None:
 
 def _block_mark(state: TraceState, caller):
     """(phase, block id, what the mode passed is: see :func:`passed_mode`)."""
-    if caller is None:
-        return ("bare", None, None)
+    if caller is None:  # a bare switch to prev: what it passes is read as for a toggle
+        state.bare_switches += 1
+        frame = _caller_frame()
+        user = frame is not None and not is_library_file(frame.f_code.co_filename)
+        return ("bare", None, passed_mode(frame) if user else None)
     phase, owner = caller
     if id(owner) not in state.block_ids:
         state.block_ids[id(owner)] = len(state.block_ids)
@@ -119,11 +122,17 @@ def _refuse_grad_on_inside_inference_mode(args) -> None:
 _OVERRIDES = torch.overrides.__file__
 
 
-def _called_from_torch() -> bool:
-    """Is the torch call being handled made by torch's own code (past this
-    package's frames and the torch-function dispatch)?"""
+def _caller_frame():
+    """The frame making the torch call being handled (past this package's
+    frames and the torch-function dispatch), or None."""
     frame = sys._getframe(1)
     while frame is not None and (frame.f_code.co_filename == _OVERRIDES
                                  or frame.f_code.co_filename.startswith(PACKAGE_DIR)):
         frame = frame.f_back
+    return frame
+
+
+def _called_from_torch() -> bool:
+    """Is the torch call being handled made by torch's own code?"""
+    frame = _caller_frame()
     return frame is not None and is_library_file(frame.f_code.co_filename)

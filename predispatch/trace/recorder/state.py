@@ -51,6 +51,7 @@ class TraceState:
     owners: list[object] = dataclasses.field(default_factory=list)  # the owners, alive: keeps their ids unique
     hidden_blocks: list[HiddenBlock] = dataclasses.field(default_factory=list)  # open, innermost last
     after_a_grad_marker: bool = False  # views made since may be made inside a grad block
+    bare_switches: int = 0  # grad-mode switches with no block (a layer making one is traced, not stamped)
 
     # -- what changed between two grad-mode markers (spans.py)
     # under no_grad: each tensor the span used, at its first use (None in grad mode)
