@@ -431,3 +431,103 @@ def test_an_optimizer_over_its_parameters_trains_as_eager(make_optimizer):
         if step == 0:
             first = losses[0]
     assert losses[0] < 0.9 * first  # it trained
+
+
+# --- a gradient eager never computes is None, not zeros: the compiled backward
+# gets no gradient for an output nothing backpropagates through (an output left
+# out of the loss; a parameter's or input's new value written back under no_grad)
+
+
+class EMATeacher(torch.nn.Module):
+    """A student trained against a teacher that follows it as an EMA, updated
+    and read under no_grad only (the teacher's new value is a
+    PARAMETER_MUTATION whose gradient nothing computes); beside it a frozen
+    layer and an unused one."""
+
+    def __init__(self, teacher_in_loss=False):
+        super().__init__()
+        self.student, self.teacher = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+        self.frozen, self.unused = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+        self.frozen.requires_grad_(False)
+        self.teacher_in_loss = teacher_in_loss
+
+    def forward(self, x):
+        with torch.no_grad():
+            for t, s in zip(self.teacher.parameters(), self.student.parameters()):
+                t.mul_(0.99).add_(s, alpha=0.01)
+            target = self.teacher(x)
+        loss = torch.nn.functional.mse_loss(self.frozen(self.student(x)), target)
+        # read in grad mode after its update, the teacher gets a gradient after all
+        return loss + self.teacher(x).mean() if self.teacher_in_loss else loss
+
+
+class DecaysInput(torch.nn.Module):
+    """An input updated under no_grad, and not otherwise used."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(3, 3)
+
+    def forward(self, x, y):
+        with torch.no_grad():
+            x.mul_(0.5)
+        return self.lin(y)
+
+
+@pytest.mark.parametrize("make, args", [
+    (EMATeacher, lambda: (torch.randn(2, 4),)),
+    (lambda: EMATeacher(teacher_in_loss=True), lambda: (torch.randn(2, 4),)),
+    (DecaysInput, lambda: (torch.randn(3), torch.randn(2, 3))),
+], ids=["ema-teacher", "ema-teacher-in-loss", "input-decayed"])
+def test_state_updated_under_no_grad_gets_the_gradient_eager_gives(make, args):
+    """None where eager leaves .grad at None (the teacher's, the decayed
+    input's), a real gradient where it has one, and zeros in neither."""
+    torch.manual_seed(0)
+    assert_compiled_matches_eager(make(), args(), grad_modes=(True,))
+
+
+class TwoHeads(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.shared = torch.nn.Linear(3, 3), torch.nn.Linear(3, 3), torch.nn.Linear(3, 3)
+
+    def forward(self, x, y):
+        return self.a(self.shared(x)), self.b(y) * 2, self.shared(y)
+
+
+def _grads_of_a_loss_over(module, outputs: list[int], args):
+    """The gradients of inputs and parameters after a backward of the sum of
+    the chosen outputs only (None where there is none)."""
+    args, _ = fresh_inputs(args, None, True)
+    out = module(*args)
+    sum(out[i].sum() for i in outputs).backward()
+    return {**{f"input {i}": x.grad for i, x in enumerate(args)},
+            **{n: p.grad for n, p in module.named_parameters()}}
+
+
+@pytest.mark.parametrize("outputs", [[0], [1], [0, 2], [0, 1, 2]])
+def test_outputs_left_out_of_the_loss_give_no_gradient(outputs):
+    torch.manual_seed(0)
+    module, args = TwoHeads(), (torch.randn(2, 3), torch.randn(2, 3))
+    train = compiled(module, args)
+    expected = _grads_of_a_loss_over(copy.deepcopy(module), outputs, args)
+    got = _grads_of_a_loss_over(train, outputs, args)
+    assert expected.keys() == got.keys()
+    for name, grad in expected.items():
+        torch.testing.assert_close(got[name], grad, msg=lambda m: f"gradient of {name}: {m}")
+
+
+def test_adamw_leaves_a_teacher_without_gradient_alone():
+    """An optimizer skips a parameter without a gradient: AdamW's weight
+    decay must not shrink the EMA teacher, as it does not in eager."""
+    torch.manual_seed(0)
+    model, x = EMATeacher(), torch.randn(2, 4)
+    train = compiled(model, (x,))
+    opts = [torch.optim.AdamW(m.parameters(), lr=0.1, weight_decay=0.5) for m in (model, train)]
+    for _ in range(3):
+        for module, opt in zip((model, train), opts):
+            opt.zero_grad()
+            module(x).backward()
+            opt.step()
+    for (name, p), q in zip(model.named_parameters(), train.parameters(), strict=True):
+        torch.testing.assert_close(q, p, msg=lambda m: f"{name}: {m}")

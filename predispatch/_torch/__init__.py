@@ -182,8 +182,11 @@ from .autograd import (  # noqa: E402,F401
     backward_pass_autocast,
     disable_autocast,
     is_compiled_backward_node,
+    is_tangent,
     no_donated_buffers,
+    pass_absent_gradients,
     retrace_subgraph,
+    tangents_are_plain,
 )
 from .distributed import (  # noqa: E402,F401
     __getattr__,

@@ -6,6 +6,7 @@ import contextlib
 import torch
 import torch.fx
 from torch._functorch._aot_autograd.graph_capture_wrappers import disable_autocast
+from torch._functorch._aot_autograd.utils import _is_tangent
 from torch._functorch.aot_autograd import aot_module_simplified
 
 
@@ -32,6 +33,29 @@ def backward_pass_autocast(value):
 def is_compiled_backward_node(node) -> bool:
     """Is this autograd node the backward of an AOTAutograd compiled function?"""
     return node.name() == "CompiledFunctionBackward"
+
+
+def is_tangent(node: torch.fx.Node) -> bool:
+    """Is this placeholder of an AOTAutograd backward graph a tangent (the
+    gradient of one of the compiled function's outputs)?"""
+    return _is_tangent(node)
+
+
+def tangents_are_plain(backward: torch.fx.GraphModule) -> bool:
+    """Is each tangent placeholder of ``backward`` the gradient of one output
+    (not a part of a tensor subclass's gradient, which AOTAutograd unwraps
+    into several placeholders)?"""
+    from torch._functorch._aot_autograd.descriptors import TangentAOTInput
+
+    return all(isinstance(n.meta.get("desc"), TangentAOTInput)
+               for n in backward.graph.nodes if _is_tangent(n))
+
+
+def pass_absent_gradients(node) -> None:
+    """The compiled function's backward ``node`` gets ``None`` for an output
+    that got no gradient, not zeros: AOTAutograd's node is an
+    ``autograd.Function``'s, itself the function's ctx."""
+    node.set_materialize_grads(False)
 
 
 @contextlib.contextmanager

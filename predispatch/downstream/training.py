@@ -17,6 +17,11 @@ a small cache;
 a call ``ep.module()`` would refuse (a size outside the program's shapes, a
 non-tensor input other than the exported one) raises :class:`CallNotSupportedError`.
 
+The gradients are eager's, ``None`` included: a parameter or input that
+eager's autograd never reaches (behind an output left out of the loss, or
+only read and updated under no_grad) keeps ``.grad`` at ``None``, not zeros
+(see :func:`_run_backward`).
+
 The backward is traced under the program's ``backward_pass_autocast``
 (AOTAutograd's ``backward_pass_autocast`` config): "same_as_forward" = the
 autocast state the forward ran under, "off", or a list of
@@ -305,6 +310,54 @@ def _run_without_autocast(gm: torch.fx.GraphModule):
     return _torch.boxed(run)
 
 
+def _placeholders(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
+    return [n for n in gm.graph.nodes if n.op == "placeholder"]
+
+
+def _tangents_needed(gm: torch.fx.GraphModule) -> list[frozenset]:
+    """Per output of the backward graph ``gm``, the positions (among its
+    placeholders) of the tangents it is computed from."""
+    needs = {n: frozenset([i]) if _torch.is_tangent(n) else frozenset()
+             for i, n in enumerate(_placeholders(gm))}
+    for node in gm.graph.nodes:
+        if node.op not in ("placeholder", "output"):
+            needs[node] = frozenset().union(*(needs[n] for n in node.all_input_nodes))
+    (outputs,) = gm.graph.output_node().args
+    return [needs[o] if isinstance(o, torch.fx.Node) else frozenset() for o in outputs]
+
+
+def _zeros_as_traced(tangent: torch.fx.Node) -> torch.Tensor:
+    val = tangent.meta["val"]  # the graphs are traced for static shapes
+    return torch.empty_strided(val.shape, val.stride(), dtype=val.dtype, device=val.device).zero_()
+
+
+def _run_backward(gm: torch.fx.GraphModule):
+    """The backward graph, giving the gradients eager's autograd gives.
+
+    Autograd calls the compiled backward with ``None`` for an output that got
+    no gradient (:func:`_torch.pass_absent_gradients`, set on each call's
+    node): an output left out of the loss, or the new value of a parameter or
+    input written back under no_grad, which nothing differentiates. The graph
+    takes zeros there; but a gradient computed from such tangents only is
+    ``None``, since eager's autograd never reaches that parameter or input
+    (left zeros, an optimizer would update a parameter eager's skips). A
+    gradient that needs no tangent at all is left as computed."""
+    tangents = {i: n for i, n in enumerate(_placeholders(gm)) if _torch.is_tangent(n)}
+    needs = _tangents_needed(gm)
+
+    def run(args):  # AOTAutograd's boxed calling convention
+        absent = {i for i in tangents if args[i] is None}
+        for i in absent:
+            args[i] = _zeros_as_traced(tangents[i])
+        with _torch.disable_autocast():
+            grads = gm(*args)
+        if not absent:
+            return grads
+        return type(grads)(None if need and need <= absent else g for g, need in zip(grads, needs))
+
+    return _torch.boxed(run)
+
+
 def _without_dead_random_ops(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     """torch's default partitioner copies the forward's random ops into the
     backward, unused; run, each would draw from the generator once more per
@@ -332,7 +385,7 @@ def trace(flat: _FlatModule, key: CallKey, backward_autocast):
 
     def bw_compiler(gm, _inputs):
         graphs["backward"] = gm = _without_dead_random_ops(gm)
-        return _run_without_autocast(gm)
+        return _run_backward(gm)
 
     bwd = backward_autocast if isinstance(backward_autocast, str) else list(backward_autocast)
     with (_torch.backward_pass_autocast(bwd), _torch.no_donated_buffers(),
@@ -351,6 +404,9 @@ class Variant:
         self.compiled, self.forward_graph, self.backward_graph = trace(
             self.flat, key, policy.backward_pass_autocast)
         assumed = assumed_autocast(policy, dict(key.autocast))
+        # a subclass's gradient is unwrapped into several tangents: one None cannot stand for them
+        self.passes_absent_gradients = (self.backward_graph is not None
+                                        and _torch.tangents_are_plain(self.backward_graph))
         if self.backward_graph is None:  # traced under no_grad
             self.check = BackwardCheck(policy, assumed, {})
         else:
@@ -428,6 +484,8 @@ class CompiledTraining(torch.nn.Module):
         history = [x.grad_fn for x in inputs]
         outputs = list(variant.compiled(*inputs))
         for node in compiled_backward_nodes(outputs + inputs, history):
+            if variant.passes_absent_gradients:  # see _run_backward
+                _torch.pass_absent_gradients(node)
             node.register_prehook(lambda grad_outputs: variant.check())
         if self.grad_mode_after is not None:  # the caller left in it, as by eager
             torch.set_grad_enabled(self.grad_mode_after)
