@@ -43,6 +43,8 @@ class TraceRecord:
     input_views: dict = dataclasses.field(default_factory=dict)
     # (value before, read by an op by then, where): in-place updates of memory a set_() made shared
     swap_updates: list = dataclasses.field(default_factory=list)
+    # "buffer:<fqn>" -> the tensor the forward rebound it to, of another dtype (its traced value)
+    rebound_buffers: dict = dataclasses.field(default_factory=dict)
 
     def clear(self) -> None:
         """Forget a trace made again (see :func:`predispatch.trace.functional_trace.functional_trace`)."""
