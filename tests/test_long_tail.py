@@ -59,6 +59,156 @@ def test_a_refusal_is_not_wrapped_again():
     assert info.value.__cause__ is None
 
 
+# ---------------------------------------------------------------- torch.vmap
+
+
+class VmapsAForwardComputation(torch.nn.Module):
+    """A vmapped function reading a parameter, a captured input and a grad block."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x, y):
+        def per_row(a, b):
+            with torch.no_grad():
+                scale = b.abs() + 1
+            return (a * b).sum() + self.lin(a).sin() * scale
+
+        return self.lin(torch.vmap(per_row, in_dims=(0, None))(x, y)) + torch.vmap(torch.outer)(x, x).sum(-1)
+
+
+def _ops(ep) -> set:
+    return {n.target for m in ep.graph_module.modules() if isinstance(m, torch.fx.GraphModule)
+            for n in m.graph.nodes if n.op == "call_function"}
+
+
+def test_vmap_in_the_forward_is_traced_as_plain_ops():
+    ep = assert_matches_eager(VmapsAForwardComputation(), (torch.randn(3, 4), torch.randn(4)))
+    assert all(getattr(op, "namespace", "aten") in ("aten", "higher_order") or op.__module__ == "_operator"
+               for op in _ops(ep)), _ops(ep)
+    assert "vmap" not in ep.graph_module.code and "batch_dim" not in ep.graph_module.code
+
+
+def test_transformers_vmapped_mask_matches_eager():
+    masking_utils = pytest.importorskip("transformers.masking_utils")
+
+    class SlidingWindowScores(torch.nn.Module):
+        def forward(self, scores, attention_mask):
+            mask = masking_utils.sdpa_mask(
+                batch_size=scores.shape[0], q_length=scores.shape[-2], kv_length=scores.shape[-1],
+                mask_function=masking_utils.and_masks(masking_utils.causal_mask_function,
+                                                      masking_utils.sliding_window_overlay(3)),
+                attention_mask=attention_mask, use_vmap=True, allow_is_causal_skip=False)
+            return scores.masked_fill(~mask, -1e4).softmax(-1)
+
+    attention_mask = torch.ones(2, 6, dtype=torch.bool)
+    attention_mask[1, 4:] = False
+    assert_matches_eager(SlidingWindowScores(), (torch.randn(2, 1, 6, 6), attention_mask))
+
+
+def test_t5gemma2_with_its_vmapped_sliding_window_mask():
+    transformers = pytest.importorskip("transformers")
+    if not hasattr(transformers, "T5Gemma2Model"):
+        pytest.skip("transformers without T5Gemma2")
+    text = dict(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                num_key_value_heads=1, head_dim=8, max_position_embeddings=64, sliding_window=4,
+                layer_types=["sliding_attention"], query_pre_attn_scalar=8)
+    vision = dict(model_type="siglip_vision_model", hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                  num_attention_heads=2, image_size=16, patch_size=8)
+    encoder = transformers.T5Gemma2EncoderConfig(text_config=text, vision_config=vision, mm_tokens_per_image=4,
+                                                 boi_token_index=60, eoi_token_index=61, image_token_index=62)
+    config = transformers.T5Gemma2Config(encoder=encoder, decoder=transformers.T5Gemma2DecoderConfig(**text),
+                                         image_token_index=62)
+    torch.manual_seed(0)
+
+    class Hidden(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = transformers.T5Gemma2Model(config)
+
+        def forward(self, input_ids, attention_mask, decoder_input_ids):
+            out = self.model(input_ids=input_ids, attention_mask=attention_mask,
+                             decoder_input_ids=decoder_input_ids, use_cache=False)
+            return out.last_hidden_state, out.encoder_last_hidden_state
+
+    attention_mask = torch.ones(2, 8, dtype=torch.long)
+    attention_mask[1, 6:] = 0
+    args = (torch.randint(3, 50, (2, 8)), attention_mask, torch.randint(3, 50, (2, 5)))
+    assert_matches_eager(Hidden(), args, inputs_require_grad=False, grad_modes=(True,), check_reexport=False)
+
+
+class UpdatesACapturedBuffer(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("seen", torch.zeros(4))
+
+    def forward(self, x):
+        def per_row(a):
+            self.seen.add_(1)
+            return a * 2
+        return torch.vmap(per_row)(x)
+
+
+class UpdatesItsOwnTemporary(torch.nn.Module):
+    def forward(self, x):
+        def per_row(a):
+            t = a * 2
+            t.add_(1)
+            return t
+        return torch.vmap(per_row)(x)
+
+
+class Squares(torch.autograd.Function):
+    @staticmethod
+    def forward(x):
+        return x * x
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(inputs[0])
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        return 2 * x * grad
+
+    @staticmethod
+    def vmap(info, in_dims, x):
+        return Squares.apply(x), in_dims[0]
+
+
+class CallsAFunctionInsideVmap(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.linspace(-1, 1, 4))
+
+    def forward(self, x):
+        return torch.vmap(lambda a: Squares.apply(a * self.w))(x)
+
+
+class DifferentiatesInsideVmap(torch.nn.Module):
+    def forward(self, x):
+        return torch.vmap(torch.func.grad(lambda a: a.sin().sum()))(x)
+
+
+def test_an_update_of_its_own_temporary_inside_vmap_is_traced():
+    assert_matches_eager(UpdatesItsOwnTemporary(), (torch.randn(3, 4),))
+
+
+
+@pytest.mark.parametrize("module, construct, code", [
+    (UpdatesACapturedBuffer(), r"in-place update \(aten.add_.Tensor\) inside a vmapped function", "self.seen.add_(1)"),
+    (CallsAFunctionInsideVmap(), "autograd.Function Squares called inside a vmapped function",
+     "Squares.apply("),
+    (DifferentiatesInsideVmap(), "torch.func transform", "torch.func.grad("),
+], ids=["captured update", "autograd.Function", "autograd inside"])
+def test_what_vmap_cannot_hold_is_refused(module, construct, code):
+    with pytest.raises(predispatch.ExportError, match=construct) as info:
+        predispatch.export_predispatch(module, (torch.randn(3, 4),))
+    assert code in str(info.value) and "test_long_tail.py" in str(info.value)
+
+
 # ---------------------------------------------------------------- rebound buffers
 
 

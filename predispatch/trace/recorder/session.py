@@ -21,6 +21,7 @@ from ..host_random import HostDraws, refusing_host_randomness
 from ..layer_reuse import LayerReuse, note_no_reuse, reuse_enabled
 from ..refusals import refusing_state_calls
 from ..stack_traces import stamping_stack_traces
+from ..vmap import tracing_vmap_as_plain_ops
 from ..translations import autocast_blocks_as_in_eager, buffer_reassignment_as_update, inference_mode_as_no_grad
 from . import grad_blocks, leaves, spans, swaps, views
 from .functional_ops import before_functional_op
@@ -87,6 +88,7 @@ def _forward_recorded(module, state: TraceState, eager_autocast_cache: bool, reu
         enter(inference_mode_as_no_grad())
         enter(buffer_reassignment_as_update(lambda m, name: rebound.append((m, name))))  # self.buf = new
         enter(refusing_state_calls())
+        enter(tracing_vmap_as_plain_ops())  # torch.vmap: the trace below its batching
         # each op where functionalization sees it (in-place updates inside library calls too)
         enter(observing_ops(functools.partial(before_functional_op, state)))
         yield enter(_reusing_layers(module, recorder, stamper, reuse_layers))
