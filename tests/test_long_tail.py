@@ -41,6 +41,17 @@ def test_a_torch_error_inside_the_trace_is_an_export_error_naming_the_call_and_l
     assert not isinstance(info.value.__cause__, predispatch.ExportError)
 
 
+def test_an_internal_error_in_a_later_stage_is_an_export_error(monkeypatch):
+    import operator
+
+    from predispatch.passes import regions
+
+    monkeypatch.setattr(regions, "replace_blocks_with_regions", operator.itemgetter(0))  # a TypeError, in C
+    with pytest.raises(predispatch.ExportError, match="the regions stage failed on it") as info:
+        predispatch.export_predispatch(RaisesItsOwnError(), (torch.randn(2),))
+    assert isinstance(info.value.__cause__, TypeError)
+
+
 def test_the_models_own_exception_surfaces_as_it_is():
     with pytest.raises(KeyError, match="the model's own error") as info:
         predispatch.export_predispatch(RaisesItsOwnError(), (torch.randn(3),))

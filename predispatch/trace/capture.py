@@ -23,7 +23,6 @@ import torch
 from .. import _torch
 from ..errors import ExportError, exception_location
 from .functional_trace import functional_trace
-from .internal_errors import internal_errors_as_export_errors
 from ..policies.op_policy import OpPolicy
 from ..ir.records import TraceRecord
 from .recorder.session import recording
@@ -130,7 +129,7 @@ def capture_module(module, args, kwargs, dynamic_shapes, policy: OpPolicy, recor
         _torch.process_export_inputs(module, args, kwargs, dynamic_shapes))
     original_state_dict = _torch.original_state_dict(module)
     _torch.clear_fake_dispatch_cache()  # one export's entries are not another's (see there)
-    with (internal_errors_as_export_errors(), _data_dependence_as_export_error(),
+    with (_data_dependence_as_export_error(),
           _functionalization_errors_as_export_errors(), _garbage_collection_paused()):
         artifact = _torch.non_strict_export(module, args, kwargs, dynamic_shapes, orig_in_spec,
                                             _aten_stage(policy, record))

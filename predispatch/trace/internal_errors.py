@@ -1,8 +1,9 @@
-"""Unexpected errors while the forward is traced, said as ``ExportError``.
+"""Unexpected errors while the forward is traced (or a later stage runs), said as ``ExportError``.
 
 The contract allows no raw torch error: an exception raised inside torch's
 or predispatch's code while the module is traced (an internal error of
-either, or a torch error the trace hit where eager would not) becomes an
+either, or a torch error the trace hit where eager would not), or while a
+later stage of the pipeline works on the graph, becomes an
 ``ExportError`` naming the construct being traced (the user's torch call,
 and the op torch was dispatching) and the user's line, with the original
 chained as its ``__cause__``.
@@ -25,8 +26,9 @@ from ..errors import ExportError, exception_location, is_library_file
 
 
 @contextlib.contextmanager
-def internal_errors_as_export_errors():
-    """Inside: an unexpected exception from library code is an ``ExportError``."""
+def internal_errors_as_export_errors(stage: str = "capture"):
+    """Inside (the pipeline's ``stage``): an unexpected exception from
+    library code is an ``ExportError``."""
     try:
         yield
     except (ExportError, _torch.UserError):
@@ -35,11 +37,12 @@ def internal_errors_as_export_errors():
         if not _raised_in_library(e):
             raise
         construct = raising_construct(e) or type(e).__name__
+        what = "torch failed while tracing it" if stage == "capture" else f"the {stage} stage failed on it"
         raise ExportError(
-            f"{construct} at {exception_location(e)} cannot be exported: torch failed while "
-            f"tracing it ({type(e).__name__}: {_text(e)}). Where the module runs in eager with "
-            "these inputs, this is a limitation or bug of predispatch or torch; the original "
-            "error is chained as __cause__") from e
+            f"{construct} at {exception_location(e)} cannot be exported: {what} "
+            f"({type(e).__name__}: {_text(e)}). Where the module runs in eager with these inputs, "
+            "this is a limitation or bug of predispatch or torch; the original error is chained "
+            "as __cause__") from e
 
 
 def _raised_in_library(e: BaseException) -> bool:
