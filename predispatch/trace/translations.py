@@ -100,6 +100,12 @@ def _refuse_reinterpreted(name: str, old: torch.Tensor, value: torch.Tensor) -> 
 
 
 def _refuse_unswappable(name: str, old: torch.Tensor, value: torch.Tensor) -> None:
+    if not _torch.is_traced(value):
+        raise ExportError(
+            f"reassigning buffer {name!r} at {user_location()} with a tensor of another shape or "
+            f"dtype ({tuple(value.shape)}, {value.dtype}) that the traced forward did not make (a "
+            "global, a closure's tensor) cannot be exported soundly: the program would not hold "
+            "it; compute it in the forward, or register it as a buffer")
     if old.device != value.device:
         raise ExportError(
             f"reassigning buffer {name!r} at {user_location()} with a tensor on another device "
