@@ -1,4 +1,4 @@
-"""Unexpected errors while the forward is traced (or a later stage runs), said as ``ExportError``.
+"""Unexpected errors while a module is exported, said as ``ExportError``.
 
 The contract allows no raw torch error: an exception raised inside torch's
 or predispatch's code while the module is traced (an internal error of
