@@ -43,6 +43,7 @@ from .trace import functional_trace
 from .trace import recorder
 from .trace.autograd_function import body as trace_body
 from .trace.autograd_function.subgraphs import FunctionBody, subgraphs_traced_by
+from .trace.internal_errors import internal_errors_as_export_errors
 from . import _torch
 
 
@@ -191,5 +192,6 @@ def run(subject: ModuleExport | FunctionBody):
     work = Work(subject)
     with subgraphs_traced_by(run):
         for stage in STAGES:
-            stage.run(work)
+            with internal_errors_as_export_errors(stage.name):  # never a raw torch error
+                stage.run(work)
     return work.result

@@ -156,9 +156,9 @@ class GradientPenalty(torch.nn.Module):
         return y + g.square().sum()
 
 
-class VmapInForward(torch.nn.Module):
+class JacobianInForward(torch.nn.Module):
     def forward(self, x):
-        return torch.vmap(torch.outer)(x, x)
+        return torch.func.jacrev(torch.sin)(x)
 
 
 class AssignsData(torch.nn.Module):
@@ -206,7 +206,7 @@ class CustomBackwardThatCannotRun(torch.nn.Module):
     (ReseedsTorchAnew(), (torch.randn(2, 4),), "seed drawn anew on each call", "torch.seed()"),
     (GradientPenalty(), (torch.randn(2, 4),), "autograd run inside the traced code",
      "torch.autograd.grad(y"),
-    (VmapInForward(), (torch.randn(2, 4),), "torch.func transform", "torch.vmap(torch.outer)"),
+    (JacobianInForward(), (torch.randn(4),), "torch.func transform", "torch.func.jacrev(torch.sin)"),
     (SetsAutocastByCall(), (torch.randn(2, 4),), "autocast mode set by a function call",
      'torch.set_autocast_enabled("cpu", True)'),
     (MutatesPlainTensorAttribute(), (torch.randn(2, 4),), "neither a parameter, a buffer nor",

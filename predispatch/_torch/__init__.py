@@ -98,6 +98,9 @@ from .runtime import (  # noqa: E402,F401
 )
 from .tracing import (  # noqa: E402,F401
     ambient_modes,
+    pre_dispatch_modes_below_batching,
+    pre_dispatch_tracing,
+    vmap_entry,
     any_autocast_enabled,
     autocast_cache_default,
     autocast_cache_enabled,

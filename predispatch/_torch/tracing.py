@@ -511,3 +511,56 @@ def rng_freezing_owners() -> list:
                           sys.modules.get("torch.testing._internal.common_utils"))
               if m is not None and hasattr(m, "freeze_rng_state")]
     return owners
+
+
+def vmap_entry() -> tuple[object, str]:
+    """(module, name) of functorch's vmap implementation, which every
+    ``torch.vmap`` / ``torch.func.vmap`` call reaches (however it was imported)."""
+    import torch._functorch.apis as apis
+
+    return apis, "vmap_impl"
+
+
+def pre_dispatch_tracing() -> bool:
+    """Is a pre-dispatch trace (its proxy or functional mode) running?"""
+    from torch._ops import _len_torch_dispatch_stack_pre_dispatch
+
+    return _len_torch_dispatch_stack_pre_dispatch() > 0
+
+
+@contextlib.contextmanager
+def pre_dispatch_modes_below_batching(on_op):
+    """The pre-dispatch trace's modes (functionalization, make_fx's proxy)
+    moved to the ordinary mode stack, below functorch's batching rules, and
+    ``on_op(func, args, kwargs, out)`` told of each op above them: a
+    ``torch.vmap`` run inside batches first, and the trace records the
+    batched ops on whole tensors, as ``make_fx(vmap(f))`` does (on the
+    PreDispatch key, above the batching, it would record ops on BatchedTensors,
+    which a functional tensor cannot be wrapped in). Put back in ``finally``."""
+    from torch._ops import _len_torch_dispatch_stack_pre_dispatch, _pop_mode_from_pre_dispatch
+    from torch.utils._python_dispatch import TorchDispatchMode, _pop_mode, _push_mode
+
+    class Watching(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            on_op(func, args, kwargs or {}, out)
+            return out
+
+    modes = []
+    while _len_torch_dispatch_stack_pre_dispatch() > 0:
+        modes.append(_pop_mode_from_pre_dispatch())  # innermost first
+    keys = [m._dispatch_key for m in modes]
+    pushed = []
+    try:
+        for m in reversed(modes):
+            m._dispatch_key = None  # an ordinary mode while it is on the ordinary stack
+            _push_mode(m)
+            pushed.append(m)
+        with Watching():
+            yield
+    finally:
+        for m in reversed(pushed):
+            _pop_mode(m._mode_key)
+        for m, key in zip(reversed(modes), reversed(keys)):
+            m._dispatch_key = key
+            _push_mode(m)

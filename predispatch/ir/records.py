@@ -45,6 +45,8 @@ class TraceRecord:
     swap_updates: list = dataclasses.field(default_factory=list)
     # the grad mode the forward leaves its caller in, a bare switch's (None: the caller's own)
     grad_mode_after: bool | None = None
+    # "buffer:<fqn>" -> the tensor the forward rebound it to, of another dtype (its traced value)
+    rebound_buffers: dict = dataclasses.field(default_factory=dict)
 
     def clear(self) -> None:
         """Forget a trace made again (see :func:`predispatch.trace.functional_trace.functional_trace`)."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from .. import _torch
+from ..errors import ExportError
 from ..ir.program_meta import program_meta
 from ..trace import input_aliasing
 from ..trace.recorder import unobserved
@@ -62,6 +63,8 @@ def write_back_layout(target: torch.Tensor, value: torch.Tensor, source, layout:
     on its own storage restrided (grown if needed), its data written back as
     ``mode`` says; on the storage of ``source`` (another input, written back
     before); or on the storage the forward made, ``value``'s."""
+    if layout.get("dtype") is not None:
+        return _rebound(target, value, layout)
     if _torch.is_traced(target):  # the program is being exported again: the same change
         with unobserved(), torch.no_grad():
             return target.set_(value)
@@ -88,6 +91,22 @@ def write_back_layout(target: torch.Tensor, value: torch.Tensor, source, layout:
         # accumulator of its new shape
         target.set_(target.untyped_storage(), offset, size, stride)
     return _WRITE_BACK[mode](target, value) if mode is not None else target
+
+
+def _rebound(target: torch.Tensor, value: torch.Tensor, layout: dict) -> torch.Tensor:
+    """A buffer the forward rebound to a tensor of another dtype: ``target``
+    takes ``value``'s dtype, memory and layout (``t.data = v`` keeps the
+    buffer's identity, as the module holds it)."""
+    if _torch.is_traced(target):
+        raise ExportError(
+            "re-exporting a program that rebinds a buffer to a tensor of another dtype is not "
+            "supported: export the original module again")
+    size, stride, offset = layout["size"], layout["stride"], layout["offset"]
+    if size is not None and (tuple(value.stride()), value.storage_offset()) != (tuple(stride), offset):
+        value = _laid_out(value, size, stride, offset)
+    with torch.no_grad():
+        target.data = value
+    return target
 
 
 def _laid_out(value: torch.Tensor, size, stride, offset: int) -> torch.Tensor:

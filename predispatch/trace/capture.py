@@ -77,7 +77,7 @@ def _aten_stage(policy: OpPolicy, record: TraceRecord):
                     wrapped, args, kwargs, keep=lambda: history_nodes(record),
                     on_layout_change=lambda key, change: record.layouts.__setitem__(
                         _strip_key(key), {**change.to_json(), "source": change.source and _strip_key(change.source)}),
-                    on_retrace=record.clear)
+                    on_retrace=record.clear, rebound=lambda: record.rebound_buffers)
                 hold_module_stacks(gm)
                 return gm, signature
 

@@ -25,6 +25,7 @@ from typing import Callable
 import torch
 
 from .. import _torch
+from ..errors import ExportError
 from . import eager_layout, input_aliasing, layer_reuse, recorder
 
 
@@ -36,13 +37,15 @@ class LayoutChange:
     the one the forward made that input ``source`` took before it) and its
     size, strides and storage offset there, counted from where that
     storage's owner starts (``"shared"``: where ``source`` ends up; None where
-    symbolic: the new value's own are taken at run time)."""
+    symbolic: the new value's own are taken at run time), and its dtype
+    where it changed (a rebound buffer)."""
 
     storage: str
     source: str | None
     size: tuple | None
     stride: tuple | None
     offset: int | None
+    dtype: str | None = None  # a buffer rebound to a tensor of another dtype: that dtype
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -92,6 +95,7 @@ class _Tracing:
     flat_args: list
     on_layout_change: Callable | None
     on_retrace: Callable | None
+    rebound: Callable = dict  # () -> "buffer:<fqn>" -> the tensor the forward rebound it to
 
     def note_retrace(self) -> None:
         if self.on_retrace is not None:
@@ -99,17 +103,20 @@ class _Tracing:
 
 
 def functional_trace(mod: torch.nn.Module, args, kwargs, keep=frozenset, on_layout_change=None,
-                     on_retrace=None):
+                     on_retrace=None, rebound=dict):
     """(graph module, aot-style GraphSignature, the user inputs seen as views
     of others: see :mod:`predispatch.trace.input_aliasing`) of ``mod(*args, **kwargs)``.
     Dead code goes, except the nodes ``keep()`` names. ``on_layout_change(key,
     LayoutChange)`` hears of each input whose layout or storage changed (keys
     as ``"param:<name>"``, ``"buffer:<name>"``, ``"input:<flat index>"``);
-    ``on_retrace()`` of a second trace (inputs overlapping in memory, one mutated)."""
+    ``on_retrace()`` of a second trace (inputs overlapping in memory, one mutated);
+    ``rebound()`` names the buffers the forward rebound to a tensor of another
+    dtype (keys as above), each written back as that tensor."""
     named_parameters = dict(mod.named_parameters(remove_duplicate=False))
     named_buffers = dict(mod.named_buffers(remove_duplicate=False))
     tracing, layout, in_spec, out_spec = _flat_call(mod, args, kwargs or {}, named_parameters, named_buffers,
                                                     on_layout_change, on_retrace)
+    tracing = dataclasses.replace(tracing, rebound=rebound)
     gm, mutated, layout = _traced(tracing, layout)
     _drop_storage_swaps_of_constants(gm)
     _drop_dead_code(gm, keep())
@@ -237,7 +244,7 @@ def _functionalized_call(flat: tuple, tracing: _Tracing, layout: _FlatInputs, mu
         starts = _input_starts(inputs.functional)
         outputs = tracing.flat_fn(*inputs.functional)
     _refuse_moved_covers(inputs)
-    written = _write_backs(inputs, starts, tracing.on_layout_change)
+    written = _write_backs(inputs, starts, tracing.on_layout_change, tracing.rebound())
     mutated.extend(i for i, _ in written)
     as_given = _views_returned_as_given(inputs)
     _refuse_returned_views_of_relaid_covers(inputs, as_given, outputs)
@@ -297,19 +304,45 @@ def _refuse_moved_covers(inputs: _CallInputs) -> None:
             input_aliasing.refuse_moved_cover(cover, recorder.user_swap_location(user[cover]))
 
 
-def _write_backs(inputs: _CallInputs, starts: _InputStarts, on_layout_change) -> list[tuple[int, torch.Tensor]]:
-    """(flat position, new value) of each input the forward wrote, relaid or
-    gave other storage, in order; ``on_layout_change`` hears of the relaid."""
+def _write_backs(inputs: _CallInputs, starts: _InputStarts, on_layout_change,
+                 rebound: dict) -> list[tuple[int, torch.Tensor]]:
+    """(flat position, new value) of each input the forward wrote, relaid,
+    gave other storage or (a buffer) rebound, in order; ``on_layout_change``
+    hears of the relaid and the rebound."""
     made = {}  # storage the forward made -> (the first input laid on it, its offset there)
     written = []
     for i, f in _written_back_once(inputs):
+        key = inputs.layout.key(i)
+        if key in rebound:
+            f = rebound[key]
+            _torch.apply_pending_updates(f)
+            change = _rebound_layout(i, f, starts, made, inputs.layout.key)
+            if on_layout_change is not None:
+                on_layout_change(key, change)
+            written.append((i, _torch.from_functional(f)))
+            continue
         _torch.apply_pending_updates(f)
         relaid = _torch.has_metadata_mutation(f) or _torch.storage_changed(f)
         if relaid and on_layout_change is not None:
-            on_layout_change(inputs.layout.key(i), _layout_change(i, f, starts, made, inputs.layout.key))
+            on_layout_change(key, _layout_change(i, f, starts, made, inputs.layout.key))
         if relaid or _torch.has_data_mutation(f):
             written.append((i, _torch.from_functional(f)))
     return written
+
+
+def _rebound_layout(i: int, value, starts: _InputStarts, made: dict, key_of) -> LayoutChange:
+    """A buffer rebound to ``value`` of another dtype: ``value``'s layout on
+    memory the forward made (a view of an input's memory in another dtype
+    is refused: the program would reinterpret that input's bytes)."""
+    change = _layout_change(i, value, starts, made, key_of)
+    if change.storage != "value":
+        raise ExportError(
+            f"buffer {key_of(i).partition(':')[2].removeprefix('_export_root.')!r} rebound to a "
+            "tensor of another dtype that "
+            f"shares memory with {'itself' if change.storage == 'own' else change.source} "
+            "cannot be exported soundly: the program would write its bytes back as the new "
+            "dtype; rebind it to a copy (.to(dtype) of another dtype, .clone())")
+    return dataclasses.replace(change, dtype=str(value.dtype).removeprefix("torch."))
 
 
 def _written_back_once(inputs: _CallInputs):

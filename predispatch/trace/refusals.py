@@ -41,7 +41,7 @@ _REFUSED_CALLS = {
     (torch.autograd.graph.saved_tensors_hooks, "__init__"): _AUTOGRAD_CALL,
     (torch.autograd.forward_ad, "make_dual"): _AUTOGRAD_CALL,
     **{(module, name): _TRANSFORM_CALL for module in (torch, torch.func)
-       for name in ("vmap", "grad", "grad_and_value", "vjp", "jvp", "jacrev", "jacfwd",
+       for name in ("grad", "grad_and_value", "vjp", "jvp", "jacrev", "jacfwd",
                     "hessian", "linearize")},
     **{(torch, name): _AUTOCAST_CALL for name in (
         "set_autocast_enabled", "set_autocast_dtype", "set_autocast_cpu_enabled",

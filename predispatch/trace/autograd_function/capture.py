@@ -50,6 +50,7 @@ from .ctx import (
 from ...ir.autograd_function_op import AUTOGRAD_FUNCTION, FunctionSpec, output_values, placeholders
 from ...ir.regions import inline_region, regions
 from .subgraphs import MutatedInput, subgraph
+from ..vmap import inside_vmap
 from ...errors import ExportError, exception_location, user_location
 from ..._torch.patching import patched, patches_suspended
 
@@ -76,11 +77,21 @@ def capturing_autograd_functions():
                     _torch.is_traced(t) and (t.is_floating_point() or t.is_complex()
                                              or _torch.requires_grad_in_trace(t))
                     for t in pytree.tree_leaves((args, kwargs))):
+                _refuse_inside_vmap(cls)
                 return capture_call(cls, args, kwargs)
             return apply(cls, *args, **kwargs)
         return call
 
     return patched(torch.autograd.Function, "apply", capturing)
+
+
+def _refuse_inside_vmap(cls) -> None:
+    if inside_vmap():
+        raise ExportError(
+            f"torch.autograd.Function {cls.__name__} called inside a vmapped function at "
+            f"{user_location()} on tensors a gradient can flow through cannot be exported "
+            "soundly: below vmap's batching the trace records ops below autograd, where the "
+            "Function's own backward would be lost; call it outside torch.vmap")
 
 
 def _inline_no_grad_regions(gm: torch.fx.GraphModule) -> None:

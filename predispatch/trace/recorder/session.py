@@ -22,6 +22,7 @@ from ..layer_reuse import LayerReuse, note_no_reuse, reuse_enabled
 from ..random_state import generator_calls_as_ops
 from ..refusals import refusing_state_calls
 from ..stack_traces import stamping_stack_traces
+from ..vmap import tracing_vmap_as_plain_ops
 from ..translations import autocast_blocks_as_in_eager, buffer_reassignment_as_update, inference_mode_as_no_grad
 from . import grad_blocks, leaves, spans, swaps, views
 from .functional_ops import before_functional_op
@@ -39,11 +40,13 @@ def recording(module: torch.nn.Module, record: TraceRecord, strip, reuse_layers:
 
     def recorded_forward(*args, **kwargs):
         state = TraceState(record, _cast_sources(module, args, kwargs), HostDraws())
-        with _forward_recorded(module, state, eager_autocast_cache, reuse_layers) as reuse:
+        rebound = []  # (submodule, buffer name) rebound to a tensor of another dtype
+        with _forward_recorded(module, state, eager_autocast_cache, reuse_layers, rebound) as reuse:
             out = forward(*args, **kwargs)
             if reuse is not None:
                 reuse.check_stamped()
             out = _finish(state, out)
+        record.rebound_buffers = _rebound_buffers(module, rebound)
         _note_mutation_kinds(record, module, _torch.pytree.tree_leaves((args, kwargs)), strip)
         return out
 
@@ -66,7 +69,7 @@ def _cast_sources(module: torch.nn.Module, args, kwargs) -> CastCache:
 
 
 @contextlib.contextmanager
-def _forward_recorded(module, state: TraceState, eager_autocast_cache: bool, reuse_layers: bool):
+def _forward_recorded(module, state: TraceState, eager_autocast_cache: bool, reuse_layers: bool, rebound: list):
     """Everything the forward runs under while it is recorded, entered in
     this order (left in the reverse one); yields the layer reuse (or None)."""
     recorder = Recorder(state)
@@ -84,9 +87,10 @@ def _forward_recorded(module, state: TraceState, eager_autocast_cache: bool, reu
         enter(capturing_autograd_functions())  # autograd.Function.apply
         enter(refusing_host_randomness(state.draws))  # Python's and numpy's generators
         enter(inference_mode_as_no_grad())
-        enter(buffer_reassignment_as_update())  # self.buf = new
+        enter(buffer_reassignment_as_update(lambda m, name: rebound.append((m, name))))  # self.buf = new
         enter(refusing_state_calls())
         enter(generator_calls_as_ops(state.generators))  # manual_seed, fork_rng, get/set_rng_state
+        enter(tracing_vmap_as_plain_ops())  # torch.vmap: the trace below its batching
         # each op where functionalization sees it (in-place updates inside library calls too)
         enter(observing_ops(functools.partial(before_functional_op, state)))
         yield enter(_reusing_layers(module, recorder, stamper, reuse_layers))
@@ -105,11 +109,24 @@ def _finish(state: TraceState, out):
     return out
 
 
+def _rebound_buffers(module: torch.nn.Module, rebound: list) -> dict:
+    """``"buffer:<fqn>"`` -> the tensor each rebound buffer holds as the forward returns."""
+    paths = {id(m): path for path, m in module.named_modules(remove_duplicate=False)}
+    found = {}
+    for m, name in rebound:
+        buffers = _torch.state_tables(m)[1]
+        if id(m) in paths and name in buffers:
+            found[f"buffer:{paths[id(m)]}{'.' if paths[id(m)] else ''}{name}"] = buffers[name]
+    return found
+
+
 def _note_mutation_kinds(record: TraceRecord, module, flat_inputs, strip) -> None:
     for name, t in module.named_parameters(remove_duplicate=False):
         if (kind := _torch.mutation_kind(t)) is not None:
             record.mutation_kinds[f"param:{strip(name)}"] = kind
     for name, t in module.named_buffers(remove_duplicate=False):
+        if f"buffer:{name}" in record.rebound_buffers:  # written back as the forward left it
+            continue
         if (kind := _torch.mutation_kind(t)) is not None:
             record.mutation_kinds[f"buffer:{strip(name)}"] = kind
     for i, t in enumerate(flat_inputs):

@@ -1,0 +1,98 @@
+"""Unexpected errors while a module is exported, said as ``ExportError``.
+
+The contract allows no raw torch error: an exception raised inside torch's
+or predispatch's code while the module is traced (an internal error of
+either, or a torch error the trace hit where eager would not), or while a
+later stage of the pipeline works on the graph, becomes an
+``ExportError`` naming the construct being traced (the user's torch call,
+and the op torch was dispatching) and the user's line, with the original
+chained as its ``__cause__``.
+
+What is not converted keeps its meaning: an ``ExportError`` (a refusal
+already said in user terms), torch.export's ``UserError`` (its documented
+answer to a dynamic-shapes problem), and an exception the user's own code
+raised (its innermost frame is the user's: ``raise MyError`` in a forward,
+a Python error in the model's code), which eager would raise as it is.
+A torch error the model would hit in eager too (a shape mismatch) is
+converted: still a ``RuntimeError``, its message kept in the new one.
+"""
+from __future__ import annotations
+
+import contextlib
+import types
+
+from .. import _torch
+from ..errors import ExportError, exception_location, is_library_file
+
+
+@contextlib.contextmanager
+def internal_errors_as_export_errors(stage: str = "capture"):
+    """Inside (the pipeline's ``stage``): an unexpected exception from
+    library code is an ``ExportError``."""
+    try:
+        yield
+    except (ExportError, _torch.UserError):
+        raise
+    except Exception as e:
+        if not _raised_in_library(e):
+            raise
+        construct = raising_construct(e) or type(e).__name__
+        what = "torch failed while tracing it" if stage == "capture" else f"the {stage} stage failed on it"
+        raise ExportError(
+            f"{construct} at {exception_location(e)} cannot be exported: {what} "
+            f"({type(e).__name__}: {_text(e)}). Where the module runs in eager with these inputs, "
+            "this is a limitation or bug of predispatch or torch; the original error is chained "
+            "as __cause__") from e
+
+
+def _raised_in_library(e: BaseException) -> bool:
+    """Was ``e`` raised by torch's or predispatch's code (its innermost
+    Python frame theirs), rather than by the user's?"""
+    frames = _frames(e)
+    return bool(frames) and (is_library_file(frames[-1].f_code.co_filename)
+                             or frames[-1].f_code.co_filename == "<string>")
+
+
+def raising_construct(e: BaseException) -> str | None:
+    """What the user's code was calling when ``e`` was raised, from its
+    traceback: the outermost torch call a torch-function mode saw below the
+    user's innermost frame (``func`` of a ``__torch_function__``) and the
+    innermost op a dispatch mode saw (``func`` of a ``__torch_dispatch__``);
+    else the library function the user's frame called. None if neither."""
+    frames = _frames(e)
+    users = [i for i, f in enumerate(frames) if not is_library_file(f.f_code.co_filename)
+             and f.f_code.co_filename != "<string>"]
+    below = frames[users[-1] + 1:] if users else frames
+    calls = [_func_name(f) for f in below if f.f_code.co_name == "__torch_function__"]
+    ops = [_func_name(f) for f in below if f.f_code.co_name == "__torch_dispatch__"]
+    call = next((c for c in calls if c), None)
+    op = next((o for o in reversed(ops) if o), None)
+    if call and op and op != call:
+        return f"{call} (op {op})"
+    if call or op:
+        return call or f"op {op}"
+    return f"{below[0].f_code.co_name}()" if below else None
+
+
+def _frames(e: BaseException) -> list[types.FrameType]:
+    frames, tb = [], e.__traceback__
+    while tb is not None:
+        frames.append(tb.tb_frame)
+        tb = tb.tb_next
+    return frames
+
+
+def _func_name(frame: types.FrameType) -> str | None:
+    func = frame.f_locals.get("func")
+    if func is None:
+        return None
+    if isinstance(func, _torch.OpOverload):
+        return str(func)
+    name = getattr(func, "__qualname__", None) or getattr(func, "__name__", None) or str(func)
+    module = getattr(func, "__module__", None) or ""
+    return f"{module}.{name}" if module.startswith("torch") and not module.startswith("torch._") else name
+
+
+def _text(e: BaseException) -> str:
+    text = str(e).strip()
+    return text if text else "no message"

@@ -1,0 +1,364 @@
+"""The long tail of real models (issue 31): internal errors said as
+ExportError, ``torch.vmap`` in the forward, buffers rebound to a tensor of
+another shape or dtype.
+
+Each construct has a minimal module compared with eager (outputs, gradients,
+buffers after the call), the real model that met it where it is installed
+(transformers' wav2vec2-conformer, timm's ConViT), and a test of what stays
+refused, refused with a message naming the construct and the line.
+"""
+import pytest
+import torch
+
+import predispatch
+from predispatch.testing.eager import assert_matches_eager
+
+# ---------------------------------------------------------------- no raw torch error
+
+
+class ReadsADataPointer(torch.nn.Module):
+    """Runs in eager; a traced tensor has no data pointer: torch raises inside the trace."""
+
+    def forward(self, x):
+        y = x * 2
+        return y + y.data_ptr() % 1
+
+
+class RaisesItsOwnError(torch.nn.Module):
+    def forward(self, x):
+        if x.shape[0] == 3:
+            raise KeyError("the model's own error")
+        return x
+
+
+def test_a_torch_error_inside_the_trace_is_an_export_error_naming_the_call_and_line():
+    with pytest.raises(predispatch.ExportError) as info:
+        predispatch.export_predispatch(ReadsADataPointer(), (torch.randn(3),))
+    message = str(info.value)
+    assert "data_ptr" in message and "return y + y.data_ptr() % 1" in message
+    assert "test_long_tail.py" in message and "Cannot access data pointer" in message
+    assert isinstance(info.value.__cause__, RuntimeError)
+    assert not isinstance(info.value.__cause__, predispatch.ExportError)
+
+
+def test_an_internal_error_in_a_later_stage_is_an_export_error(monkeypatch):
+    import operator
+
+    from predispatch.passes import regions
+
+    monkeypatch.setattr(regions, "replace_blocks_with_regions", operator.itemgetter(0))  # a TypeError, in C
+    with pytest.raises(predispatch.ExportError, match="the regions stage failed on it") as info:
+        predispatch.export_predispatch(RaisesItsOwnError(), (torch.randn(2),))
+    assert isinstance(info.value.__cause__, TypeError)
+
+
+def test_the_models_own_exception_surfaces_as_it_is():
+    with pytest.raises(KeyError, match="the model's own error") as info:
+        predispatch.export_predispatch(RaisesItsOwnError(), (torch.randn(3),))
+    assert not isinstance(info.value, predispatch.ExportError)
+
+
+def test_a_refusal_is_not_wrapped_again():
+    class Seeds(torch.nn.Module):
+        def forward(self, x):
+            torch.manual_seed(0)
+            return x * 2
+
+    with pytest.raises(predispatch.ExportError) as info:
+        predispatch.export_predispatch(Seeds(), (torch.randn(3),))
+    assert "torch failed while tracing" not in str(info.value)
+    assert info.value.__cause__ is None
+
+
+# ---------------------------------------------------------------- torch.vmap
+
+
+class VmapsAForwardComputation(torch.nn.Module):
+    """A vmapped function reading a parameter, a captured input and a grad block."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x, y):
+        def per_row(a, b):
+            with torch.no_grad():
+                scale = b.abs() + 1
+            return (a * b).sum() + self.lin(a).sin() * scale
+
+        return self.lin(torch.vmap(per_row, in_dims=(0, None))(x, y)) + torch.vmap(torch.outer)(x, x).sum(-1)
+
+
+def _ops(ep) -> set:
+    return {n.target for m in ep.graph_module.modules() if isinstance(m, torch.fx.GraphModule)
+            for n in m.graph.nodes if n.op == "call_function"}
+
+
+def test_vmap_in_the_forward_is_traced_as_plain_ops():
+    ep = assert_matches_eager(VmapsAForwardComputation(), (torch.randn(3, 4), torch.randn(4)))
+    assert all(getattr(op, "namespace", "aten") in ("aten", "higher_order") or op.__module__ == "_operator"
+               for op in _ops(ep)), _ops(ep)
+    assert "vmap" not in ep.graph_module.code and "batch_dim" not in ep.graph_module.code
+
+
+def test_transformers_vmapped_mask_matches_eager():
+    masking_utils = pytest.importorskip("transformers.masking_utils")
+
+    class SlidingWindowScores(torch.nn.Module):
+        def forward(self, scores, attention_mask):
+            mask = masking_utils.sdpa_mask(
+                batch_size=scores.shape[0], q_length=scores.shape[-2], kv_length=scores.shape[-1],
+                mask_function=masking_utils.and_masks(masking_utils.causal_mask_function,
+                                                      masking_utils.sliding_window_overlay(3)),
+                attention_mask=attention_mask, use_vmap=True, allow_is_causal_skip=False)
+            return scores.masked_fill(~mask, -1e4).softmax(-1)
+
+    attention_mask = torch.ones(2, 6, dtype=torch.bool)
+    attention_mask[1, 4:] = False
+    assert_matches_eager(SlidingWindowScores(), (torch.randn(2, 1, 6, 6), attention_mask))
+
+
+def test_t5gemma2_with_its_vmapped_sliding_window_mask():
+    transformers = pytest.importorskip("transformers")
+    if not hasattr(transformers, "T5Gemma2Model"):
+        pytest.skip("transformers without T5Gemma2")
+    text = dict(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                num_key_value_heads=1, head_dim=8, max_position_embeddings=64, sliding_window=4,
+                layer_types=["sliding_attention"], query_pre_attn_scalar=8)
+    vision = dict(model_type="siglip_vision_model", hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                  num_attention_heads=2, image_size=16, patch_size=8)
+    encoder = transformers.T5Gemma2EncoderConfig(text_config=text, vision_config=vision, mm_tokens_per_image=4,
+                                                 boi_token_index=60, eoi_token_index=61, image_token_index=62)
+    config = transformers.T5Gemma2Config(encoder=encoder, decoder=transformers.T5Gemma2DecoderConfig(**text),
+                                         image_token_index=62)
+    torch.manual_seed(0)
+
+    class Hidden(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = transformers.T5Gemma2Model(config)
+
+        def forward(self, input_ids, attention_mask, decoder_input_ids):
+            out = self.model(input_ids=input_ids, attention_mask=attention_mask,
+                             decoder_input_ids=decoder_input_ids, use_cache=False)
+            return out.last_hidden_state, out.encoder_last_hidden_state
+
+    attention_mask = torch.ones(2, 8, dtype=torch.long)
+    attention_mask[1, 6:] = 0
+    args = (torch.randint(3, 50, (2, 8)), attention_mask, torch.randint(3, 50, (2, 5)))
+    assert_matches_eager(Hidden(), args, inputs_require_grad=False, grad_modes=(True,), check_reexport=False)
+
+
+class UpdatesACapturedBuffer(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("seen", torch.zeros(4))
+
+    def forward(self, x):
+        def per_row(a):
+            self.seen.add_(1)
+            return a * 2
+        return torch.vmap(per_row)(x)
+
+
+class UpdatesItsOwnTemporary(torch.nn.Module):
+    def forward(self, x):
+        def per_row(a):
+            t = a * 2
+            t.add_(1)
+            return t
+        return torch.vmap(per_row)(x)
+
+
+class Squares(torch.autograd.Function):
+    @staticmethod
+    def forward(x):
+        return x * x
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(inputs[0])
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        return 2 * x * grad
+
+    @staticmethod
+    def vmap(info, in_dims, x):
+        return Squares.apply(x), in_dims[0]
+
+
+class CallsAFunctionInsideVmap(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.linspace(-1, 1, 4))
+
+    def forward(self, x):
+        return torch.vmap(lambda a: Squares.apply(a * self.w))(x)
+
+
+class DifferentiatesInsideVmap(torch.nn.Module):
+    def forward(self, x):
+        return torch.vmap(torch.func.grad(lambda a: a.sin().sum()))(x)
+
+
+def test_an_update_of_its_own_temporary_inside_vmap_is_traced():
+    assert_matches_eager(UpdatesItsOwnTemporary(), (torch.randn(3, 4),))
+
+
+
+@pytest.mark.parametrize("module, construct, code", [
+    (UpdatesACapturedBuffer(), r"in-place update \(aten.add_.Tensor\) inside a vmapped function", "self.seen.add_(1)"),
+    (CallsAFunctionInsideVmap(), "autograd.Function Squares called inside a vmapped function",
+     "Squares.apply("),
+    (DifferentiatesInsideVmap(), "torch.func transform", "torch.func.grad("),
+], ids=["captured update", "autograd.Function", "autograd inside"])
+def test_what_vmap_cannot_hold_is_refused(module, construct, code):
+    with pytest.raises(predispatch.ExportError, match=construct) as info:
+        predispatch.export_predispatch(module, (torch.randn(3, 4),))
+    assert code in str(info.value) and "test_long_tail.py" in str(info.value)
+
+
+# ---------------------------------------------------------------- rebound buffers
+
+
+class ExtendsACache(torch.nn.Module):
+    """``self.pe = ...`` of another shape when the input is longer than the
+    cache (wav2vec2-conformer's relative positions, ConViT's indices)."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("pe", torch.arange(4.0).reshape(1, 4))
+        self.lin = torch.nn.Linear(6, 4)
+
+    def forward(self, x):
+        if self.pe.shape[1] < x.shape[1]:
+            self.pe = torch.arange(float(x.shape[1])).reshape(1, -1) * 0.5
+        return self.lin(x.transpose(-1, -2) * self.pe[:, :x.shape[1]]).sum(-1)
+
+
+class CastsACache(torch.nn.Module):
+    """``self.pe = self.pe.to(x.dtype)`` (wav2vec2-conformer under autocast)."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("pe", torch.arange(6.0).reshape(1, 6))
+        self.w = torch.nn.Parameter(torch.ones(6, dtype=torch.float64))
+
+    def forward(self, x):
+        if self.pe.dtype != x.dtype:
+            self.pe = self.pe.to(x.dtype)
+        return x * self.pe * self.w
+
+
+def test_a_buffer_rebound_to_another_shape_is_a_storage_swap():
+    ep = assert_matches_eager(ExtendsACache(), (torch.randn(2, 6, 4),))
+    assert [s.target for s in ep.graph_signature.output_specs if s.kind.name == "BUFFER_MUTATION"] == ["pe"]
+    module = ep.module()
+    module(torch.randn(2, 6, 4))
+    assert module.pe.shape == (1, 6)
+
+
+def test_a_buffer_rebound_to_another_dtype_takes_it():
+    # (re-exporting ep.module() is refused: see the next test)
+    ep = assert_matches_eager(CastsACache(), (torch.randn(2, 6, dtype=torch.float64),), check_reexport=False)
+    module = ep.module()
+    module(torch.randn(2, 6, dtype=torch.float64))
+    assert module.pe.dtype == torch.float64
+    ep = predispatch.export_predispatch(CastsACache(), (torch.randn(2, 6, dtype=torch.float64),))
+    with pytest.raises(predispatch.ExportError, match="rebinds a buffer to a tensor of another dtype"):
+        predispatch.export_predispatch(ep.module(), (torch.randn(2, 6, dtype=torch.float64),))
+
+
+def test_a_buffer_rebound_to_a_tensor_with_a_history_is_refused():
+    class RebindsToAParameter(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("b", torch.zeros(2))
+            self.w = torch.nn.Parameter(torch.ones(3))
+
+        def forward(self, x):
+            self.b = self.w * 2
+            return x * self.b
+
+    with pytest.raises(predispatch.ExportError, match=r"buffer 'b' .*self\.b = self\.w \* 2.*requires grad"):
+        predispatch.export_predispatch(RebindsToAParameter(), (torch.randn(3),))
+
+
+def test_a_buffer_rebound_to_its_own_bytes_as_another_dtype_is_refused():
+    class ReinterpretsAnInput(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("b", torch.ones(3))
+
+        def forward(self, x):
+            self.b = x.view(torch.int32)
+            return x * 2
+
+    with pytest.raises(predispatch.ExportError, match="buffer 'b' rebound to a tensor of another dtype that shares"):
+        predispatch.export_predispatch(ReinterpretsAnInput(), (torch.randn(3),))
+
+    class Reinterprets(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("b", torch.ones(4))
+
+        def forward(self, x):
+            self.b = self.b.view(torch.int32)
+            return x * 2
+
+    with pytest.raises(predispatch.ExportError, match=r"buffer 'b' at .*self\.b = self\.b\.view\(torch\.int32\).* a view of its own memory"):
+        predispatch.export_predispatch(Reinterprets(), (torch.randn(3),))
+
+
+def _wav2vec2_conformer(max_source_positions: int):
+    transformers = pytest.importorskip("transformers")
+    config = transformers.Wav2Vec2ConformerConfig(
+        hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+        conv_dim=(8, 8), conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=4,
+        num_conv_pos_embedding_groups=2, position_embeddings_type="relative",
+        max_source_positions=max_source_positions, conformer_conv_depthwise_kernel_size=3,
+        hidden_dropout=0.0, attention_dropout=0.0, activation_dropout=0.0, feat_proj_dropout=0.0,
+        layerdrop=0.0, mask_time_prob=0.0)
+    torch.manual_seed(0)
+    return transformers.Wav2Vec2ConformerModel(config)
+
+
+@pytest.mark.parametrize("train", [True, False], ids=["train", "eval"])
+def test_wav2vec2_conformer_extends_its_relative_positions(train):
+    # 160 samples -> 15 frames, longer than the 4 positions cached: `self.pe = self.extend_pe(...)`
+    model = _wav2vec2_conformer(max_source_positions=4).train(train)
+    ep = assert_matches_eager(model, (torch.randn(2, 160),), inputs_require_grad=False,
+                              grad_modes=(True,) if train else (True, False))
+    assert "encoder.embed_positions.pe" in [s.target for s in ep.graph_signature.output_specs]
+
+
+class Autocast(torch.nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return self.model(x).last_hidden_state.float()
+
+
+def test_wav2vec2_conformer_under_autocast_casts_its_relative_positions():
+    # the cache is long enough; under bf16 autocast it is rebound to a bf16 copy
+    model = Autocast(_wav2vec2_conformer(max_source_positions=64).eval())
+    ep = assert_matches_eager(model, (torch.randn(2, 160),), inputs_require_grad=False, grad_modes=(True,),
+                              check_reexport=False)
+    module = ep.module()
+    module(torch.randn(2, 160))
+    assert dict(module.named_buffers())["model.encoder.embed_positions.pe"].dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("train", [True, False], ids=["train", "eval"])
+def test_timm_convit_computes_its_relative_indices(train):
+    timm = pytest.importorskip("timm")
+    torch.manual_seed(0)
+    model = timm.create_model("convit_tiny", pretrained=False, img_size=32, patch_size=8, embed_dim=16,
+                              num_heads=2, depth=2, num_classes=3, local_up_to_layer=1).train(train)
+    ep = assert_matches_eager(model, (torch.randn(2, 3, 32, 32),), grad_modes=(True,))
+    assert "blocks.0.attn.rel_indices" in [s.target for s in ep.graph_signature.output_specs]
