@@ -43,6 +43,13 @@ class TraceRecord:
     input_views: dict = dataclasses.field(default_factory=dict)
     # (value before, read by an op by then, where): in-place updates of memory a set_() made shared
     swap_updates: list = dataclasses.field(default_factory=list)
+    # the guards decided by the example's real values (data_dependent="specialize"):
+    # the seam's SpecializedGuard records, as the shape environment deferred them
+    specialized_guards: list = dataclasses.field(default_factory=list)
+    # node -> the names of the unbacked symbols it binds (item, nonzero), as the trace made them
+    unbacked_bindings: dict = dataclasses.field(default_factory=dict)
+    # what those guards assume, each checked at run time (ir.assumptions.Assumption)
+    assumptions: list = dataclasses.field(default_factory=list)
 
     def clear(self) -> None:
         """Forget a trace made again (see :func:`predispatch.trace.functional_trace.functional_trace`)."""

@@ -66,8 +66,10 @@ def _strip_key(key: str) -> str:
     return f"{kind}{sep}{_strip_root(name)}" if sep else key
 
 
-def _aten_stage(policy: OpPolicy, record: TraceRecord):
-    """torch.export's ``_to_aten_func`` hook, doing our functional pre-dispatch trace."""
+def _aten_stage(policy: OpPolicy, record: TraceRecord, specialize: bool):
+    """torch.export's ``_to_aten_func`` hook, doing our functional pre-dispatch
+    trace (specializing: with the nodes binding unbacked symbols noted, which
+    torch's passes after it forget once a guard made a symbol a number)."""
 
     def to_aten(mod, fake_args, fake_kwargs, fake_params_buffers, constant_attrs,
                 produce_guards_callback=None, *, transform=lambda f: f, **_unused):
@@ -91,6 +93,9 @@ def _aten_stage(policy: OpPolicy, record: TraceRecord):
             stack.enter_context(_torch.decompose_by(policy.should_decompose))
             with _torch.module_stacks_renamed_once() as hold_module_stacks:
                 gm, graph_signature = transform(trace)(stack, mod, fake_args, kwargs=fake_kwargs)
+        if specialize:
+            record.unbacked_bindings = {n: s for n in gm.graph.nodes if (s := _torch.unbacked_symbols_bound(n))}
+            record.specialized_guards = _torch.specialized_guards(gm)
 
         if produce_guards_callback is not None:
             try:
@@ -122,17 +127,23 @@ def _refuse_backward_hooks(module: torch.nn.Module) -> None:
             "register it on ep.module()")
 
 
-def capture_module(module, args, kwargs, dynamic_shapes, policy: OpPolicy, record: TraceRecord) -> Captured:
-    """The capture stage of a module's export: torch.export's front end, our trace as its aten stage."""
+def capture_module(module, args, kwargs, dynamic_shapes, policy: OpPolicy, record: TraceRecord,
+                   data_dependent: str = "refuse") -> Captured:
+    """The capture stage of a module's export: torch.export's front end, our
+    trace as its aten stage. ``data_dependent="specialize"``: the trace
+    carries the example's real values and takes the branches they take, each
+    a guard recorded in ``record`` and checked at run time."""
     _refuse_backward_hooks(module)
     args, kwargs, orig_in_spec, dynamic_shapes, verify_additional_inputs = (
         _torch.process_export_inputs(module, args, kwargs, dynamic_shapes))
     original_state_dict = _torch.original_state_dict(module)
     _torch.clear_fake_dispatch_cache()  # one export's entries are not another's (see there)
-    with (_data_dependence_as_export_error(),
-          _functionalization_errors_as_export_errors(), _garbage_collection_paused()):
+    specialize = data_dependent == "specialize"
+    with (_data_dependence_as_export_error(specialize),
+          _functionalization_errors_as_export_errors(), _garbage_collection_paused(),
+          _torch.real_values_propagated() if specialize else contextlib.nullcontext()):
         artifact = _torch.non_strict_export(module, args, kwargs, dynamic_shapes, orig_in_spec,
-                                            _aten_stage(policy, record))
+                                            _aten_stage(policy, record, specialize))
     return Captured(artifact, record, args, kwargs, dynamic_shapes,
                     original_state_dict, verify_additional_inputs)
 
@@ -153,15 +164,20 @@ def _garbage_collection_paused():
 
 
 @contextlib.contextmanager
-def _data_dependence_as_export_error():
-    """Python control flow on a tensor's value cannot be captured in a graph."""
+def _data_dependence_as_export_error(specializing: bool):
+    """Python control flow on a tensor's value cannot be captured in a graph
+    (specializing: where the example's value is not known, as in an
+    autograd.Function's backward, which is traced on inputs of no value)."""
     try:
         yield
     except _torch.data_dependence_errors() as e:
+        remedy = ("the example's value is not known there" if specializing else
+                  "export with data_dependent='specialize' to take the example's branch, "
+                  "checked when the program runs")
         raise ExportError(
             "data-dependent Python control flow (a Python bool/int/float/item() of a "
-            f"tensor's value) cannot be exported soundly, at {exception_location(e)} ({_first_line(e)})"
-        ) from e
+            f"tensor's value) cannot be exported soundly, at {exception_location(e)} ({_first_line(e)}); "
+            f"{remedy}") from e
 
 
 # functionalization's (and torch.export's collective remapping's) refusals, said in user terms:

@@ -1,0 +1,81 @@
+"""Fake tensors carrying real values, and the branches the shape environment took on them.
+
+A Python branch on a tensor's value (``if mask.all():``, ``x.item() > 0``, a
+loop over ``nonzero()``) asks the shape environment to decide an expression
+over an unbacked symbol, which a fake tensor cannot. With real values
+propagated (torch's ``draft_export`` does the same), every fake tensor
+carries a copy of its example value and every op runs on it too; the
+shape environment then decides such a guard by the example's value and
+defers it to a run-time assert, which torch.export's runtime-assert pass
+writes into the graph as ``aten._assert_scalar`` on the recomputed condition.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+
+import torch
+import torch.fx
+from torch._subclasses.fake_tensor import FakeTensor
+
+# torch's run-time check of a symbolic condition, in graphs: ``_assert_scalar(cond, message)``
+ASSERT_SCALAR = torch.ops.aten._assert_scalar.default
+
+# the message the shape environment gives a guard it decided by a real value
+_SPECIALIZED = "propagate_real_tensors: "
+
+
+@contextlib.contextmanager
+def real_values_propagated():
+    """Fake modes made meanwhile copy their inputs' real values and run every
+    op on them too, deciding data-dependent guards by them (deferred to
+    run-time asserts). torch's global random generators are left as they were:
+    the real values' random ops draw from them."""
+    with torch.random.fork_rng(), \
+            torch._functorch.config.patch(fake_tensor_propagate_real_tensors=True):
+        yield
+
+
+@dataclasses.dataclass(frozen=True)
+class SpecializedGuard:
+    """A guard the shape environment decided by the example's real values:
+    ``condition`` (over unbacked symbols such as ``u0``) was ``value``;
+    ``frames``: the Python stack that asked (outermost first)."""
+
+    condition: str
+    value: str
+    frames: list
+    symbols: frozenset  # names of the unbacked symbols in the condition
+
+
+def specialized_guards(gm: torch.fx.GraphModule) -> list[SpecializedGuard]:
+    """The guards the shape environment of ``gm``'s trace decided by real
+    values, as it deferred them (read before torch.export ends: it then
+    drops their stacks)."""
+    from torch._export.utils import _get_shape_env_from_gm
+
+    shape_env = _get_shape_env_from_gm(gm)
+    if shape_env is None:
+        return []
+    found = []
+    for asserts in shape_env.deferred_runtime_asserts.values():
+        for ra in asserts:
+            if ra.msg.startswith(_SPECIALIZED):
+                condition, _, value = ra.msg[len(_SPECIALIZED):].rpartition(" == ")
+                found.append(SpecializedGuard(condition, value, list(ra.stack.summary()),
+                                              frozenset(str(s) for s in ra.expr.free_symbols)))
+    return found
+
+
+def unbacked_symbols_bound(node: torch.fx.Node) -> frozenset:
+    """The names of the unbacked symbols ``node`` binds (``item``, ``nonzero``...)."""
+    return frozenset(str(s) for s in (node.meta.get("unbacked_bindings") or {}))
+
+
+def forget_real_values(tensors) -> None:
+    """Fake tensors made to stand for values the trace does not know (an
+    autograd.Function's inputs, traced apart): they carry no real value, so
+    no branch is decided by one (their memory is uninitialized)."""
+    for t in tensors:
+        if isinstance(t, FakeTensor):
+            t.real_tensor = None
