@@ -180,6 +180,7 @@ from .data_dependence import (  # noqa: E402,F401
     ASSERT_SCALAR,
     forget_real_values,
     real_values_propagated,
+    real_values_restored,
     specialized_guards,
     SpecializedGuard,
     unbacked_symbols_bound,

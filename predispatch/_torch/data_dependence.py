@@ -79,3 +79,17 @@ def forget_real_values(tensors) -> None:
     for t in tensors:
         if isinstance(t, FakeTensor):
             t.real_tensor = None
+
+
+def real_values_restored(fakes: dict, reals: dict) -> None:
+    """Each fake tensor of ``fakes`` (name -> fake) carries the value of the
+    real tensor of that name in ``reals``. torch 2.13 fakes an
+    ``nn.Parameter`` with a real value of uninitialized memory: copied in
+    place, the real value's storage stays the one its views share."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    with _disable_current_modes(), torch._C.DisableTorchFunction(), torch.no_grad():
+        for name, fake in fakes.items():
+            real = reals.get(name)
+            if isinstance(fake, FakeTensor) and fake.real_tensor is not None and isinstance(real, torch.nn.Parameter):
+                fake.real_tensor.copy_(real)

@@ -74,7 +74,8 @@ def _aten_stage(policy: OpPolicy, record: TraceRecord, specialize: bool):
     def to_aten(mod, fake_args, fake_kwargs, fake_params_buffers, constant_attrs,
                 produce_guards_callback=None, *, transform=lambda f: f, **_unused):
         def trace(stack, wrapped, args, *, kwargs=None, **_flags):
-            with recording(wrapped, record, _strip_root, reuse_layers=True):
+            # a stamped layer's outputs carry no real value: specializing, every layer is traced
+            with recording(wrapped, record, _strip_root, reuse_layers=not specialize):
                 gm, signature, record.input_views = functional_trace(
                     wrapped, args, kwargs, keep=lambda: history_nodes(record),
                     on_layout_change=lambda key, change: record.layouts.__setitem__(
@@ -83,6 +84,8 @@ def _aten_stage(policy: OpPolicy, record: TraceRecord, specialize: bool):
                 hold_module_stacks(gm)
                 return gm, signature
 
+        if specialize:
+            _torch.real_values_restored(fake_params_buffers, _named_state(mod))
         with contextlib.ExitStack() as stack:
             stack.enter_context(_torch.restoring_module_attributes(getattr(mod, "_export_root", mod)))
             stack.enter_context(_torch.reparametrize_module(
@@ -109,6 +112,10 @@ def _aten_stage(policy: OpPolicy, record: TraceRecord, specialize: bool):
             fake_args=fake_args, fake_kwargs=fake_kwargs, fake_params_buffers=fake_params_buffers)
 
     return to_aten
+
+
+def _named_state(mod: torch.nn.Module) -> dict:
+    return {**dict(mod.named_parameters(remove_duplicate=False)), **dict(mod.named_buffers(remove_duplicate=False))}
 
 
 def _hooked(path: str | None) -> str:
