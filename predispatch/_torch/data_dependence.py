@@ -16,7 +16,9 @@ import dataclasses
 
 import torch
 import torch.fx
-from torch._subclasses.fake_tensor import FakeTensor
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+from .patching import patched
 
 # torch's run-time check of a symbolic condition, in graphs: ``_assert_scalar(cond, message)``
 ASSERT_SCALAR = torch.ops.aten._assert_scalar.default
@@ -32,8 +34,27 @@ def real_values_propagated():
     run-time asserts). torch's global random generators are left as they were:
     the real values' random ops draw from them."""
     with torch.random.fork_rng(), \
-            torch._functorch.config.patch(fake_tensor_propagate_real_tensors=True):
+            torch._functorch.config.patch(fake_tensor_propagate_real_tensors=True), \
+            patched(FakeTensorMode, "_maybe_infer_fake_kernel_from_pytree_out", _cross_check_unguarded):
         yield
+
+
+def _cross_check_unguarded(check):
+    """The fake mode's check of each op's fake result against its real one
+    compares symbolic storage offsets with ``!=``: a guard, which real values
+    would decide, specializing an unbacked size (``nonzero``'s) on every op
+    that reads it, or fail on, where the op made that size. The check decides
+    nothing of the program: no guard it asks is kept, and one it cannot
+    decide skips it (the fake result stands, as without real values)."""
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+
+    def unguarded(mode, func, fake_in, real_in, fake_out, real_out):
+        with mode.shape_env.suppress_guards() if mode.shape_env is not None else contextlib.nullcontext():
+            try:
+                return check(mode, func, fake_in, real_in, fake_out, real_out)
+            except GuardOnDataDependentSymNode:
+                return fake_out
+    return unguarded
 
 
 @dataclasses.dataclass(frozen=True)
