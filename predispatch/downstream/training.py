@@ -42,6 +42,7 @@ from torch.export.graph_signature import InputKind
 
 from .._torch import pytree
 from .. import _torch
+from ..ir.assumptions import assumptions
 from ..policies.autocast_policy import AutocastPolicy, autocast_policy
 from ..errors import BackwardAutocastMismatchError, BackwardAutocastMismatchWarning
 from ..program.write_backs import read_before_mutation, write_back_under_no_grad, write_back_with_grad
@@ -471,6 +472,11 @@ def compiled_backward_nodes(tensors: list, history: list) -> list:
 def compile_training(ep) -> CompiledTraining:
     """Trace ``ep``'s joint forward/backward ahead of time (see module docs)."""
     policy = autocast_policy(ep)
+    if assumptions(ep):
+        raise ValueError(
+            "compile_training cannot take a program exported with data_dependent='specialize' "
+            f"({len(assumptions(ep))} data-dependent branch(es) assumed, e.g. at {assumptions(ep)[0].where}): "
+            "its ahead-of-time trace has no value to read them from; use ep.module()")
     if ep.example_inputs is None:
         raise ValueError("compile_training needs the program's example inputs (ep.example_inputs)")
     module = for_autograd_tracing(ep.module())
