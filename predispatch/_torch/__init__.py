@@ -179,6 +179,7 @@ from .export import (  # noqa: E402,F401
 from .data_dependence import (  # noqa: E402,F401
     ASSERT_SCALAR,
     forget_real_values,
+    real_values_dropped,
     real_values_propagated,
     real_values_restored,
     specialized_guards,

@@ -114,3 +114,15 @@ def real_values_restored(fakes: dict, reals: dict) -> None:
             real = reals.get(name)
             if isinstance(fake, FakeTensor) and fake.real_tensor is not None and isinstance(real, torch.nn.Parameter):
                 fake.real_tensor.copy_(real)
+
+
+def real_values_dropped(fake_mode, gm: torch.fx.GraphModule) -> None:
+    """After the trace: the fake mode and the graph's values no longer carry
+    real ones. Later traces of the program (``run_decompositions``, a second
+    export) run on fake values as any program's do, and the program does not
+    hold a copy of every value the example computed."""
+    fake_mode.propagate_real_tensors = False
+    if fake_mode.shape_env is not None:
+        fake_mode.shape_env.real_tensor_prop_unbacked_vals.clear()
+    for node in gm.graph.nodes:
+        forget_real_values(torch.utils._pytree.tree_leaves(node.meta.get("val")))

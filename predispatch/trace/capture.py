@@ -151,6 +151,8 @@ def capture_module(module, args, kwargs, dynamic_shapes, policy: OpPolicy, recor
           _torch.real_values_propagated() if specialize else contextlib.nullcontext()):
         artifact = _torch.non_strict_export(module, args, kwargs, dynamic_shapes, orig_in_spec,
                                             _aten_stage(policy, record, specialize))
+    if specialize:
+        _torch.real_values_dropped(artifact.fake_mode, artifact.aten.gm)
     return Captured(artifact, record, args, kwargs, dynamic_shapes,
                     original_state_dict, verify_additional_inputs)
 
