@@ -1,6 +1,7 @@
 """The pipeline: a module, or a Function's forward or backward, made a program, stage by stage.
 
     capture     the module traced into a flat functional pre-dispatch graph, with what the trace saw
+    assumptions each data-dependent branch the example took, checked at run time naming its line
     history     values updated out of autograd's sight keep eager's history
     dead code   what the history stage did not need goes
     writes      functionalized writes written with differentiable ops
@@ -26,7 +27,7 @@ from typing import Callable
 import torch
 
 from .ir.records import TraceRecord
-from .passes import dead_code, functional_check, history, regions, signature, writes
+from .passes import assumptions, dead_code, functional_check, history, regions, signature, writes
 from .passes.history import (
     drop_unseen_leaves,
     insert_kept_histories,
@@ -58,6 +59,7 @@ class ModuleExport:
     op_policy: OpPolicy
     autocast_policy: AutocastPolicy
     sharding_layouts: dict  # a sharded module's DTensor layouts (predispatch.distributed)
+    data_dependent: str = "refuse"  # "specialize": take the example's branches, checked at run time
 
 
 @dataclasses.dataclass
@@ -86,8 +88,15 @@ class Stage:
 def _capture(work: Work) -> None:
     s = work.subject
     work.captured = (
-        trace_capture.capture_module(s.module, s.args, s.kwargs, s.dynamic_shapes, s.op_policy, work.record)
+        trace_capture.capture_module(s.module, s.args, s.kwargs, s.dynamic_shapes, s.op_policy, work.record,
+                                     s.data_dependent)
         if work.exports_a_module else trace_body.capture_function_body(s, work.record))
+
+
+def _assumptions(work: Work) -> None:
+    if work.record.specialized_guards:
+        r = work.record
+        r.assumptions = assumptions.check_assumptions(work.captured.gm, r.specialized_guards, r.unbacked_bindings)
 
 
 def _history(work: Work) -> None:
@@ -172,6 +181,8 @@ def _program(work: Work) -> None:
 STAGES = (
     Stage("capture", "the module traced into a flat functional pre-dispatch graph, with what the trace saw",
           _capture, (trace_capture, trace_body, functional_trace, recorder)),
+    Stage("assumptions", "each data-dependent branch the example took, checked at run time naming its line",
+          _assumptions, (assumptions,)),
     Stage("history", "values updated out of autograd's sight keep eager's history", _history, (history,)),
     Stage("dead code", "what the history stage did not need goes", _dead_code, (dead_code,)),
     Stage("writes", "functionalized writes written with differentiable ops",

@@ -6,7 +6,8 @@ module each): :mod:`.ops` (what torch says about an op), :mod:`.functionalizatio
 :mod:`.export` (torch.export's front end and tail), :mod:`.runtime` (what a
 program runs on), :mod:`.autograd` (AOTAutograd), :mod:`.distributed` (DTensor,
 FSDP2), :mod:`.patching` (replacing torch's globals for the tracing thread),
-:mod:`.release` (the installed release, checked first). The rest of the
+:mod:`.release` (the installed release, checked first), :mod:`.data_dependence`
+(real values carried by fake tensors, the branches decided by them). The rest of the
 package reaches torch's private APIs only through these names, never
 through ``torch._*``; what differs between the releases it supports is
 decided here, by what torch's objects are and accept.
@@ -179,6 +180,16 @@ from .export import (  # noqa: E402,F401
     UserError,
     UserErrorType,
     ValueRangeError,
+)
+from .data_dependence import (  # noqa: E402,F401
+    ASSERT_SCALAR,
+    forget_real_values,
+    real_values_dropped,
+    real_values_propagated,
+    real_values_restored,
+    specialized_guards,
+    SpecializedGuard,
+    unbacked_symbols_bound,
 )
 from .autograd import (  # noqa: E402,F401
     aot_module_simplified,

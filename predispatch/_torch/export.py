@@ -105,9 +105,16 @@ def _unbacked_bindings_recomputed_where_any(recompute):
 def produce_aten_artifact(**kwargs):
     """torch.export's ``_produce_aten_artifact`` (its passes after the trace),
     with torch-function modes off: torch.export's own mode, still on around its
-    aten stage, would see each of the passes' metadata reads (a sixth of their time)."""
+    aten stage, would see each of the passes' metadata reads (a sixth of their
+    time). Not where run-time asserts are to be written: the pass writing
+    them builds their conditions through fx proxies' own torch-function
+    handling (``torch.sym_not`` of a proxy is a ``call_method`` without it)."""
+    from torch._export.utils import _get_shape_env_from_gm
+
+    shape_env = _get_shape_env_from_gm(kwargs["gm"])
+    asserts = shape_env is not None and shape_env.deferred_runtime_asserts
     with patched(_export_trace, "_replace_unbacked_bindings", _unbacked_bindings_recomputed_where_any), \
-            torch._C.DisableTorchFunction():
+            (contextlib.nullcontext() if asserts else torch._C.DisableTorchFunction()):
         return _export_trace._produce_aten_artifact(**kwargs)
 
 

@@ -48,6 +48,7 @@ from torch.export.graph_signature import InputKind
 from .._torch import pytree
 from .. import _torch
 from ..ir.program_meta import program_meta
+from ..ir.assumptions import assumptions
 from ..policies.autocast_policy import AutocastPolicy, autocast_policy
 from ..errors import BackwardAutocastMismatchError, BackwardAutocastMismatchWarning
 from ..ir import generator_ops
@@ -570,6 +571,11 @@ def compile_training(ep) -> CompiledTraining:
     again. See the module's documentation and design/training.md.
     """
     policy = autocast_policy(ep)
+    if assumptions(ep):
+        raise ValueError(
+            "compile_training cannot take a program exported with data_dependent='specialize' "
+            f"({len(assumptions(ep))} data-dependent branch(es) assumed, e.g. at {assumptions(ep)[0].where}): "
+            "its ahead-of-time trace has no value to read them from; use ep.module()")
     if ep.example_inputs is None:
         raise ValueError("compile_training needs the program's example inputs (ep.example_inputs)")
     module = for_autograd_tracing(ep.module())

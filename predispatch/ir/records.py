@@ -47,6 +47,13 @@ class TraceRecord:
     grad_mode_after: bool | None = None
     # "buffer:<fqn>" -> the tensor the forward rebound it to, of another dtype (its traced value)
     rebound_buffers: dict = dataclasses.field(default_factory=dict)
+    # the guards decided by the example's real values (data_dependent="specialize"):
+    # the seam's SpecializedGuard records, as the shape environment deferred them
+    specialized_guards: list = dataclasses.field(default_factory=list)
+    # node -> the names of the unbacked symbols it binds (item, nonzero), as the trace made them
+    unbacked_bindings: dict = dataclasses.field(default_factory=dict)
+    # what those guards assume, each checked at run time (ir.assumptions.Assumption)
+    assumptions: list = dataclasses.field(default_factory=list)
 
     def clear(self) -> None:
         """Forget a trace made again (see :func:`predispatch.trace.functional_trace.functional_trace`)."""

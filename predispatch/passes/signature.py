@@ -4,7 +4,7 @@ Passes may replace output nodes: output specs follow them by position. The
 record (:mod:`predispatch.ir.program_meta`) says how each mutated parameter,
 buffer and input is written back (its mode, its layout and storage), which
 user inputs the trace saw as views of others, the backward autocast policy,
-the module order, and the sharding layouts: what ``ep.module()`` and the
+the module order, the sharding layouts, and the data-dependent branches assumed: what ``ep.module()`` and the
 downstream tools read from the program.
 """
 from __future__ import annotations
@@ -14,6 +14,7 @@ from torch.export.graph_signature import OutputSpec, TensorArgument
 
 from .. import _torch
 from ..errors import ExportError
+from ..ir.assumptions import META_FIELD as ASSUMPTIONS
 from ..ir.program_meta import set_program_meta
 from ..trace import input_aliasing
 from ..trace.capture import Captured
@@ -32,6 +33,8 @@ def record_program_meta(captured, module: torch.nn.Module, autocast_policy, shar
         **({"grad_mode_after": grad_mode_after} if grad_mode_after is not None else {}),
         **({"sharding": {name: layout.to_json() for name, layout in sharding_layouts.items()}}
            if sharding_layouts else {}),
+        **({ASSUMPTIONS: [a.to_json() for a in captured.record.assumptions]}
+           if captured.record.assumptions else {}),
     })
 
 

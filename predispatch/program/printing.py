@@ -13,6 +13,8 @@
     outputs: mul_2 USER_OUTPUT
     autocast policy: backward_pass_autocast='same_as_forward', on_backward_autocast_mismatch='error'
 
+A program exported with ``data_dependent="specialize"`` also lists the
+branches it assumes (``data-dependent assumptions:``, one a line).
 Node names are re-derived from each node's op with a per-graph counter, so
 the text does not depend on torch's name counters; no file paths or line
 numbers are printed. Placeholders keep their (signature) names.
@@ -27,6 +29,7 @@ import torch.fx
 from torch.export import ExportedProgram
 
 from .. import _torch
+from ..ir.assumptions import assumptions
 from ..ir.autograd_function_op import AUTOGRAD_FUNCTION
 from ..ir.program_meta import program_meta
 from ..policies.autocast_policy import autocast_policy
@@ -64,6 +67,7 @@ def _type(node: torch.fx.Node) -> str:
 
 
 _QUOTED_NAME = re.compile(r"'(\w+)'")
+_SOURCE_LOCATION = re.compile(r"(?:[^\s'\"]*[/\\])?([\w.-]+\.py):\d+")  # a path and line in a message
 
 
 class _Namer:
@@ -96,8 +100,8 @@ class _Namer:
             return f"[{inner}]" if isinstance(a, list) else f"({inner}{',' if len(a) == 1 else ''})"
         if isinstance(a, torch.dtype):
             return str(a)
-        if isinstance(a, str):  # e.g. a runtime assertion's message naming its node
-            return repr(_QUOTED_NAME.sub(lambda m: f"'{self._by_raw_name.get(m[1], m[1])}'", a))
+        if isinstance(a, str):  # e.g. a runtime assertion's message naming its node, or a source line
+            return repr(_unlocated(_QUOTED_NAME.sub(lambda m: f"'{self._by_raw_name.get(m[1], m[1])}'", a)))
         return repr(a)
 
 
@@ -176,7 +180,21 @@ def format_program(ep_or_gm) -> str:
         after = program_meta(ep_or_gm).get("grad_mode_after")
         if after is not None:  # a bare switch in force at the forward's end
             parts.append(f"leaves the caller in grad mode: {'on' if after else 'off'}")
+        parts += _format_assumptions(ep_or_gm)
     return "\n".join(parts) + "\n"
+
+
+def _format_assumptions(ep: ExportedProgram) -> list[str]:
+    """The data-dependent branches the program assumes (``data_dependent="specialize"``), if any."""
+    found = assumptions(ep)
+    if not found:
+        return []
+    return ["data-dependent assumptions:", *(f"    {_unlocated(a.describe())}" for a in found)]
+
+
+def _unlocated(text: str) -> str:
+    """``/some/dir/file.py:12`` -> ``file.py``: no path nor line number printed."""
+    return _SOURCE_LOCATION.sub(r"\1", text)
 
 
 def format_signature(ep: ExportedProgram) -> str:

@@ -66,13 +66,16 @@ def _strip_key(key: str) -> str:
     return f"{kind}{sep}{_strip_root(name)}" if sep else key
 
 
-def _aten_stage(policy: OpPolicy, record: TraceRecord):
-    """torch.export's ``_to_aten_func`` hook, doing our functional pre-dispatch trace."""
+def _aten_stage(policy: OpPolicy, record: TraceRecord, specialize: bool):
+    """torch.export's ``_to_aten_func`` hook, doing our functional pre-dispatch
+    trace (specializing: with the nodes binding unbacked symbols noted, which
+    torch's passes after it forget once a guard made a symbol a number)."""
 
     def to_aten(mod, fake_args, fake_kwargs, fake_params_buffers, constant_attrs,
                 produce_guards_callback=None, *, transform=lambda f: f, **_unused):
         def trace(stack, wrapped, args, *, kwargs=None, **_flags):
-            with recording(wrapped, record, _strip_root, reuse_layers=True):
+            # a stamped layer's outputs carry no real value: specializing, every layer is traced
+            with recording(wrapped, record, _strip_root, reuse_layers=not specialize):
                 gm, signature, record.input_views = functional_trace(
                     wrapped, args, kwargs, keep=lambda: history_nodes(record),
                     on_layout_change=lambda key, change: record.layouts.__setitem__(
@@ -81,6 +84,8 @@ def _aten_stage(policy: OpPolicy, record: TraceRecord):
                 hold_module_stacks(gm)
                 return gm, signature
 
+        if specialize:
+            _torch.real_values_restored(fake_params_buffers, _named_state(mod))
         with contextlib.ExitStack() as stack:
             stack.enter_context(_torch.restoring_module_attributes(getattr(mod, "_export_root", mod)))
             stack.enter_context(_torch.reparametrize_module(
@@ -91,6 +96,9 @@ def _aten_stage(policy: OpPolicy, record: TraceRecord):
             stack.enter_context(_torch.decompose_by(policy.should_decompose))
             with _torch.module_stacks_renamed_once() as hold_module_stacks:
                 gm, graph_signature = transform(trace)(stack, mod, fake_args, kwargs=fake_kwargs)
+        if specialize:
+            record.unbacked_bindings = {n: s for n in gm.graph.nodes if (s := _torch.unbacked_symbols_bound(n))}
+            record.specialized_guards = _torch.specialized_guards(gm)
 
         if produce_guards_callback is not None:
             try:
@@ -104,6 +112,10 @@ def _aten_stage(policy: OpPolicy, record: TraceRecord):
             fake_args=fake_args, fake_kwargs=fake_kwargs, fake_params_buffers=fake_params_buffers)
 
     return to_aten
+
+
+def _named_state(mod: torch.nn.Module) -> dict:
+    return {**dict(mod.named_parameters(remove_duplicate=False)), **dict(mod.named_buffers(remove_duplicate=False))}
 
 
 def _hooked(path: str | None) -> str:
@@ -122,17 +134,25 @@ def _refuse_backward_hooks(module: torch.nn.Module) -> None:
             "register it on ep.module()")
 
 
-def capture_module(module, args, kwargs, dynamic_shapes, policy: OpPolicy, record: TraceRecord) -> Captured:
-    """The capture stage of a module's export: torch.export's front end, our trace as its aten stage."""
+def capture_module(module, args, kwargs, dynamic_shapes, policy: OpPolicy, record: TraceRecord,
+                   data_dependent: str = "refuse") -> Captured:
+    """The capture stage of a module's export: torch.export's front end, our
+    trace as its aten stage. ``data_dependent="specialize"``: the trace
+    carries the example's real values and takes the branches they take, each
+    a guard recorded in ``record`` and checked at run time."""
     _refuse_backward_hooks(module)
     args, kwargs, orig_in_spec, dynamic_shapes, verify_additional_inputs = (
         _torch.process_export_inputs(module, args, kwargs, dynamic_shapes))
     original_state_dict = _torch.original_state_dict(module)
     _torch.clear_fake_dispatch_cache()  # one export's entries are not another's (see there)
-    with (_data_dependence_as_export_error(),
-          _functionalization_errors_as_export_errors(), _garbage_collection_paused()):
+    specialize = data_dependent == "specialize"
+    with (_data_dependence_as_export_error(specialize),
+          _functionalization_errors_as_export_errors(), _garbage_collection_paused(),
+          _torch.real_values_propagated() if specialize else contextlib.nullcontext()):
         artifact = _torch.non_strict_export(module, args, kwargs, dynamic_shapes, orig_in_spec,
-                                            _aten_stage(policy, record))
+                                            _aten_stage(policy, record, specialize))
+    if specialize:
+        _torch.real_values_dropped(artifact.fake_mode, artifact.aten.gm)
     return Captured(artifact, record, args, kwargs, dynamic_shapes,
                     original_state_dict, verify_additional_inputs)
 
@@ -153,15 +173,20 @@ def _garbage_collection_paused():
 
 
 @contextlib.contextmanager
-def _data_dependence_as_export_error():
-    """Python control flow on a tensor's value cannot be captured in a graph."""
+def _data_dependence_as_export_error(specializing: bool):
+    """Python control flow on a tensor's value cannot be captured in a graph
+    (specializing: where the example's value is not known, as in an
+    autograd.Function's backward, which is traced on inputs of no value)."""
     try:
         yield
     except _torch.data_dependence_errors() as e:
+        remedy = ("the example's value is not known there" if specializing else
+                  "export with data_dependent='specialize' to take the example's branch, "
+                  "checked when the program runs")
         raise ExportError(
             "data-dependent Python control flow (a Python bool/int/float/item() of a "
-            f"tensor's value) cannot be exported soundly, at {exception_location(e)} ({_first_line(e)})"
-        ) from e
+            f"tensor's value) cannot be exported soundly, at {exception_location(e)} ({_first_line(e)}); "
+            f"{remedy}") from e
 
 
 # functionalization's (and torch.export's collective remapping's) refusals, said in user terms:

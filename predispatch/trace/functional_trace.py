@@ -424,9 +424,12 @@ def _drop_storage_swaps_of_constants(gm: torch.fx.GraphModule) -> None:
 
 
 def _drop_dead_code(gm: torch.fx.GraphModule, kept) -> None:
-    """Dead code goes, but for the ``kept`` nodes and the impure."""
+    """Dead code goes, but for the ``kept`` nodes, the impure, and those
+    binding an unbacked symbol (``item``, ``nonzero``): torch.export's
+    runtime-assert pass recomputes a data-dependent condition from them."""
     impure = _torch.impure_by_op(impure_random=True)  # Node.is_impure's default
-    gm.graph.eliminate_dead_code(is_impure_node=lambda n: n in kept or impure(n))
+    gm.graph.eliminate_dead_code(
+        is_impure_node=lambda n: n in kept or impure(n) or bool(_torch.unbacked_symbols_bound(n)))
     gm.recompile()
 
 

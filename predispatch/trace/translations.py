@@ -168,3 +168,20 @@ def autocast_blocks_as_in_eager(eager_cache_default: bool, at_block_edge=lambda:
     with patched(torch.autocast, "__init__", init), patched(torch.autocast, "__enter__", enter), \
             patched(torch.autocast, "__exit__", exit_):
         yield
+
+
+def scalar_tensors_formatted_as_in_eager():
+    """``f"expert_{idx}"`` of a 0-dim tensor formats its value in eager
+    (``Tensor.__format__`` reads it with ``item()``) and the tensor's repr
+    for a traced tensor, a string eager never makes. While tracing, the
+    value is read as eager reads it: a value of the data, so a data-dependent
+    construct (refused, or taken as the example's with ``data_dependent="specialize"``)."""
+    def formatting(original):
+        def call(self, format_spec):
+            if self.dim() != 0 or self.is_meta or not _torch.is_traced(self):
+                return original(self, format_spec)
+            value = self.detach().item()
+            kind = bool if self.dtype is torch.bool else float if self.is_floating_point() else int
+            return format(kind(value), format_spec)
+        return call
+    return patched(torch.Tensor, "__format__", formatting)

@@ -50,6 +50,7 @@ class CapturedBody:
 
 def capture_function_body(body: FunctionBody, record: TraceRecord) -> CapturedBody:
     module = _Body(body.fn)
+    _torch.forget_real_values(body.fake_inputs)  # made for the trace: no branch is decided by their memory
     with _torch.autocast_cache_enabled(body.autocast_cache), recording(module, record, str), \
             _torch.autocast_cache_enabled(False):  # as make_fx traces
         gm, signature, _views = functional_trace(module, body.fake_inputs, {},

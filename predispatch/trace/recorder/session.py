@@ -24,6 +24,7 @@ from ..refusals import refusing_state_calls
 from ..stack_traces import stamping_stack_traces
 from ..vmap import tracing_vmap_as_plain_ops
 from ..translations import autocast_blocks_as_in_eager, buffer_reassignment_as_update, inference_mode_as_no_grad
+from ..translations import scalar_tensors_formatted_as_in_eager
 from . import grad_blocks, leaves, spans, swaps, views
 from .functional_ops import before_functional_op
 from .mode import Recorder
@@ -86,6 +87,7 @@ def _forward_recorded(module, state: TraceState, eager_autocast_cache: bool, reu
         enter(noting_grad_mode_reads())  # torch.is_grad_enabled() read by the module's code
         enter(capturing_autograd_functions())  # autograd.Function.apply
         enter(refusing_host_randomness(state.draws))  # Python's and numpy's generators
+        enter(scalar_tensors_formatted_as_in_eager())  # f"{t}" of a 0-dim tensor: its value
         enter(inference_mode_as_no_grad())
         enter(buffer_reassignment_as_update(lambda m, name: rebound.append((m, name))))  # self.buf = new
         enter(refusing_state_calls())

@@ -1,0 +1,128 @@
+"""Fake tensors carrying real values, and the branches the shape environment took on them.
+
+A Python branch on a tensor's value (``if mask.all():``, ``x.item() > 0``, a
+loop over ``nonzero()``) asks the shape environment to decide an expression
+over an unbacked symbol, which a fake tensor cannot. With real values
+propagated (torch's ``draft_export`` does the same), every fake tensor
+carries a copy of its example value and every op runs on it too; the
+shape environment then decides such a guard by the example's value and
+defers it to a run-time assert, which torch.export's runtime-assert pass
+writes into the graph as ``aten._assert_scalar`` on the recomputed condition.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+
+import torch
+import torch.fx
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+from .patching import patched
+
+# torch's run-time check of a symbolic condition, in graphs: ``_assert_scalar(cond, message)``
+ASSERT_SCALAR = torch.ops.aten._assert_scalar.default
+
+# the message the shape environment gives a guard it decided by a real value
+_SPECIALIZED = "propagate_real_tensors: "
+
+
+@contextlib.contextmanager
+def real_values_propagated():
+    """Fake modes made meanwhile copy their inputs' real values and run every
+    op on them too, deciding data-dependent guards by them (deferred to
+    run-time asserts). torch's global random generators are left as they were:
+    the real values' random ops draw from them."""
+    with torch.random.fork_rng(), \
+            torch._functorch.config.patch(fake_tensor_propagate_real_tensors=True), \
+            patched(FakeTensorMode, "_maybe_infer_fake_kernel_from_pytree_out", _cross_check_unguarded):
+        yield
+
+
+def _cross_check_unguarded(check):
+    """The fake mode's check of each op's fake result against its real one
+    compares symbolic storage offsets with ``!=``: a guard, which real values
+    would decide, specializing an unbacked size (``nonzero``'s) on every op
+    that reads it, or fail on, where the op made that size. The check decides
+    nothing of the program: no guard it asks is kept, and one it cannot
+    decide skips it (the fake result stands, as without real values)."""
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+
+    def unguarded(mode, func, fake_in, real_in, fake_out, real_out):
+        with mode.shape_env.suppress_guards() if mode.shape_env is not None else contextlib.nullcontext():
+            try:
+                return check(mode, func, fake_in, real_in, fake_out, real_out)
+            except GuardOnDataDependentSymNode:
+                return fake_out
+    return unguarded
+
+
+@dataclasses.dataclass(frozen=True)
+class SpecializedGuard:
+    """A guard the shape environment decided by the example's real values:
+    ``condition`` (over unbacked symbols such as ``u0``) was ``value``;
+    ``frames``: the Python stack that asked (outermost first)."""
+
+    condition: str
+    value: str
+    frames: list
+    symbols: frozenset  # names of the unbacked symbols in the condition
+
+
+def specialized_guards(gm: torch.fx.GraphModule) -> list[SpecializedGuard]:
+    """The guards the shape environment of ``gm``'s trace decided by real
+    values, as it deferred them (read before torch.export ends: it then
+    drops their stacks)."""
+    from torch._export.utils import _get_shape_env_from_gm
+
+    shape_env = _get_shape_env_from_gm(gm)
+    if shape_env is None:
+        return []
+    found = []
+    for asserts in shape_env.deferred_runtime_asserts.values():
+        for ra in asserts:
+            if ra.msg.startswith(_SPECIALIZED):
+                condition, _, value = ra.msg[len(_SPECIALIZED):].rpartition(" == ")
+                found.append(SpecializedGuard(condition, value, list(ra.stack.summary()),
+                                              frozenset(str(s) for s in ra.expr.free_symbols)))
+    return found
+
+
+def unbacked_symbols_bound(node: torch.fx.Node) -> frozenset:
+    """The names of the unbacked symbols ``node`` binds (``item``, ``nonzero``...)."""
+    return frozenset(str(s) for s in (node.meta.get("unbacked_bindings") or {}))
+
+
+def forget_real_values(tensors) -> None:
+    """Fake tensors made to stand for values the trace does not know (an
+    autograd.Function's inputs, traced apart): they carry no real value, so
+    no branch is decided by one (their memory is uninitialized)."""
+    for t in tensors:
+        if isinstance(t, FakeTensor):
+            t.real_tensor = None
+
+
+def real_values_restored(fakes: dict, reals: dict) -> None:
+    """Each fake tensor of ``fakes`` (name -> fake) carries the value of the
+    real tensor of that name in ``reals``. torch 2.13 fakes an
+    ``nn.Parameter`` with a real value of uninitialized memory: copied in
+    place, the real value's storage stays the one its views share."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    with _disable_current_modes(), torch._C.DisableTorchFunction(), torch.no_grad():
+        for name, fake in fakes.items():
+            real = reals.get(name)
+            if isinstance(fake, FakeTensor) and fake.real_tensor is not None and isinstance(real, torch.nn.Parameter):
+                fake.real_tensor.copy_(real)
+
+
+def real_values_dropped(fake_mode, gm: torch.fx.GraphModule) -> None:
+    """After the trace: the fake mode and the graph's values no longer carry
+    real ones. Later traces of the program (``run_decompositions``, a second
+    export) run on fake values as any program's do, and the program does not
+    hold a copy of every value the example computed."""
+    fake_mode.propagate_real_tensors = False
+    if fake_mode.shape_env is not None:
+        fake_mode.shape_env.real_tensor_prop_unbacked_vals.clear()
+    for node in gm.graph.nodes:
+        forget_real_values(torch.utils._pytree.tree_leaves(node.meta.get("val")))
