@@ -53,18 +53,10 @@ def export_predispatch(module, args, kwargs=None, *, dynamic_shapes=None, op_pol
             autocast state does, where that changes its result: ``"error"``,
             ``"warn"`` or ``"do_nothing"``.
         data_dependent: Python control flow on a tensor's value (``if
-            mask.all():``, ``x.item() > 0``, a loop over ``nonzero()``):
-            ``"refuse"`` (the default) raises ``ExportError`` naming the
-            line; ``"specialize"`` takes the branch the example's data takes
-            (the trace carries the example's real values, as
-            ``torch.export.draft_export`` does), records each assumption (its
-            source line, the condition, its value) in the program, where the
-            printed program shows it and ``torch.export.save``/``load`` keep
-            it, and checks it on every call: ``ep.module()`` raises a
-            ``RuntimeError`` naming the line when a call's data would take
-            another branch, never a wrong result. (Inside an autograd
-            Function, traced apart on inputs with no value, such a branch
-            stays refused.)
+            mask.all():``): ``"refuse"`` raises ``ExportError`` naming the
+            line; ``"specialize"`` takes the example's branch, records the
+            assumption (line, condition, value) in the program and checks it
+            at every call (``ep.module()`` raises naming the line).
 
     Raises:
         ExportError: a construct no functional program can reproduce (the
@@ -75,6 +67,14 @@ def export_predispatch(module, args, kwargs=None, *, dynamic_shapes=None, op_pol
     """
     autocast = AutocastPolicy.validated(backward_pass_autocast, on_backward_autocast_mismatch)
     op_policy = OpPolicy.default() if op_policy is None else op_policy
+    _check_arguments(module, args, op_policy, data_dependent)
+    with _torch.lazy_codegen(), _sharding_lowered(module, args, kwargs) as layouts:
+        return run(ModuleExport(module, args, kwargs, dynamic_shapes, op_policy, autocast, layouts,
+                                data_dependent))
+
+
+def _check_arguments(module, args, op_policy, data_dependent) -> None:
+    """A ValueError for an option or argument export_predispatch does not take."""
     if data_dependent not in DATA_DEPENDENT:
         raise ValueError(f"data_dependent must be one of {', '.join(map(repr, DATA_DEPENDENT))}, "
                          f"got {data_dependent!r}")
@@ -84,9 +84,6 @@ def export_predispatch(module, args, kwargs=None, *, dynamic_shapes=None, op_pol
         raise ValueError(f"export_predispatch takes a torch.nn.Module, got {type(module).__name__}")
     if not isinstance(args, tuple):
         raise ValueError(f"args must be a tuple of example inputs, got {type(args).__name__}")
-    with _torch.lazy_codegen(), _sharding_lowered(module, args, kwargs) as layouts:
-        return run(ModuleExport(module, args, kwargs, dynamic_shapes, op_policy, autocast, layouts,
-                                data_dependent))
 
 
 def _sharding_lowered(module, args, kwargs):
