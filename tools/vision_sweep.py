@@ -40,6 +40,7 @@ import copy
 import dataclasses
 import gc
 import json
+import re
 import signal
 import sys
 import time
@@ -174,8 +175,16 @@ class EmaTeacher(torch.nn.Module):
 
 
 def torchvision_names() -> list[str]:
+    """Every classification model, the smallest of each family first
+    (resnet18, vgg11, ... then resnet34, vgg13, ...): a --limit run sees
+    every family."""
     import torchvision
-    return torchvision.models.list_models(module=torchvision.models)
+    names = torchvision.models.list_models(module=torchvision.models)
+    size = {name: count_params(Case("torchvision", name, "eval")) for name in names}
+    family = lambda name: re.match(r"[a-z]+(_v\d)?", name).group(0)  # noqa: E731
+    rank = {name: sum(family(other) == family(name) and (size[other], other) < (size[name], name)
+                      for other in names) for name in names}
+    return sorted(names, key=lambda name: (rank[name], size[name]))
 
 
 def _torchvision_kwargs(name: str) -> dict:
@@ -274,6 +283,9 @@ def run_case(case: Case, *, max_params: int, timeout: int, show_traceback=False)
     if params > max_params:
         return Result(case, SKIPPED, f"{params / 1e6:.0f}M parameters > --max-params", params=params)
     model, args = build(case)
+    params = params or sum(p.numel() for p in model.parameters())
+    if params > max_params:
+        return Result(case, SKIPPED, f"{params / 1e6:.0f}M parameters > --max-params", params=params)
     why_not = _eager_runs(model, args)
     if why_not:
         return Result(case, SKIPPED, why_not, params=params)
