@@ -30,7 +30,8 @@ teacher there.
 Each case ends as ``passed``, ``refused`` (an ``ExportError``: the reason is
 its first line), ``failed`` (the program differs from eager, or the export
 raised something else: the difference), or ``skipped`` (larger than
-``--max-params``, or eager itself does not run the model on the input).
+``--max-params``, or eager itself does not run the model on the input), or
+``timeout`` (over ``--timeout`` seconds).
 """
 from __future__ import annotations
 
@@ -53,7 +54,8 @@ import predispatch
 from predispatch.testing.eager import assert_matches_eager
 
 MODES = ("train", "eval", "bf16")
-PASSED, REFUSED, FAILED, SKIPPED = "passed", "refused", "failed", "skipped"
+PASSED, REFUSED, FAILED, SKIPPED, TIMEOUT = "passed", "refused", "failed", "skipped", "timeout"
+STATUSES = (PASSED, REFUSED, FAILED, TIMEOUT, SKIPPED)
 BATCH, SIZE, CLASSES, DROP = 2, 64, 10, 0.1
 
 # torchvision: the input side a model needs where 64 is too small, and the
@@ -62,10 +64,9 @@ TORCHVISION_SIZE = {"inception_v3": 75, "maxvit_t": 224}
 TORCHVISION_KWARGS = {
     "vit_": {"image_size": 32},  # the patch grid: 2x2 (vit_h_14: 28, below)
     "vit_h_14": {"image_size": 28},
-    "maxvit_t": {"input_size": (224, 224), "stochastic_depth_prob": DROP},
+    "maxvit_t": {"input_size": (224, 224)},  # (maxvit and swin set stochastic_depth_prob themselves)
     "efficientnet": {"dropout": DROP, "stochastic_depth_prob": DROP},
     "convnext": {"stochastic_depth_prob": DROP},
-    "swin": {"stochastic_depth_prob": DROP},
     "mobilenet_v3": {"dropout": DROP},
     "mobilenet_v2": {"dropout": DROP},
     "mnasnet": {"dropout": DROP},
@@ -73,7 +74,7 @@ TORCHVISION_KWARGS = {
     "alexnet": {"dropout": DROP},
     "vgg": {"dropout": DROP},
     "googlenet": {"dropout": DROP, "aux_logits": True, "init_weights": True},
-    "inception_v3": {"dropout": DROP, "aux_logits": True, "init_weights": True},
+    "inception_v3": {"dropout": DROP, "aux_logits": False, "init_weights": True},  # aux: 299x299 inputs
     "densenet": {"drop_rate": DROP},
 }
 
@@ -295,6 +296,8 @@ def run_case(case: Case, *, max_params: int, timeout: int, show_traceback=False)
             assert_matches_eager(model, args)
     except predispatch.ExportError as e:
         return Result(case, REFUSED, _first_line(e), params=params)
+    except CaseTimeout as e:
+        return Result(case, TIMEOUT, str(e), params=params)
     except Exception as e:
         if show_traceback:
             traceback.print_exc()
@@ -305,27 +308,25 @@ def run_case(case: Case, *, max_params: int, timeout: int, show_traceback=False)
 def cases(sources, modes, only):
     names = {"torchvision": torchvision_names, "timm": lambda: list(TIMM_MODELS), "ema": lambda: list(EMA_STUDENTS)}
     for source in sources:
-        for model in names[source]():
-            if only and model not in only:
-                continue
+        models = names[source]()
+        if only:  # in the order asked for
+            models = sorted((m for m in models if m in only), key=only.index)
+        for model in models:
             for mode in modes:
                 yield Case(source, model, mode)
 
 
 def print_table(results: list[Result], seconds: float) -> None:
     print(f"\n{len(results)} cases in {seconds:.0f} s")
-    print(f"{'source':12s} {'mode':6s} {'tried':>6s} {'passed':>7s} {'refused':>8s} {'failed':>7s} {'skipped':>8s}")
-    keys = sorted({(r.case.source, r.case.mode) for r in results})
-    for source, mode in keys:
+    print(f"{'source':12s} {'mode':6s} {'tried':>6s}" + "".join(f" {s:>8s}" for s in STATUSES))
+    for source, mode in sorted({(r.case.source, r.case.mode) for r in results}):
         rows = [r for r in results if (r.case.source, r.case.mode) == (source, mode)]
-        count = {s: sum(r.status == s for r in rows) for s in (PASSED, REFUSED, FAILED, SKIPPED)}
-        tried = len(rows) - count[SKIPPED]
-        print(f"{source:12s} {mode:6s} {tried:6d} {count[PASSED]:7d} {count[REFUSED]:8d} {count[FAILED]:7d} "
-              f"{count[SKIPPED]:8d}")
+        count = {s: sum(r.status == s for r in rows) for s in STATUSES}
+        print(f"{source:12s} {mode:6s} {len(rows) - count[SKIPPED]:6d}" + "".join(f" {count[s]:8d}" for s in STATUSES))
     models = {(r.case.source, r.case.model) for r in results if r.status != SKIPPED}
     passed = {m for m in models if all(r.status == PASSED for r in results if (r.case.source, r.case.model) == m)}
-    print(f"models tried {len(models)}, passed in every mode {len(passed)}")
-    for status in (REFUSED, FAILED, SKIPPED):
+    print(f"models tried {len(models)}, passed in every mode tried {len(passed)}")
+    for status in STATUSES[1:]:
         for r in results:
             if r.status == status:
                 print(f"{status.upper():8s} {r.case.name}: {r.detail}")
@@ -344,7 +345,7 @@ def parse(argv):
     parser.add_argument("--modes", default=",".join(MODES), help="comma-separated: train,eval,bf16")
     parser.add_argument("--only", default="", help="comma-separated model names")
     parser.add_argument("--limit", type=int, default=0, help="at most this many models")
-    parser.add_argument("--max-params", type=float, default=60e6, help="skip larger models (default 60e6)")
+    parser.add_argument("--max-params", type=float, default=150e6, help="skip larger models (default 150e6)")
     parser.add_argument("--timeout", type=int, default=600, help="seconds a case may take (default 600)")
     parser.add_argument("--json", default="", help="write the per-case records here")
     parser.add_argument("--traceback", action="store_true", help="print each failure's traceback")
@@ -354,7 +355,7 @@ def parse(argv):
 def main(argv=None) -> int:
     options = parse(argv)
     torch.set_num_threads(1)
-    only = set(filter(None, options.only.split(",")))
+    only = list(filter(None, options.only.split(",")))
     results, models, start = [], [], time.perf_counter()
     for case in cases(options.source.split(","), options.modes.split(","), only):
         if (case.source, case.model) not in models:
@@ -370,11 +371,10 @@ def main(argv=None) -> int:
         result.seconds = time.perf_counter() - began
         results.append(result)
         print(f"{result.status:8s} {case.name} ({result.seconds:.0f} s) {result.detail}", flush=True)
+        if options.json:  # after each case: an interrupted sweep keeps what it found
+            write_json(options.json, results, time.perf_counter() - start)
         gc.collect()
-    seconds = time.perf_counter() - start
-    print_table(results, seconds)
-    if options.json:
-        write_json(options.json, results, seconds)
+    print_table(results, time.perf_counter() - start)
     return 1 if any(r.status == FAILED for r in results) else 0
 
 
