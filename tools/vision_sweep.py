@@ -100,8 +100,8 @@ TIMM_MODELS = {
     "xcit_nano_12_p16_224": {"img_size": 64}, "pit_ti_224": {"img_size": 64},
     "convit_tiny": {"img_size": 64}, "mixer_s16_224": {"img_size": 64}, "resmlp_12_224": {"img_size": 64},
     "gmlp_ti16_224": {"img_size": 64}, "levit_128s": {"img_size": 64}, "mobilevit_xxs": {},
-    "pvt_v2_b0": {}, "twins_svt_small": {}, "tiny_vit_5m_224": {"img_size": 64},
-    "efficientformer_l1": {"img_size": 64}, "efficientformerv2_s0": {"img_size": 64},
+    "pvt_v2_b0": {}, "twins_svt_small": {}, "tiny_vit_5m_224": {},
+    "efficientformer_l1": {"_size": 224}, "efficientformerv2_s0": {"img_size": 64},  # l1: a 7x7 attention bias
     "coatnet_nano_rw_224": {"img_size": 64}, "crossvit_tiny_240": {"img_size": 240, "_size": 240},
     # Swin and other windowed attention
     "swin_tiny_patch4_window7_224": {"img_size": 112, "_size": 112},
@@ -354,6 +354,12 @@ def parse(argv):
 
 def main(argv=None) -> int:
     options = parse(argv)
+    try:
+        import timm  # noqa: F401
+        import torchvision  # noqa: F401
+    except ImportError as e:
+        print(f"{e}: the sweep needs torchvision and timm (pip install -e '.[vision]', torch >= 2.14)")
+        return 2
     torch.set_num_threads(1)
     only = list(filter(None, options.only.split(",")))
     results, models, start = [], [], time.perf_counter()
