@@ -9,7 +9,8 @@ def _versions() -> str:
         except metadata.PackageNotFoundError:
             return "not installed"
     return "versions: " + ", ".join(
-        f"{p} {version(p)}" for p in ("torch", "transformers", "torchao", "onnxruntime", "predispatch"))
+        f"{p} {version(p)}" for p in ("torch", "transformers", "torchao", "onnxruntime", "torchvision", "timm",
+                                          "predispatch"))
 
 
 def pytest_report_header(config):
