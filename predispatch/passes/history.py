@@ -163,7 +163,8 @@ def _refuse_reshaped_history(kept: _Kept, modes, output_kinds: list[str] | None 
 
 
 def _refuse_views_made_before_a_relayout(old: torch.fx.Node, new: torch.fx.Node, position: dict, modes,
-                                         swapped: bool, updated_at: int | None) -> None:
+                                         swapped: bool, updated_at: int | None, shown: set | None,
+                                         input_views: set) -> None:
     """Views of a tensor given another layout under no_grad (``old`` ->
     ``new``): a set_() to memory of another layout (``swapped``), or
     ``t_()``, ``transpose_``, ``as_strided_``, ... that does more than add or
@@ -173,19 +174,23 @@ def _refuse_views_made_before_a_relayout(old: torch.fx.Node, new: torch.fx.Node,
     for the views made before it, by a later update (ending at the position
     ``updated_at``, None: none) for those made after, which functionalization
     replays after it. A program cannot reproduce that: refused where a
-    gradient reaches such a view."""
+    gradient reaches such a view from what the user gets (``shown``: the
+    user outputs, None: any output; a write-back returns the caller's
+    tensor, whose history is its own). The caller's views among the inputs
+    (``input_views``: their values) are :func:`refuse_views_of_reshaped_inputs`'s."""
     va, vb = old.meta.get("val"), new.meta.get("val")
     if not (isinstance(va, torch.Tensor) and isinstance(vb, torch.Tensor)) or (
             _layout(va) == _layout(vb) if swapped else _layout_beyond_size_one(va) == _layout_beyond_size_one(vb)):
         return
     modes = modes if modes is not None else grad_modes(old.graph)
     at = position.get(new, len(position))
-    before = [u for u in old.users if getattr(u.target, "is_view", False) and position.get(u, len(position)) < at]
+    before = [u for u in old.users if getattr(u.target, "is_view", False) and u not in input_views
+              and position.get(u, len(position)) < at]
     after = [] if swapped or updated_at is None else [
         u for u in new.users if getattr(u.target, "is_view", False) and at < position.get(u, -1) < updated_at]
     readers = [*before, *_replays_of(_views_closure(before), old.graph),
                *[n for n in _replays_of(_views_closure(after), old.graph) if position.get(n, -1) > (updated_at or 0)]]
-    if not (readers and _differentiated(readers, modes)):
+    if not (readers and _differentiated(readers, modes, shown)):
         return
     change = ("a set_() gave the tensor memory of another layout" if swapped else
               "the tensor was given another layout under no_grad (t_(), transpose_, as_strided_, ...)")
@@ -195,6 +200,24 @@ def _refuse_views_made_before_a_relayout(old: torch.fx.Node, new: torch.fx.Node,
         "is differentiated: eager regenerates the view's "
         "history through the new layout, which a program cannot reproduce; take the view after "
         "the change, or change a clone")
+
+
+def _input_view_values(graph: torch.fx.Graph, replacements) -> set:
+    """The values the caller's views among the inputs (``f(x, x[0])``) take,
+    as updates replace them."""
+    values = {n for n in graph.nodes if INPUT_VIEW in n.meta}
+    for r in replacements:
+        if r.old in values:
+            values.add(r.new)
+    return values
+
+
+def _user_outputs(graph: torch.fx.Graph, output_kinds: list[str] | None) -> set | None:
+    """The outputs the user gets (None where the kinds are not known)."""
+    outputs = graph.output_node().args[0]
+    if output_kinds is None or len(output_kinds) != len(outputs):
+        return None
+    return {o for o, k in zip(outputs, output_kinds) if k == "USER_OUTPUT"}
 
 
 def _layout(t: torch.Tensor) -> tuple:
@@ -485,6 +508,7 @@ class _HistoryKeeper:
     def __init__(self, graph: torch.fx.Graph, replacements, analyze, modes: dict | None, output_kinds):
         self.graph, self.analyze, self.modes, self.output_kinds = graph, analyze, modes, output_kinds
         self.replacements = replacements
+        self.input_views = _input_view_values(graph, replacements)
         self.may_grad = analyze(None)
         self.may_grad_off = analyze(modes) if modes is not None else set()  # under a no_grad caller
         self.position = _positions(graph)
@@ -522,7 +546,8 @@ class _HistoryKeeper:
             # (its new value may be read by none)
             updates = [self.position.get(u.exit, -1) for u in self.replacements if u.old is r.new]
             _refuse_views_made_before_a_relayout(r.old, r.new, self.position, self.modes, r.swapped,
-                                                 min(updates) if updates else None)
+                                                 min(updates) if updates else None,
+                                                 _user_outputs(self.graph, self.output_kinds), self.input_views)
 
     def _to_keep(self, r):
         """``r`` as its history is kept (a relaid view's: its bases'), or None
