@@ -3108,7 +3108,12 @@ def test_an_input_set_to_its_row_then_written_through_a_detach_is_refused_or_mat
 # eager's value requires grad (SubBackward over its history), the program's
 # does not. Without the unsqueeze_ it matches. (Minimized by hand from the
 # fuzzer's program: the leaf made of it, the outer enable_grad block and the
-# parameter's write do not matter.)
+# parameter's write do not matter.) Diagnosis: the sub_ reads a no_grad view
+# (v2), so the recorder marks every view op the call makes as a no_grad view
+# replay (views.call_marking_view_replays), including functionalization's
+# replay of v0 itself (squeeze, unsqueeze of the new value); the history
+# stage then detaches that replay's base. Only the replays of no_grad views
+# should be marked.
 
 class RelaidInANestedBlockThenUpdated(nn.Module):
     def __init__(self):
