@@ -162,23 +162,91 @@ def _refuse_reshaped_history(kept: _Kept, modes, output_kinds: list[str] | None 
             "which a program cannot reproduce; change the shape of a copy instead")
 
 
-def _refuse_views_made_before_a_swap(old: torch.fx.Node, new: torch.fx.Node, position: dict, modes) -> None:
-    """Views of a tensor made before a set_() gave it memory of another
-    layout (``old`` -> ``new``): eager regenerates their history from the
-    tensor's through its new layout, which a program cannot; refused where
-    a gradient reaches them."""
+def _refuse_views_made_before_a_relayout(old: torch.fx.Node, new: torch.fx.Node, position: dict, modes,
+                                         swapped: bool, updated_at: int | None, shown: set | None,
+                                         input_views: set) -> None:
+    """Views of a tensor given another layout under no_grad (``old`` ->
+    ``new``): a set_() to memory of another layout (``swapped``), or
+    ``t_()``, ``transpose_``, ``as_strided_``, ... that does more than add or
+    drop size-1 dimensions. The tensor keeps its history, of the old layout;
+    eager regenerates a view's history from it through the new layout when
+    the tensor's version moves after the view was made: by the change itself
+    for the views made before it, by a later update (ending at the position
+    ``updated_at``, None: none) for those made after, which functionalization
+    replays after it. A program cannot reproduce that: refused where a
+    gradient reaches such a view from what the user gets (``shown``: the
+    user outputs, None: any output; a write-back returns the caller's
+    tensor, whose history is its own). The caller's views among the inputs
+    (``input_views``: their values) are :func:`refuse_views_of_reshaped_inputs`'s."""
     va, vb = old.meta.get("val"), new.meta.get("val")
     if not (isinstance(va, torch.Tensor) and isinstance(vb, torch.Tensor)) or (
-            tuple(va.shape), va.stride(), va.storage_offset()) == (tuple(vb.shape), vb.stride(), vb.storage_offset()):
+            _layout(va) == _layout(vb) if swapped else _layout_beyond_size_one(va) == _layout_beyond_size_one(vb)):
         return
-    views = [u for u in old.users if getattr(u.target, "is_view", False)
-             and position.get(u, len(position)) < position.get(new, len(position))]
-    if views and _differentiated(views, modes if modes is not None else grad_modes(old.graph)):
-        raise ExportError(
-            f"a view of a tensor ({old.name}) made before a set_() gave the tensor memory of "
-            f"another layout, at {_location(new, *views)}, is differentiated: eager regenerates "
-            "the view's history through the new layout, which a program cannot reproduce; "
-            "take the view after the set_(), or set_ a clone")
+    modes = modes if modes is not None else grad_modes(old.graph)
+    at = position.get(new, len(position))
+    before = [u for u in old.users if getattr(u.target, "is_view", False) and u not in input_views
+              and position.get(u, len(position)) < at]
+    after = [] if swapped or updated_at is None else [
+        u for u in new.users if getattr(u.target, "is_view", False) and at < position.get(u, -1) < updated_at]
+    readers = [*before, *_replays_of(_views_closure(before), old.graph),
+               *[n for n in _replays_of(_views_closure(after), old.graph) if position.get(n, -1) > (updated_at or 0)]]
+    if not (readers and _differentiated(readers, modes, shown)):
+        return
+    change = ("a set_() gave the tensor memory of another layout" if swapped else
+              "the tensor was given another layout under no_grad (t_(), transpose_, as_strided_, ...)")
+    made = "made before" if swapped else "made before or after (then updated)"
+    raise ExportError(
+        f"a view of a tensor ({old.name}) {made} {change}, at {_location(new, *readers)}, "
+        "is differentiated: eager regenerates the view's "
+        "history through the new layout, which a program cannot reproduce; take the view after "
+        "the change, or change a clone")
+
+
+def _input_view_values(graph: torch.fx.Graph, replacements) -> set:
+    """The values the caller's views among the inputs (``f(x, x[0])``) take,
+    as updates replace them."""
+    values = {n for n in graph.nodes if INPUT_VIEW in n.meta}
+    for r in replacements:
+        if r.old in values:
+            values.add(r.new)
+    return values
+
+
+def _user_outputs(graph: torch.fx.Graph, output_kinds: list[str] | None) -> set | None:
+    """The outputs the user gets (None where the kinds are not known)."""
+    outputs = graph.output_node().args[0]
+    if output_kinds is None or len(output_kinds) != len(outputs):
+        return None
+    return {o for o, k in zip(outputs, output_kinds) if k == "USER_OUTPUT"}
+
+
+def _layout(t: torch.Tensor) -> tuple:
+    return tuple(t.shape), t.stride(), t.storage_offset()
+
+
+def _layout_beyond_size_one(t: torch.Tensor) -> tuple:
+    """Where each element lies, size-1 dimensions aside (``unsqueeze_(0)``
+    moves none)."""
+    kept = [(n, s) for n, s in zip(t.shape, t.stride()) if n != 1]
+    return tuple(kept), t.storage_offset()
+
+
+def _views_closure(views: list) -> set:
+    """``views`` and every view of them."""
+    found, todo = set(), list(views)
+    while todo:
+        node = todo.pop()
+        if node not in found:
+            found.add(node)
+            todo.extend(u for u in node.users if getattr(u.target, "is_view", False))
+    return found
+
+
+def _replays_of(views: set, graph: torch.fx.Graph) -> list:
+    """The replays functionalization made of ``views`` (their base updated
+    since), those of views made under no_grad aside (they read a detach)."""
+    return [n for n in graph.nodes if n.meta.get(REPLAY_OF) in views
+            and not n.meta.get(NO_GRAD_VIEW_REPLAY)] if views else []
 
 
 def _under_a_no_grad_caller(modes: dict) -> dict:
@@ -439,6 +507,8 @@ class _HistoryKeeper:
 
     def __init__(self, graph: torch.fx.Graph, replacements, analyze, modes: dict | None, output_kinds):
         self.graph, self.analyze, self.modes, self.output_kinds = graph, analyze, modes, output_kinds
+        self.replacements = replacements
+        self.input_views = _input_view_values(graph, replacements)
         self.may_grad = analyze(None)
         self.may_grad_off = analyze(modes) if modes is not None else set()  # under a no_grad caller
         self.position = _positions(graph)
@@ -454,7 +524,7 @@ class _HistoryKeeper:
 
     def keep(self, r) -> None:
         """Keep the history the :class:`Replacement` ``r`` replaced, where a later use can see it."""
-        self._check_views_made_before_a_swap(r)
+        self._check_views_made_before_a_relayout(r)
         r = self._to_keep(r)
         if r is None:
             return
@@ -467,11 +537,17 @@ class _HistoryKeeper:
             self._note(r, old, _insert_keep_history(self.graph, old, r.new, r.exit, self.position, self.reshapes,
                                                     about=r))
 
-    def _check_views_made_before_a_swap(self, r) -> None:
-        """A set_() target's views made before the swap, where its history may require grad."""
-        if r.swapped and not r.in_grad_mode and _alive(r.old, self.graph) and r.old in self.may_grad:
+    def _check_views_made_before_a_relayout(self, r) -> None:
+        """A tensor's views made before a no_grad change of its layout, where its history may require grad
+        (a leaf given another shape: its views are the kept history's check, which says more)."""
+        if not r.in_grad_mode and _alive(r.old, self.graph) and r.old in self.may_grad and not (
+                not r.swapped and _history_origin(r.old, True)[0].op == "placeholder" and _alive(r.new, self.graph)
+                and _shape(r.old) != _shape(r.new)):
             # (its new value may be read by none)
-            _refuse_views_made_before_a_swap(r.old, r.new, self.position, self.modes)
+            updates = [self.position.get(u.exit, -1) for u in self.replacements if u.old is r.new]
+            _refuse_views_made_before_a_relayout(r.old, r.new, self.position, self.modes, r.swapped,
+                                                 min(updates) if updates else None,
+                                                 _user_outputs(self.graph, self.output_kinds), self.input_views)
 
     def _to_keep(self, r):
         """``r`` as its history is kept (a relaid view's: its bases'), or None

@@ -57,7 +57,7 @@ def history_nodes(record: TraceRecord) -> set:
     """What the history stage may need although nothing else uses it: a
     replaced value, the node a grad-mode segment ended at (where its
     keep_history goes), and where a replayed view was made."""
-    return {*record.needed, *(n for r in record.replacements for n in (r.old, r.exit))}
+    return {*record.needed, *(n for r in record.replacements for n in (r.old, r.new, r.exit))}
 
 
 def _strip_key(key: str) -> str:
