@@ -21,6 +21,8 @@ design/architecture.md draws this table.
 """
 from __future__ import annotations
 
+import contextlib
+
 import dataclasses
 from typing import Callable
 
@@ -203,6 +205,15 @@ def run(subject: ModuleExport | FunctionBody):
     work = Work(subject)
     with subgraphs_traced_by(run):
         for stage in STAGES:
-            with internal_errors_as_export_errors(stage.name):  # never a raw torch error
+            with _said_to_the_user(subject, stage):
                 stage.run(work)
     return work.result
+
+
+def _said_to_the_user(subject, stage: Stage):
+    """Where the user gets what a stage raises (a module's export), an
+    unexpected torch error as an ExportError; a Function's subgraphs leave
+    theirs to the caller, which reads some as refusals of its own."""
+    if isinstance(subject, ModuleExport):
+        return internal_errors_as_export_errors(stage.name)  # never a raw torch error
+    return contextlib.nullcontext()

@@ -186,6 +186,7 @@ from .data_dependence import (  # noqa: E402,F401
     forget_real_values,
     real_values_dropped,
     real_values_propagated,
+    real_values_propagating,
     real_values_restored,
     specialized_guards,
     SpecializedGuard,

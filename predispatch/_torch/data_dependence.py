@@ -27,6 +27,15 @@ ASSERT_SCALAR = torch.ops.aten._assert_scalar.default
 _SPECIALIZED = "propagate_real_tensors: "
 
 
+_propagating: list[bool] = []
+
+
+def real_values_propagating() -> bool:
+    """Inside :func:`real_values_propagated`: the real values' random ops
+    draw from torch's generators while the forward is traced."""
+    return bool(_propagating)
+
+
 @contextlib.contextmanager
 def real_values_propagated():
     """Fake modes made meanwhile copy their inputs' real values and run every
@@ -36,7 +45,11 @@ def real_values_propagated():
     with torch.random.fork_rng(), \
             torch._functorch.config.patch(fake_tensor_propagate_real_tensors=True), \
             patched(FakeTensorMode, "_maybe_infer_fake_kernel_from_pytree_out", _cross_check_unguarded):
-        yield
+        _propagating.append(True)
+        try:
+            yield
+        finally:
+            _propagating.pop()
 
 
 def _cross_check_unguarded(check):

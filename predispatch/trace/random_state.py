@@ -203,7 +203,9 @@ def generator_calls_as_ops(generators: ForwardGenerators):
     torch's own helpers seed and fork inside the ops they wrap) record the
     generator ops instead of acting on the real generator. A change of the
     real default generator's state the trace did not see (a method of
-    ``torch.default_generator``, whose C type cannot be wrapped) is refused."""
+    ``torch.default_generator``, whose C type cannot be wrapped) is refused,
+    except where the example's real values are propagated (they draw from it,
+    and it is put back after the trace: such a change goes unseen there)."""
     before = torch.default_generator.get_state()
     with contextlib.ExitStack() as stack:
         for module in (torch, torch.random):
@@ -221,7 +223,7 @@ def generator_calls_as_ops(generators: ForwardGenerators):
         for owner in _torch.rng_freezing_owners():
             stack.enter_context(patched(owner, "freeze_rng_state", _freezing))
         yield
-    if not torch.equal(before, torch.default_generator.get_state()):
+    if not _torch.real_values_propagating() and not torch.equal(before, torch.default_generator.get_state()):
         torch.default_generator.set_state(before)  # the caller's, as an export found it
         raise ExportError(
             "torch's random generator was seeded or set in the forward by a call the trace "
