@@ -36,26 +36,27 @@ raised something else: the difference), or ``skipped`` (larger than
 from __future__ import annotations
 
 import argparse
-import contextlib
 import copy
 import dataclasses
 import gc
-import json
 import re
-import signal
 import sys
 import time
 import traceback
 import warnings
+from pathlib import Path
 
 import torch
 
 import predispatch
 from predispatch.testing.eager import assert_matches_eager
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repo root: tools.sweep_common
+from tools.sweep_common import (  # noqa: E402
+    FAILED, PASSED, REFUSED, SKIPPED, TIMEOUT, CaseTimeout, Result, eager_runs, first_line, print_table,
+    time_limit, write_json)
+
 MODES = ("train", "eval", "bf16")
-PASSED, REFUSED, FAILED, SKIPPED, TIMEOUT = "passed", "refused", "failed", "skipped", "timeout"
-STATUSES = (PASSED, REFUSED, FAILED, TIMEOUT, SKIPPED)
 BATCH, SIZE, CLASSES, DROP = 2, 64, 10, 0.1
 
 # torchvision: the input side a model needs where 64 is too small, and the
@@ -123,15 +124,6 @@ class Case:
     @property
     def name(self) -> str:
         return f"{self.source}:{self.model}:{self.mode}"
-
-
-@dataclasses.dataclass
-class Result:
-    case: Case
-    status: str
-    detail: str = ""
-    seconds: float = 0.0
-    params: int = 0
 
 
 class Autocast(torch.nn.Module):
@@ -247,38 +239,6 @@ def build(case: Case):
     return model, (torch.randn(BATCH, 3, size, size),)
 
 
-class CaseTimeout(Exception):
-    pass
-
-
-@contextlib.contextmanager
-def time_limit(seconds: int):
-    def expire(signum, frame):
-        raise CaseTimeout(f"over {seconds} s")
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return f"{type(e).__name__}: {text.splitlines()[0][:300] if text else ''}"
-
-
-def _eager_runs(model, args) -> str:
-    """'' if eager runs the model on the input (forward and backward), else why not."""
-    try:
-        out = copy.deepcopy(model)(*args)
-        del out
-        return ""
-    except Exception as e:
-        return "eager: " + _first_line(e)
-
-
 def run_case(case: Case, *, max_params: int, timeout: int, show_traceback=False) -> Result:
     params = count_params(case)
     if params > max_params:
@@ -287,7 +247,7 @@ def run_case(case: Case, *, max_params: int, timeout: int, show_traceback=False)
     params = params or sum(p.numel() for p in model.parameters())
     if params > max_params:
         return Result(case, SKIPPED, f"{params / 1e6:.0f}M parameters > --max-params", params=params)
-    why_not = _eager_runs(model, args)
+    why_not = eager_runs(model, args)
     if why_not:
         return Result(case, SKIPPED, why_not, params=params)
     try:
@@ -295,13 +255,13 @@ def run_case(case: Case, *, max_params: int, timeout: int, show_traceback=False)
             warnings.simplefilter("ignore")
             assert_matches_eager(model, args)
     except predispatch.ExportError as e:
-        return Result(case, REFUSED, _first_line(e), params=params)
+        return Result(case, REFUSED, first_line(e), params=params)
     except CaseTimeout as e:
         return Result(case, TIMEOUT, str(e), params=params)
     except Exception as e:
         if show_traceback:
             traceback.print_exc()
-        return Result(case, FAILED, _first_line(e), params=params)
+        return Result(case, FAILED, first_line(e), params=params)
     return Result(case, PASSED, params=params)
 
 
@@ -314,29 +274,6 @@ def cases(sources, modes, only):
         for model in models:
             for mode in modes:
                 yield Case(source, model, mode)
-
-
-def print_table(results: list[Result], seconds: float) -> None:
-    print(f"\n{len(results)} cases in {seconds:.0f} s")
-    print(f"{'source':12s} {'mode':6s} {'tried':>6s}" + "".join(f" {s:>8s}" for s in STATUSES))
-    for source, mode in sorted({(r.case.source, r.case.mode) for r in results}):
-        rows = [r for r in results if (r.case.source, r.case.mode) == (source, mode)]
-        count = {s: sum(r.status == s for r in rows) for s in STATUSES}
-        print(f"{source:12s} {mode:6s} {len(rows) - count[SKIPPED]:6d}" + "".join(f" {count[s]:8d}" for s in STATUSES))
-    models = {(r.case.source, r.case.model) for r in results if r.status != SKIPPED}
-    passed = {m for m in models if all(r.status == PASSED for r in results if (r.case.source, r.case.model) == m)}
-    print(f"models tried {len(models)}, passed in every mode tried {len(passed)}")
-    for status in STATUSES[1:]:
-        for r in results:
-            if r.status == status:
-                print(f"{status.upper():8s} {r.case.name}: {r.detail}")
-
-
-def write_json(path: str, results: list[Result], seconds: float) -> None:
-    records = [{"source": r.case.source, "model": r.case.model, "mode": r.case.mode, "status": r.status,
-                "detail": r.detail, "seconds": round(r.seconds, 1), "params": r.params} for r in results]
-    with open(path, "w") as f:
-        json.dump({"torch": torch.__version__, "seconds": round(seconds), "cases": records}, f, indent=1)
 
 
 def parse(argv):
@@ -373,7 +310,7 @@ def main(argv=None) -> int:
             result = run_case(case, max_params=int(options.max_params), timeout=options.timeout,
                               show_traceback=options.traceback)
         except Exception as e:  # building the model, or the harness itself
-            result = Result(case, SKIPPED, "build: " + _first_line(e))
+            result = Result(case, SKIPPED, "build: " + first_line(e))
         result.seconds = time.perf_counter() - began
         results.append(result)
         print(f"{result.status:8s} {case.name} ({result.seconds:.0f} s) {result.detail}", flush=True)
