@@ -372,7 +372,8 @@ OTHER_BRANCH = {"detr": _pixels_with_inf, "table-transformer": _pixels_with_inf,
                 "led": _global_attention, "fsmt": _pad_token}
 
 
-def run_case(case: Case, *, timeout: int, max_params: int, data_dependent: str, show_traceback=False) -> Result:
+def run_case(case: Case, *, timeout: int, max_params: int, data_dependent: str, reexport: bool,
+             show_traceback=False) -> Result:
     try:
         model, inputs, _ = build(case)
     except Exception as e:
@@ -383,14 +384,14 @@ def run_case(case: Case, *, timeout: int, max_params: int, data_dependent: str, 
     why_not = eager_runs(model, (), inputs)
     if why_not:
         return Result(case, SKIPPED, why_not, params=params)
-    result = _export_and_compare(case, model, inputs, timeout, data_dependent, show_traceback)
+    result = _export_and_compare(case, model, inputs, timeout, data_dependent, reexport, show_traceback)
     result.params = params
     if result.status not in (PASSED, SKIPPED):
         result.extra["torch_export"] = torch_export_says(model, inputs, timeout)
     return result
 
 
-def _export_and_compare(case, model, inputs, timeout, data_dependent, show_traceback) -> Result:
+def _export_and_compare(case, model, inputs, timeout, data_dependent, reexport, show_traceback) -> Result:
     programs = []
     export_kwargs = {"data_dependent": data_dependent} if data_dependent != "refuse" else {}
 
@@ -402,7 +403,7 @@ def _export_and_compare(case, model, inputs, timeout, data_dependent, show_trace
         with time_limit(timeout), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             ep = assert_matches_eager(model, (), inputs, export=export,
-                                      check_reexport=data_dependent == "refuse", **export_kwargs)
+                                      check_reexport=reexport and data_dependent == "refuse", **export_kwargs)
             extra = _specialize_checks(model, inputs, ep, case) if data_dependent != "refuse" else {}
     except predispatch.ExportError as e:
         return Result(case, REFUSED, first_line(e))
@@ -446,6 +447,8 @@ def parse(argv):
     parser.add_argument("--skip", default="", help="comma-separated model types not to run")
     parser.add_argument("--limit", type=int, default=0, help="at most this many model types")
     parser.add_argument("--start", type=int, default=0, help="begin at this model type in the order")
+    parser.add_argument("--lane", default="0/1", help="k/n: every n-th model type from the k-th (parallel runs)")
+    parser.add_argument("--reexport", action="store_true", help="also check re-exporting ep.module() (G7)")
     parser.add_argument("--max-params", type=float, default=20e6, help="skip larger models (default 20e6)")
     parser.add_argument("--timeout", type=int, default=60, help="seconds a case may take (default 60)")
     parser.add_argument("--data-dependent", default="refuse", choices=("refuse", "specialize"))
@@ -463,8 +466,18 @@ def cases(options):
     types = types[options.start:]
     if options.limit:
         types = types[:options.limit]
+    lane, lanes = map(int, options.lane.split("/"))
+    types = types[lane::lanes]
     modes = options.modes.split(",")
-    return [Case(t, mode) for t in types for mode in modes]
+    language_models = set(language_model_types())
+    first = [Case(t, mode) for t in types if t in language_models for mode in modes]
+    return first + [Case(t, mode) for mode in modes for t in types if t not in language_models]
+
+
+def language_model_types() -> list[str]:
+    """The model types with a causal, masked or seq2seq LM head."""
+    from transformers.models.auto import modeling_auto
+    return [t for mapping in HEADS[:-1] for t in getattr(modeling_auto, mapping)]
 
 
 def main(argv=None) -> int:
@@ -475,13 +488,14 @@ def main(argv=None) -> int:
         began = time.perf_counter()
         try:
             result = run_case(case, timeout=options.timeout, max_params=int(options.max_params),
-                              data_dependent=options.data_dependent, show_traceback=options.traceback)
+                              data_dependent=options.data_dependent, reexport=options.reexport,
+                              show_traceback=options.traceback)
         except Exception as e:  # the harness itself
             result = Result(case, SKIPPED, "harness: " + first_line(e))
         result.seconds = time.perf_counter() - began
         results.append(result)
-        shared = f" [torch.export: {result.extra['torch_export']}]" if "torch_export" in result.extra else ""
-        print(f"{result.status:8s} {case.name} ({result.seconds:.0f} s) {result.detail}{shared}", flush=True)
+        extra = "".join(f" [{k}: {v}]" for k, v in result.extra.items())
+        print(f"{result.status:8s} {case.name} ({result.seconds:.0f} s) {result.detail}{extra}", flush=True)
         if options.json:  # after each case: an interrupted sweep keeps what it found
             write_json(options.json, results, time.perf_counter() - start, data_dependent=options.data_dependent)
         gc.collect()
