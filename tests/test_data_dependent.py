@@ -109,6 +109,28 @@ class InsideNoGrad(torch.nn.Module):
         return self.lin(y) + self.count
 
 
+class UnderAutocast(torch.nn.Module):
+    """DETR's encoder under bf16 autocast: a branch, then a layer norm whose
+    CPU kernel returns float32 statistics of bf16 (its fake kernel: bf16)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin, self.norm = torch.nn.Linear(4, 4), torch.nn.LayerNorm(4)
+
+    def forward(self, x):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            h = self.lin(x)
+            if not torch.isfinite(h).all():
+                h = h.clamp(-1, 1)
+            return self.norm(h)
+
+
+def _with_inf(x):
+    x = x.clone()
+    x[0, 0] = float("inf")
+    return x
+
+
 MASK = torch.tensor([True, True, False])
 CONSTRUCTS = [
     # module, example, fresh inputs on the same branch, inputs on another, the line that branches
@@ -122,6 +144,8 @@ CONSTRUCTS = [
     (FormattedIndex, (torch.randn(2, 4), torch.tensor(1)), (torch.randn(2, 4), torch.tensor(1)),
      (torch.randn(2, 4), torch.tensor(2)), 'self.experts[f"expert_{idx}"]'),
     (InsideNoGrad, (torch.rand(3, 4),), (torch.rand(3, 4) + 1,), (-torch.rand(3, 4),), "if x.max() > 0"),
+    (UnderAutocast, (torch.randn(3, 4),), (torch.randn(3, 4),), (_with_inf(torch.randn(3, 4)),),
+     "if not torch.isfinite(h).all():"),
 ]
 
 
