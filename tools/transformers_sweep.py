@@ -96,12 +96,15 @@ TINY = {
                      "ssm_state_size", "state_size", "d_state"), 8),
     **dict.fromkeys(("kv_lora_rank", "q_lora_rank"), 16),
     **dict.fromkeys(("rotary_dim", "time_step_rank"), 4),
-    "mamba_n_heads": 8,  # x 8 = the inner width 64 (expand 2 x 32)
+    "mamba_n_heads": 8,
+    "subsampling_conv_channels": 8,  # x 8 = the inner width 64 (expand 2 x 32)
     "image_size": IMAGE,
     "patch_size": PATCH,
 }
 CAPPED = {"max_position_embeddings": 512, "n_positions": 512, "max_source_positions": 512,
           "max_target_positions": 512}
+# speech models whose input_features are (batch, time, mel bins), not (batch, mel bins, time)
+TIME_MAJOR_FEATURES = {"canary", "parakeet_ctc", "parakeet_encoder", "lasr_ctc", "lasr_encoder"}
 HEADS = ("MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", "MODEL_FOR_MASKED_LM_MAPPING_NAMES",
          "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES", "MODEL_MAPPING_NAMES")
 
@@ -244,8 +247,10 @@ def make_inputs(model, config, seed: int = 0) -> dict:
     elif main == "input_values":
         inputs["input_values"] = torch.randn(BATCH, 4000, generator=g)
     elif main == "input_features":
-        bins = getattr(config, "num_mel_bins", None) or getattr(config, "feature_size", 80)
-        inputs["input_features"] = torch.randn(BATCH, bins, 64, generator=g)
+        audio = getattr(config, "encoder_config", None) or config
+        bins = getattr(audio, "num_mel_bins", None) or getattr(audio, "feature_size", 80)
+        shape = (BATCH, 64, bins) if config.model_type in TIME_MAJOR_FEATURES else (BATCH, bins, 64)
+        inputs["input_features"] = torch.randn(*shape, generator=g)
     else:
         raise LookupError(f"no input known for {main!r}")
     if getattr(config, "is_encoder_decoder", False) and "decoder_input_ids" in params:
@@ -319,7 +324,8 @@ def torch_export_says(model, inputs, timeout: int) -> str:
 
 def _specialize_checks(model, inputs, ep, case: Case) -> dict:
     """A fresh input through the specialized program, and an input taking another branch."""
-    out = {"assumptions": len(ep.graph_module.meta.get("data_dependent_assumptions", ()) or ())}
+    from predispatch.ir.assumptions import assumptions
+    out = {"assumptions": sorted({a.code for a in assumptions(ep)})}
     fresh = make_inputs(model.model if case.mode == "bf16" else model, build_config_of(model), seed=1)
     out["fresh"] = _fresh_outcome(model, fresh, ep)
     other = OTHER_BRANCH.get(case.model)
