@@ -5,6 +5,8 @@ exported and compared with eager in train mode and under bf16 CPU autocast.
     python tools/transformers_sweep.py --only llama,bert --modes train
     python tools/transformers_sweep.py --limit 20 --json tf.json
     python tools/transformers_sweep.py --only detr,ibert --data-dependent specialize
+    python tools/transformers_sweep.py --lane 0/2 --json a.json & python tools/transformers_sweep.py --lane 1/2 --json b.json
+    python tools/transformers_sweep.py --summarize a.json,b.json   # the two lanes' records, one table
 
 Every model type transformers registers with a model class (``MODEL_MAPPING``
 and the task mappings), in this order: those with a causal LM head, a masked
@@ -34,7 +36,7 @@ either run), ``refused`` (an ``ExportError``: its first line), ``failed``
 (differs from eager, or a raw non-``ExportError`` exception: its type and
 message), ``skipped`` (the config or model cannot be built, no input is
 known for it, or eager fails on it) or ``timeout``. For every case that does
-not pass, ``torch.export.export`` (non-strict) is tried on the same module
+is refused or fails, ``torch.export.export`` (non-strict) is tried on the same module
 and input, and the record says whether it exports or the error it raises,
 so that the refusals torch.export shares are told apart from ours.
 
@@ -53,6 +55,7 @@ import copy
 import dataclasses
 import gc
 import inspect
+import json
 import logging
 import sys
 import time
@@ -392,7 +395,7 @@ def run_case(case: Case, *, timeout: int, max_params: int, data_dependent: str, 
         return Result(case, SKIPPED, why_not, params=params)
     result = _export_and_compare(case, model, inputs, timeout, data_dependent, reexport, show_traceback)
     result.params = params
-    if result.status not in (PASSED, SKIPPED):
+    if result.status in (REFUSED, FAILED):
         result.extra["torch_export"] = torch_export_says(model, inputs, timeout)
     return result
 
@@ -459,6 +462,7 @@ def parse(argv):
     parser.add_argument("--timeout", type=int, default=60, help="seconds a case may take (default 60)")
     parser.add_argument("--data-dependent", default="refuse", choices=("refuse", "specialize"))
     parser.add_argument("--json", default="", help="write the per-case records here (after each case)")
+    parser.add_argument("--summarize", default="", help="comma-separated JSON files: print their summary, run nothing")
     parser.add_argument("--traceback", action="store_true", help="print each failure's traceback")
     return parser.parse_args(argv)
 
@@ -486,8 +490,24 @@ def language_model_types() -> list[str]:
     return [t for mapping in HEADS[:-1] for t in getattr(modeling_auto, mapping)]
 
 
+def load(paths: list[str]) -> list[Result]:
+    """The records of earlier runs (``--json``), merged: a case's last record wins."""
+    found = {}
+    for path in paths:
+        with open(path) as f:
+            for r in json.load(f)["cases"]:
+                extra = {k: v for k, v in r.items()
+                         if k not in ("source", "model", "mode", "status", "detail", "seconds", "params")}
+                found[(r["model"], r["mode"])] = Result(Case(r["model"], r["mode"]), r["status"], r["detail"],
+                                                        r["seconds"], r["params"], extra)
+    return list(found.values())
+
+
 def main(argv=None) -> int:
     options = parse(argv)
+    if options.summarize:
+        summarize(load(options.summarize.split(",")))
+        return 0
     torch.set_num_threads(1)
     results, start = [], time.perf_counter()
     for case in cases(options):
