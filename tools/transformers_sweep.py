@@ -35,10 +35,12 @@ that is zero in exact arithmetic and a few ulps of the others' scale in
 either run), ``refused`` (an ``ExportError``: its first line), ``failed``
 (differs from eager, or a raw non-``ExportError`` exception: its type and
 message), ``skipped`` (the config or model cannot be built, no input is
-known for it, or eager fails on it) or ``timeout``. For every case that does
-is refused or fails, ``torch.export.export`` (non-strict) is tried on the same module
-and input, and the record says whether it exports or the error it raises,
-so that the refusals torch.export shares are told apart from ours.
+known for it, or eager fails on it) or ``timeout``. For every case that is
+refused or fails, ``torch.export.export`` (non-strict) is tried on the same
+module and input, and the record says whether it exports or the error it
+raises, so that the refusals torch.export shares are told apart from ours.
+The re-export check (G7) is off unless ``--reexport``: it doubles a case's
+time.
 
 ``--data-dependent specialize`` exports with ``data_dependent="specialize"``
 (no re-export check: a specialized program's re-export is not graph for
