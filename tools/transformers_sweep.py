@@ -258,6 +258,8 @@ def make_inputs(model, config, seed: int = 0) -> dict:
         inputs["input_features"] = torch.randn(*shape, generator=g)
     else:
         raise LookupError(f"no input known for {main!r}")
+    if "global_attention_mask" in params and "input_ids" in inputs:  # Longformer, LED: none global
+        inputs["global_attention_mask"] = torch.zeros_like(inputs["input_ids"])
     if getattr(config, "is_encoder_decoder", False) and "decoder_input_ids" in params:
         inputs["decoder_input_ids"] = _ids((BATCH, DECODER_SEQ), vocab, seed + 100)
     if "use_cache" in params:
@@ -338,8 +340,8 @@ def _specialize_checks(model, inputs, ep, case: Case) -> dict:
         try:
             ep.module()(**other(fresh))
             out["other_branch"] = "ran: no check fired"
-        except RuntimeError as e:
-            out["other_branch"] = "clear error" if "data-dependent branch" in str(e) else first_line(e)
+        except Exception as e:
+            out["other_branch"] = "clear error" if "data-dependent branch" in str(e) else "raw: " + first_line(e)
     return out
 
 
@@ -367,7 +369,7 @@ def _pixels_with_inf(inputs):
 
 
 def _global_attention(inputs):
-    inputs = dict(inputs, global_attention_mask=torch.zeros_like(inputs["input_ids"]))
+    inputs = dict(inputs, global_attention_mask=inputs["global_attention_mask"].clone())
     inputs["global_attention_mask"][0, 0] = 1
     return inputs
 
