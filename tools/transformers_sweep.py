@@ -99,7 +99,10 @@ TINY = {
     **dict.fromkeys(("vocab_size", "n_words", "src_vocab_size", "tgt_vocab_size"), VOCAB),
     **dict.fromkeys(("qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim", "mamba_d_head", "mamba_d_state",
                      "ssm_state_size", "state_size", "d_state"), 8),
-    **dict.fromkeys(("kv_lora_rank", "q_lora_rank"), 16),
+    **dict.fromkeys(("kv_lora_rank", "q_lora_rank", "qk_head_dim"), 16),  # qk_head_dim: nope + rope
+    "first_k_dense_replace": 1,  # of 2 layers: one dense, one mixture of experts
+    "num_kv_shared_layers": 0,
+    "vocab_size_per_layer_input": VOCAB, "hidden_size_per_layer_input": 8,  # Gemma 3n/4 per-layer inputs
     **dict.fromkeys(("rotary_dim", "time_step_rank"), 4),
     "mamba_n_heads": 8,
     "subsampling_conv_channels": 8,  # x 8 = the inner width 64 (expand 2 x 32)
@@ -192,19 +195,31 @@ def _tiny_value(name: str, value):
     return value
 
 
+LAYER_COUNTS = ("num_hidden_layers", "num_layers", "n_layer", "n_layers", "decoder_layers")
+
+
+def _per_layer(value, layers) -> bool:
+    return isinstance(value, (list, tuple)) and isinstance(layers, int) and layers > 2 and len(value) == layers
+
+
 def shrink(config, seen=None):
-    """``config`` and its nested configs with the tiny sizes, in place."""
+    """``config`` and its nested configs with the tiny sizes, in place. A
+    list with an entry per layer (``layer_types``...) keeps its first and
+    last (the last is often the one full-attention layer of a pattern)."""
     seen = seen if seen is not None else set()
     if id(config) in seen:
         return config
     seen.add(id(config))
+    layers = next((getattr(config, n) for n in LAYER_COUNTS if isinstance(getattr(config, n, None), int)), None)
     for name, value in list(vars(config).items()):
-        tiny = _tiny_value(name, value)
+        tiny = type(value)([value[0], value[-1]]) if _per_layer(value, layers) else _tiny_value(name, value)
         if tiny is not value:
             try:
                 setattr(config, name, tiny)
             except Exception:  # a read-only property of the config
                 pass
+    if getattr(config, "kv_lora_rank", None) and getattr(config, "num_key_value_heads", None):
+        config.num_key_value_heads = config.num_attention_heads  # latent attention: a key and value per head
     for sub in _sub_configs(config):
         shrink(sub, seen)
     return config
