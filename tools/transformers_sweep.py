@@ -111,6 +111,8 @@ TINY = {
 }
 CAPPED = {"max_position_embeddings": 512, "n_positions": 512, "max_source_positions": 512,
           "max_target_positions": 512}
+# what a model's default config lacks to build
+CONFIG_KWARGS = {"dbrx": {"attn_config": {"kv_n_heads": 2, "rope_theta": 10000.0, "clip_qkv": 8.0}}}
 # speech models whose input_features are (batch, time, mel bins), not (batch, mel bins, time)
 TIME_MAJOR_FEATURES = {"canary", "parakeet_ctc", "parakeet_encoder", "lasr_ctc", "lasr_encoder"}
 HEADS = ("MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", "MODEL_FOR_MASKED_LM_MAPPING_NAMES",
@@ -227,10 +229,11 @@ def shrink(config, seen=None):
 
 def tiny_config(model_type: str):
     from transformers import CONFIG_MAPPING
+    kwargs = CONFIG_KWARGS.get(model_type, {})
     try:  # a backbone from transformers' own classes, not timm's, and no weights downloaded
-        config = CONFIG_MAPPING[model_type](use_timm_backbone=False, use_pretrained_backbone=False)
+        config = CONFIG_MAPPING[model_type](use_timm_backbone=False, use_pretrained_backbone=False, **kwargs)
     except Exception:
-        config = CONFIG_MAPPING[model_type]()
+        config = CONFIG_MAPPING[model_type](**kwargs)
     return shrink(config)
 
 
@@ -389,15 +392,16 @@ def _global_attention(inputs):
     return inputs
 
 
-def _pad_token(inputs):
-    inputs = dict(inputs, input_ids=inputs["input_ids"].clone())
-    inputs["input_ids"][0, -1] = 1
+def _decoder_pad_token(inputs):
+    """FSMT: ``if not padding_mask.any():`` on the decoder's ids (its pad token: 1)."""
+    inputs = dict(inputs, decoder_input_ids=inputs["decoder_input_ids"].clone())
+    inputs["decoder_input_ids"][0, -1] = 1
     return inputs
 
 
 # an input that takes another branch than the sweep's example does, where one is known
 OTHER_BRANCH = {"detr": _pixels_with_inf, "table-transformer": _pixels_with_inf, "longformer": _global_attention,
-                "led": _global_attention, "fsmt": _pad_token}
+                "led": _global_attention, "fsmt": _decoder_pad_token}
 
 
 def run_case(case: Case, *, timeout: int, max_params: int, data_dependent: str, reexport: bool,
