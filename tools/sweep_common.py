@@ -36,17 +36,28 @@ class CaseTimeout(Exception):
     pass
 
 
+_expired: list[bool] = [False]
+
+
 @contextlib.contextmanager
 def time_limit(seconds: int):
     def expire(signum, frame):
+        _expired[0] = True
         raise CaseTimeout(f"over {seconds} s")
     previous = signal.signal(signal.SIGALRM, expire)
+    _expired[0] = False
     signal.alarm(seconds)
     try:
         yield
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)
+
+
+def timed_out() -> bool:
+    """Did the last :func:`time_limit` expire? (Code the alarm interrupts may
+    catch the ``CaseTimeout`` and raise another error in its place.)"""
+    return _expired[0]
 
 
 def first_line(e: BaseException) -> str:

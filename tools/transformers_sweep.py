@@ -73,7 +73,7 @@ from predispatch.testing.eager import assert_matches_eager, assert_runs_match, r
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repo root: tools.sweep_common
 from tools.sweep_common import (  # noqa: E402
     FAILED, PASSED, REFUSED, SKIPPED, TIMEOUT, CaseTimeout, Result, eager_runs, first_line, print_table,
-    time_limit, write_json)
+    time_limit, timed_out, write_json)
 
 ROUNDOFF = "roundoff"
 STATUSES = (PASSED, ROUNDOFF, REFUSED, FAILED, TIMEOUT, SKIPPED)
@@ -442,6 +442,8 @@ def _export_and_compare(case, model, inputs, timeout, data_dependent, reexport, 
     except CaseTimeout as e:
         return Result(case, TIMEOUT, str(e))
     except Exception as e:
+        if timed_out():  # the alarm's CaseTimeout, caught and raised again as another error
+            return Result(case, TIMEOUT, f"over {timeout} s ({first_line(e)})")
         if show_traceback:
             traceback.print_exc()
         if isinstance(e, AssertionError) and case.mode == "bf16" and programs:
