@@ -437,13 +437,13 @@ def _export_and_compare(case, model, inputs, timeout, data_dependent, reexport, 
             ep = assert_matches_eager(model, (), inputs, export=export,
                                       check_reexport=reexport and data_dependent == "refuse", **export_kwargs)
             extra = _specialize_checks(model, inputs, ep, case) if data_dependent != "refuse" else {}
-    except predispatch.ExportError as e:
-        return Result(case, REFUSED, first_line(e))
     except CaseTimeout as e:
         return Result(case, TIMEOUT, str(e))
     except Exception as e:
         if timed_out():  # the alarm's CaseTimeout, caught and raised again as another error
             return Result(case, TIMEOUT, f"over {timeout} s ({first_line(e)})")
+        if isinstance(e, predispatch.ExportError):
+            return Result(case, REFUSED, first_line(e))
         if show_traceback:
             traceback.print_exc()
         if isinstance(e, AssertionError) and case.mode == "bf16" and programs:
