@@ -400,7 +400,7 @@ def _decoder_pad_token(inputs):
 
 
 # an input that takes another branch than the sweep's example does, where one is known
-OTHER_BRANCH = {"detr": _pixels_with_inf, "table-transformer": _pixels_with_inf, "longformer": _global_attention,
+OTHER_BRANCH = {"detr": _pixels_with_inf, "table-transformer": _pixels_with_inf, "deformable_detr": _pixels_with_inf, "longformer": _global_attention,
                 "led": _global_attention, "fsmt": _decoder_pad_token}
 
 
