@@ -400,8 +400,8 @@ def _decoder_pad_token(inputs):
 
 
 # an input that takes another branch than the sweep's example does, where one is known
-OTHER_BRANCH = {"detr": _pixels_with_inf, "table-transformer": _pixels_with_inf, "deformable_detr": _pixels_with_inf, "longformer": _global_attention,
-                "led": _global_attention, "fsmt": _decoder_pad_token}
+OTHER_BRANCH = {"detr": _pixels_with_inf, "table-transformer": _pixels_with_inf, "deformable_detr": _pixels_with_inf,
+                "longformer": _global_attention, "led": _global_attention, "fsmt": _decoder_pad_token}
 
 
 def run_case(case: Case, *, timeout: int, max_params: int, data_dependent: str, reexport: bool,
