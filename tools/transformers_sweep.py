@@ -16,7 +16,8 @@ the first of ``*ForCausalLM``, ``*ForMaskedLM``, ``*ForConditionalGeneration``
 shrunk (no weights downloaded; transformers' own test configs are not
 installed with it): every width 32, 2 layers, 4 heads (2 key/value heads),
 feed-forward 64, vocabulary 128 (special token ids folded into it), 4
-experts, lists of stage depths 1, images 32x32 (patches of 8), nested
+experts, lists of stage depths 1, per-layer lists (``layer_types``) of two
+entries, images 32x32 (patches of 8), nested
 configs (text, vision, audio, encoder, decoder, backbone) alike; dropout as
 the config has it (``assert_matches_eager`` seeds eager and the program
 alike), ``use_cache=False``. The input is made from the forward's
@@ -204,17 +205,22 @@ def _per_layer(value, layers) -> bool:
     return isinstance(value, (list, tuple)) and isinstance(layers, int) and layers > 2 and len(value) == layers
 
 
+def _two_layers(value):
+    """The first layer's entry and the first that differs from it (a pattern's full-attention layer)."""
+    return type(value)([value[0], next((v for v in value if v != value[0]), value[-1])])
+
+
 def shrink(config, seen=None):
     """``config`` and its nested configs with the tiny sizes, in place. A
     list with an entry per layer (``layer_types``...) keeps its first and
-    last (the last is often the one full-attention layer of a pattern)."""
+    the first that differs (a sliding-window pattern's full-attention layer)."""
     seen = seen if seen is not None else set()
     if id(config) in seen:
         return config
     seen.add(id(config))
     layers = next((getattr(config, n) for n in LAYER_COUNTS if isinstance(getattr(config, n, None), int)), None)
     for name, value in list(vars(config).items()):
-        tiny = type(value)([value[0], value[-1]]) if _per_layer(value, layers) else _tiny_value(name, value)
+        tiny = _two_layers(value) if _per_layer(value, layers) else _tiny_value(name, value)
         if tiny is not value:
             try:
                 setattr(config, name, tiny)
