@@ -18,8 +18,9 @@ installed with it): every width 32, 2 layers, 4 heads (2 key/value heads),
 feed-forward 64, vocabulary 128 (special token ids folded into it), 4
 experts, lists of stage depths 1, per-layer lists (``layer_types``) of two
 entries, images 32x32 (patches of 8), nested
-configs (text, vision, audio, encoder, decoder, backbone) alike; dropout as
-the config has it (``assert_matches_eager`` seeds eager and the program
+configs (text, vision, audio, encoder, decoder, backbone) alike; layer drop
+off (a branch on a random draw, refused by default: ``--data-dependent``);
+dropout as the config has it (``assert_matches_eager`` seeds eager and the program
 alike), ``use_cache=False``. The input is made from the forward's
 parameters: ``input_ids`` (2x8, the second sequence padded by 2) with its
 ``attention_mask``, ``decoder_input_ids`` (2x4) for an encoder-decoder,
@@ -113,7 +114,8 @@ TINY = {
 CAPPED = {"max_position_embeddings": 512, "n_positions": 512, "max_source_positions": 512,
           "max_target_positions": 512}
 # what a model's default config lacks to build
-CONFIG_KWARGS = {"dbrx": {"attn_config": {"kv_n_heads": 2, "rope_theta": 10000.0, "clip_qkv": 8.0}}}
+CONFIG_KWARGS = {"dbrx": {"attn_config": {"kv_n_heads": 2, "rope_theta": 10000.0, "clip_qkv": 8.0}},
+                 "reformer": {"is_decoder": True}}
 # speech models whose input_features are (batch, time, mel bins), not (batch, mel bins, time)
 TIME_MAJOR_FEATURES = {"canary", "parakeet_ctc", "parakeet_encoder", "lasr_ctc", "lasr_encoder"}
 HEADS = ("MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", "MODEL_FOR_MASKED_LM_MAPPING_NAMES",
@@ -195,6 +197,8 @@ def _tiny_value(name: str, value):
         return 3 + value % (VOCAB - 3)
     if name == "use_cache":
         return False
+    if name in ("layerdrop", "encoder_layerdrop", "decoder_layerdrop") and value:
+        return 0.0  # a branch on a random draw: refused by default, as torch.export fails on it
     return value
 
 
