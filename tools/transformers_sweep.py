@@ -115,7 +115,8 @@ CAPPED = {"max_position_embeddings": 512, "n_positions": 512, "max_source_positi
           "max_target_positions": 512}
 # what a model's default config lacks to build
 CONFIG_KWARGS = {"dbrx": {"attn_config": {"kv_n_heads": 2, "rope_theta": 10000.0, "clip_qkv": 8.0}},
-                 "reformer": {"is_decoder": True}}
+                 "reformer": {"is_decoder": True, "axial_pos_embds_dim": [16, 16], "axial_pos_shape": [2, 4],
+                              "local_attn_chunk_length": 4, "lsh_attn_chunk_length": 4, "num_buckets": 2}}
 # speech models whose input_features are (batch, time, mel bins), not (batch, mel bins, time)
 TIME_MAJOR_FEATURES = {"canary", "parakeet_ctc", "parakeet_encoder", "lasr_ctc", "lasr_encoder"}
 HEADS = ("MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", "MODEL_FOR_MASKED_LM_MAPPING_NAMES",
