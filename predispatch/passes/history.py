@@ -122,7 +122,8 @@ def _refuse_reshaped_history(kept: _Kept, modes, output_kinds: list[str] | None 
     position -> the placeholder it writes) is the caller's tensor, whose
     history is its own."""
     old, new, later = kept.old, kept.new, kept.later
-    va, vb = old.meta.get("val"), new.meta.get("val")
+    history = _kept_history_of(old)
+    va, vb = history.meta.get("val"), new.meta.get("val")
     origin, in_callers_mode = _history_origin(old, through_views=kept.eager_view is False)
     leaf = origin.op == "placeholder"
     view = not leaf and _torch.returns_a_view(origin)
@@ -156,7 +157,7 @@ def _refuse_reshaped_history(kept: _Kept, modes, output_kinds: list[str] | None 
                  "gives the view history it keeps gradients through the new layout" if view else
                  "passes that history the gradients its readers make, not reduced to the new shape")
         raise ExportError(
-            f"a tensor ({old.name}, {tuple(va.shape)}) is given {change} under "
+            f"a tensor ({history.name}, {tuple(va.shape)}) is given {change} under "
             f"no_grad (set_, resize_, t_(), ...) and keeps its history, at "
             f"{_location(new, *later)}: eager then {eager}, "
             "which a program cannot reproduce; change the shape of a copy instead")
@@ -253,6 +254,15 @@ def _under_a_no_grad_caller(modes: dict) -> dict:
     """``modes`` (see :func:`grad_modes`) as a no_grad caller runs them: grad
     on inside the blocks that set it only."""
     return {n: m is True for n, m in modes.items()}
+
+
+def _kept_history_of(node: torch.fx.Node) -> torch.fx.Node:
+    """The node whose history (and its shape, which autograd checks a
+    gradient against) ``node``'s is, through kept histories: a value kept
+    twice (a hidden write after a set_()) has its first history's shape."""
+    while node.op == "call_function" and node.target in _KEEPS and node.args:
+        node = node.args[0]
+    return node
 
 
 def _history_origin(node: torch.fx.Node, through_views: bool) -> tuple[torch.fx.Node, bool]:
