@@ -1,6 +1,6 @@
 """Bugs found by the differential fuzzer (tools/fuzz), each as the minimal
 module it shrank to, with the diagnosis. Open ones are xfail(strict=True):
-remove the marker with the fix. Fixed: 1-90, 94, 96-106 (4b's nested
+remove the marker with the fix. Fixed: 1-90, 94, 96-107 (4b's nested
 autocast(enabled=False) case by the refusal reading autocast nesting, 10 by
 marking no_grad view replays, 15 and 16 by noting grad-mode views at no_grad
 entries; 7 and 22, once refusals, are exported since the eighth session).
@@ -3136,3 +3136,29 @@ class RelaidInANestedBlockThenUpdated(nn.Module):
 
 def test_a_value_relaid_in_a_nested_block_then_updated_keeps_its_history():
     assert_sound(RelaidInANestedBlockThenUpdated(), inputs((3, 4)), inputs_require_grad=True)
+
+
+# 107. (seed 81001, issue 30; four programs of 500, also on main before 105)
+# In an enable_grad block under a no_grad caller, a view of a detached alias
+# updated in place by an operand that requires grad (v3.sub_(bias), v3 =
+# z.detach().unsqueeze(0)), read after the block: eager regenerates the
+# view's history from the alias's new one (AsStridedBackward over its
+# CopySlices), in any grad mode; the program made that as_strided where the
+# view was first read, in the caller's mode, and under a no_grad caller its
+# output required no grad. The regenerated view is now made in grad mode,
+# as the replays of the caller's own views are.
+
+class ViewOfADetachedAliasUpdatedInABlockUnderANoGradCaller(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, z):
+        with torch.enable_grad():
+            v3 = z.detach().unsqueeze(0)
+            v3.sub_(self.lin.bias)
+        return v3
+
+
+def test_a_view_of_a_detached_alias_updated_in_a_block_keeps_its_history_under_a_no_grad_caller():
+    assert_sound(ViewOfADetachedAliasUpdatedInABlockUnderANoGradCaller(), inputs((4,)), inputs_require_grad=True)

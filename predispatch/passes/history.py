@@ -32,6 +32,7 @@ from ..ir.meta_keys import (
     GRAD_VIEW_REPLAY,
     INPUT_VIEW,
     OWN_HISTORY_READ,
+    REGENERATED_VIEW,
     REPLAY_OF,
     SWAPPED_HISTORY,
     SWAPPED_VIEW,
@@ -482,15 +483,17 @@ def insert_kept_histories(gm: torch.fx.GraphModule, replacements, analyze, outpu
 
 
 def _modes_after_replaying_views(graph: torch.fx.Graph, replacements) -> dict | None:
-    """Views made with grad on (the caller's views among its inputs too),
-    read in the caller's mode, replayed in grad mode; then the grad modes
+    """Views made with grad on (the caller's views among its inputs too, and
+    the views whose history eager regenerates), read in the caller's mode,
+    replayed in grad mode; then the grad modes
     (see :func:`grad_modes`) where a replay or an update made in grad mode
     needs them (None: none does)."""
-    replays = [n for n in graph.nodes if GRAD_VIEW_REPLAY in n.meta or INPUT_VIEW in n.meta]
+    any_mode = (INPUT_VIEW, REGENERATED_VIEW)  # eager's has its history in any mode
+    replays = [n for n in graph.nodes if GRAD_VIEW_REPLAY in n.meta or any(k in n.meta for k in any_mode)]
     modes = grad_modes(graph) if replays or any(r.in_grad_mode for r in replacements) else None
     if replays:
         replay_in_grad_mode(graph, [n for n in replays if modes.get(n) is None and (
-            INPUT_VIEW in n.meta or modes.get(n.meta[GRAD_VIEW_REPLAY]) is True)])
+            any(k in n.meta for k in any_mode) or modes.get(n.meta.get(GRAD_VIEW_REPLAY)) is True)])
         modes = grad_modes(graph)
     return modes
 
