@@ -456,3 +456,19 @@ def test_a_forward_generator_where_real_values_are_propagated():
                                                     _calls(ep.module(), x)):
         assert all(torch.equal(a, b) for a, b in zip(want, got, strict=True))
         assert torch.equal(want_state, got_state)
+
+
+class GeneratorWithALargeSeed(torch.nn.Module):
+    """A seed beyond a graph's 64-bit signed int (``g.seed()`` draws such):
+    the generator's state is held as a constant."""
+
+    def forward(self, x):
+        g = torch.Generator().manual_seed(2**64 - 5)
+        return x + torch.rand(x.shape, generator=g)
+
+
+def test_a_forward_generator_with_a_seed_beyond_int64():
+    x = torch.randn(3, 4)
+    ep = predispatch.export_predispatch(GeneratorWithALargeSeed(), (x,))
+    for (want, want_state), (got, got_state) in zip(_calls(GeneratorWithALargeSeed(), x), _calls(ep.module(), x)):
+        assert torch.equal(want, got) and torch.equal(want_state, got_state)

@@ -51,7 +51,16 @@ def _seed_of(seed):
             f"torch.manual_seed(a tensor) at {user_location()} cannot be exported soundly: the "
             "seed is read from a tensor's data, which a program cannot hold as a literal, and "
             "its draws would be this export's on every call; seed with a Python int")
-    return int(seed)  # as torch.manual_seed reads it (a host random draw read here is refused)
+    seed = int(seed)  # as torch.manual_seed reads it (a host random draw read here is refused)
+    if not _fits_a_graph_int(seed):
+        raise ExportError(
+            f"torch.manual_seed({seed}) at {user_location()} cannot be exported: a graph holds a "
+            "seed as a 64-bit signed int; seed with a smaller number")
+    return seed
+
+
+def _fits_a_graph_int(seed: int) -> bool:
+    return -2**63 <= seed < 2**63
 
 
 def _seeding(_original):
@@ -245,7 +254,8 @@ def _initial_state(generator: torch.Generator) -> torch.Tensor:
     a constant."""
     state = _GENERATOR.get_state(generator)
     seed = generator.initial_seed()
-    if generator.device.type == "cpu" and torch.equal(state, _GENERATOR().manual_seed(seed).get_state()):
+    if generator.device.type == "cpu" and _fits_a_graph_int(seed) and torch.equal(
+            state, _GENERATOR().manual_seed(seed).get_state()):
         return generator_ops.SEED_STATE(seed)
     return state
 
