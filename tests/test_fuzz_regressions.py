@@ -1,10 +1,10 @@
 """Bugs found by the differential fuzzer (tools/fuzz), each as the minimal
 module it shrank to, with the diagnosis. Open ones are xfail(strict=True):
-remove the marker with the fix. Fixed: 1-90, 94, 96-104 (4b's nested
+remove the marker with the fix. Fixed: 1-90, 94, 96-107 (4b's nested
 autocast(enabled=False) case by the refusal reading autocast nesting, 10 by
 marking no_grad view replays, 15 and 16 by noting grad-mode views at no_grad
 entries; 7 and 22, once refusals, are exported since the eighth session).
-Open: 91-93, 95, 105, 106.
+Open: 91-93, 95.
 
 A test passes when the program matches eager (outputs, gradients, states,
 G1/G3, G7) or, where ``refusal_ok``, when export refuses it with
@@ -3078,13 +3078,16 @@ def test_a_view_of_a_value_given_a_size_one_dimension_under_no_grad_is_exported(
     assert_sound(ViewOfAValueRelaidUnderNoGrad(lambda v: v.unsqueeze_(0), view_first), inputs((3, 4)))
 
 
-# 105. (seed 70002, issue 30; open, three programs of 500, also before 103)
+# 105. (seed 70002, issue 30; three programs of 500, also before 103)
 # f(x, x, x[2]): x set_() under no_grad to its own row (shape (4,)), the
 # row then written through a detached alias, y (x itself) read: eager's y is
 # the leaf of its new shape, its gradient (4,) on a new accumulator; the
 # program's kept history is of the old shape (3, 4), and its backward
-# raises in _HistoryBackward. The refusal of a leaf given another shape
-# (84) does not fire: the hidden write seems to hide the read.
+# raised in _HistoryBackward. The refusal of a leaf given another shape
+# (84) did not fire: the hidden write kept the value's history again
+# (keep_history(keep_history(y, new), newer)), and the second keep's old
+# value had the new shape already. A kept history's shape is now its
+# first history's (through every keep): refused as 84 is.
 
 class InputSetToItsRowThenWrittenThroughADetach(nn.Module):
     def forward(self, x, y, z):
@@ -3095,14 +3098,13 @@ class InputSetToItsRowThenWrittenThroughADetach(nn.Module):
         return y.clone()
 
 
-@pytest.mark.xfail(strict=True, reason="open: 105")
-def test_an_input_set_to_its_row_then_written_through_a_detach_is_refused_or_matches():
+def test_an_input_set_to_its_row_then_written_through_a_detach_is_refused():
     x = inputs((3, 4))[0]
-    assert_sound(InputSetToItsRowThenWrittenThroughADetach(), (x, x, x[2]), refusal_ok=True,
-                 inputs_require_grad=True)
+    with pytest.raises(predispatch.ExportError, match=r"given another shape \(4,\) under no_grad"):
+        predispatch.export_predispatch(InputSetToItsRowThenWrittenThroughADetach(), (x, x, x[2]))
 
 
-# 106. (seed 70002, issue 30; open, also before 103) A linear's output
+# 106. (seed 70002, issue 30; also before 103) A linear's output
 # relaid (unsqueeze_) in an enable_grad block nested in a no_grad block, then
 # updated in grad mode by a view made under no_grad (a parameter's row):
 # eager's value requires grad (SubBackward over its history), the program's
@@ -3112,8 +3114,9 @@ def test_an_input_set_to_its_row_then_written_through_a_detach_is_refused_or_mat
 # (v2), so the recorder marks every view op the call makes as a no_grad view
 # replay (views.call_marking_view_replays), including functionalization's
 # replay of v0 itself (squeeze, unsqueeze of the new value); the history
-# stage then detaches that replay's base. Only the replays of no_grad views
-# should be marked.
+# stage then detached that replay's base. Now the no_grad views a call
+# reads are replayed (and marked) before it runs; the call's own view ops
+# stay unmarked.
 
 class RelaidInANestedBlockThenUpdated(nn.Module):
     def __init__(self):
@@ -3131,6 +3134,31 @@ class RelaidInANestedBlockThenUpdated(nn.Module):
         return v0
 
 
-@pytest.mark.xfail(strict=True, reason="open: 106")
 def test_a_value_relaid_in_a_nested_block_then_updated_keeps_its_history():
     assert_sound(RelaidInANestedBlockThenUpdated(), inputs((3, 4)), inputs_require_grad=True)
+
+
+# 107. (seed 81001, issue 30; four programs of 500, also on main before 105)
+# In an enable_grad block under a no_grad caller, a view of a detached alias
+# updated in place by an operand that requires grad (v3.sub_(bias), v3 =
+# z.detach().unsqueeze(0)), read after the block: eager regenerates the
+# view's history from the alias's new one (AsStridedBackward over its
+# CopySlices), in any grad mode; the program made that as_strided where the
+# view was first read, in the caller's mode, and under a no_grad caller its
+# output required no grad. The regenerated view is now made in grad mode,
+# as the replays of the caller's own views are.
+
+class ViewOfADetachedAliasUpdatedInABlockUnderANoGradCaller(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, z):
+        with torch.enable_grad():
+            v3 = z.detach().unsqueeze(0)
+            v3.sub_(self.lin.bias)
+        return v3
+
+
+def test_a_view_of_a_detached_alias_updated_in_a_block_keeps_its_history_under_a_no_grad_caller():
+    assert_sound(ViewOfADetachedAliasUpdatedInABlockUnderANoGradCaller(), inputs((4,)), inputs_require_grad=True)

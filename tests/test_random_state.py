@@ -343,3 +343,132 @@ outputs:
     add: USER_OUTPUT
 autocast policy: backward_pass_autocast='same_as_forward', on_backward_autocast_mismatch='error'
 """)
+
+
+class GeneratorStateReadAndRestored(torch.nn.Module):
+    """A generator made in the forward, its state read after a draw and
+    restored after another (a sampler that replays its noise): the replayed
+    draw is the first one's again, and the state returned is the one after
+    it, as eager's."""
+
+    def forward(self, x):
+        g = torch.Generator().manual_seed(0)
+        first = torch.randn(x.shape, generator=g)
+        state = g.get_state()
+        second = torch.randn(x.shape, generator=g)
+        g.set_state(state)
+        again = torch.randn(x.shape, generator=g)
+        return x + first + 2 * second + 3 * again + torch.rand(x.shape), g.get_state()
+
+
+class GeneratorSeededAgainWithItsSeed(torch.nn.Module):
+    """Seeded again with the seed it was made with, after a draw: the next
+    draw is the first one again (the seed's state, though the generator's
+    real state never moved while tracing)."""
+
+    def forward(self, x):
+        g = torch.Generator().manual_seed(3)
+        first = torch.rand(x.shape, generator=g)
+        g.manual_seed(3)
+        return x * first + torch.rand(x.shape, generator=g)
+
+
+def _calls(run, x, seeds=(11, 12)):
+    """For each seed of the default generator: the outputs, and that generator after the call."""
+    results = []
+    for seed in seeds:
+        torch.manual_seed(seed)
+        results.append((run(x), torch.get_rng_state()))
+    return results
+
+
+@pytest.mark.parametrize("make", [GeneratorStateReadAndRestored, GeneratorSeededAgainWithItsSeed],
+                         ids=lambda m: m.__name__)
+def test_a_forward_generators_own_state_calls_are_followed(make):
+    x = torch.randn(3, 4)
+    ep = assert_matches_eager(make(), (x,))
+    expected = _calls(make(), x)
+    for program in (ep.module(), _round_trip(ep).module()):
+        for (want, want_state), (got, got_state) in zip(expected, _calls(program, x)):
+            for a, b in zip(_as_tuple(want), _as_tuple(got), strict=True):
+                assert torch.equal(a, b)
+            assert torch.equal(want_state, got_state)
+
+
+def _as_tuple(out):
+    return out if isinstance(out, tuple) else (out,)
+
+
+class GeneratorSeededAnew(torch.nn.Module):
+    def forward(self, x):
+        g = torch.Generator()
+        g.seed()
+        return x + torch.rand(x.shape, generator=g)
+
+
+def test_a_forward_generator_seeded_anew_is_refused():
+    src, start = inspect.getsourcelines(GeneratorSeededAnew.forward)
+    line = start + next(i for i, text in enumerate(src) if "g.seed()" in text)
+    with pytest.raises(predispatch.ExportError, match=rf"seed\(\) at .*:{line} "):
+        predispatch.export_predispatch(GeneratorSeededAnew(), (torch.ones(3),))
+
+
+class NoiseFromItsOwnGenerator(torch.nn.Module):
+    """A generator made before the export, a module attribute: the program
+    draws from that very generator (a constant of the program), as eager
+    does; ``torch.export.save`` keeps its state at the save."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.generator = torch.Generator().manual_seed(5)
+
+    def forward(self, x):
+        return self.lin(x) + torch.randn(x.shape, generator=self.generator)
+
+
+def test_a_generator_made_before_the_export_continues_as_eager_and_after_a_load():
+    eager, x = NoiseFromItsOwnGenerator(), torch.randn(3, 4)
+    program = predispatch.export_predispatch(copy.deepcopy(eager), (x,))
+    for _ in range(2):  # each call continues the generator, as each eager call does
+        assert torch.equal(eager(x), program.module()(x))
+    at_save = copy.deepcopy(eager)  # the generator's state at the save
+    loaded = predispatch.load(_saved(program))
+    for _ in range(2):
+        assert torch.equal(at_save(x), loaded.module()(x))
+    assert torch.equal(eager(x), program.module()(x))  # the loaded one drew from its own copy
+
+
+def _saved(ep) -> io.BytesIO:
+    buffer = io.BytesIO()
+    torch.export.save(ep, buffer)
+    buffer.seek(0)
+    return buffer
+
+
+def test_a_forward_generator_where_real_values_are_propagated():
+    """With ``data_dependent="specialize"`` the generator ops' real kernels
+    run while tracing; they call torch's own functions, not the trace's
+    replacements (which recursed)."""
+    x = torch.randn(3, 4)
+    ep = predispatch.export_predispatch(GeneratorStateReadAndRestored(), (x,), data_dependent="specialize")
+    for (want, want_state), (got, got_state) in zip(_calls(GeneratorStateReadAndRestored(), x),
+                                                    _calls(ep.module(), x)):
+        assert all(torch.equal(a, b) for a, b in zip(want, got, strict=True))
+        assert torch.equal(want_state, got_state)
+
+
+class GeneratorWithALargeSeed(torch.nn.Module):
+    """A seed beyond a graph's 64-bit signed int (``g.seed()`` draws such):
+    the generator's state is held as a constant."""
+
+    def forward(self, x):
+        g = torch.Generator().manual_seed(2**64 - 5)
+        return x + torch.rand(x.shape, generator=g)
+
+
+def test_a_forward_generator_with_a_seed_beyond_int64():
+    x = torch.randn(3, 4)
+    ep = predispatch.export_predispatch(GeneratorWithALargeSeed(), (x,))
+    for (want, want_state), (got, got_state) in zip(_calls(GeneratorWithALargeSeed(), x), _calls(ep.module(), x)):
+        assert torch.equal(want, got) and torch.equal(want_state, got_state)

@@ -41,32 +41,39 @@ _LIB.define("set_rng_state(Tensor state, Device device) -> Tensor", tags=_CHANGE
 _LIB.define("seed_state(SymInt seed) -> Tensor")
 
 
+# torch's own, bound at import: while a forward is traced the trace replaces
+# them with calls of these ops, whose real kernels (run where the example's
+# real values are propagated) must not call back into the trace
+_GET_RNG_STATE, _SET_RNG_STATE, _MANUAL_SEED = torch.get_rng_state, torch.set_rng_state, torch.manual_seed
+_GENERATOR = torch.Generator
+
+
 def _device_module(device: torch.device):
     return None if device.type == "cpu" else torch.get_device_module(device.type)
 
 
 def _get_state(device: torch.device) -> torch.Tensor:
     module = _device_module(device)
-    return torch.get_rng_state() if module is None else module.get_rng_state(device)
+    return _GET_RNG_STATE() if module is None else module.get_rng_state(device)
 
 
 def _set_state(state: torch.Tensor, device: torch.device) -> torch.Tensor:
     module = _device_module(device)
-    torch.set_rng_state(state) if module is None else module.set_rng_state(state, device)
+    _SET_RNG_STATE(state) if module is None else module.set_rng_state(state, device)
     return state.clone()
 
 
 def _manual_seed(seed: int) -> torch.Tensor:
-    torch.manual_seed(int(seed))
-    return torch.get_rng_state()
+    _MANUAL_SEED(int(seed))
+    return _GET_RNG_STATE()
 
 
 def _seed_state(seed: int) -> torch.Tensor:
-    return torch.Generator().manual_seed(int(seed)).get_state()
+    return _GENERATOR().manual_seed(int(seed)).get_state()
 
 
 _CPU = torch.device("cpu")
-_CPU_STATE_SIZE = torch.get_rng_state().numel()
+_CPU_STATE_SIZE = _GET_RNG_STATE().numel()
 
 
 def _state_like(device: torch.device) -> torch.Tensor:

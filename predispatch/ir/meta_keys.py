@@ -14,6 +14,9 @@ GRAD_VIEW_REPLAY = "predispatch_grad_view_replay"
 # a view op making or replaying a user input traced as a view of another: the
 # caller made it, and eager's has its history in any grad mode
 INPUT_VIEW = "predispatch_input_view"
+# a view's history as eager regenerates it once its base's version moved
+# (as_strided of the base's update): eager does that in any grad mode
+REGENERATED_VIEW = "predispatch_regenerated_view"
 # a replay of a grad-mode view; the value is the view's node as made, whose
 # history eager's view keeps while its base is updated out of autograd's sight
 REPLAY_OF = "predispatch_replay_of"

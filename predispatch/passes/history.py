@@ -32,6 +32,7 @@ from ..ir.meta_keys import (
     GRAD_VIEW_REPLAY,
     INPUT_VIEW,
     OWN_HISTORY_READ,
+    REGENERATED_VIEW,
     REPLAY_OF,
     SWAPPED_HISTORY,
     SWAPPED_VIEW,
@@ -122,7 +123,8 @@ def _refuse_reshaped_history(kept: _Kept, modes, output_kinds: list[str] | None 
     position -> the placeholder it writes) is the caller's tensor, whose
     history is its own."""
     old, new, later = kept.old, kept.new, kept.later
-    va, vb = old.meta.get("val"), new.meta.get("val")
+    history = _kept_history_of(old)
+    va, vb = history.meta.get("val"), new.meta.get("val")
     origin, in_callers_mode = _history_origin(old, through_views=kept.eager_view is False)
     leaf = origin.op == "placeholder"
     view = not leaf and _torch.returns_a_view(origin)
@@ -156,7 +158,7 @@ def _refuse_reshaped_history(kept: _Kept, modes, output_kinds: list[str] | None 
                  "gives the view history it keeps gradients through the new layout" if view else
                  "passes that history the gradients its readers make, not reduced to the new shape")
         raise ExportError(
-            f"a tensor ({old.name}, {tuple(va.shape)}) is given {change} under "
+            f"a tensor ({history.name}, {tuple(va.shape)}) is given {change} under "
             f"no_grad (set_, resize_, t_(), ...) and keeps its history, at "
             f"{_location(new, *later)}: eager then {eager}, "
             "which a program cannot reproduce; change the shape of a copy instead")
@@ -253,6 +255,15 @@ def _under_a_no_grad_caller(modes: dict) -> dict:
     """``modes`` (see :func:`grad_modes`) as a no_grad caller runs them: grad
     on inside the blocks that set it only."""
     return {n: m is True for n, m in modes.items()}
+
+
+def _kept_history_of(node: torch.fx.Node) -> torch.fx.Node:
+    """The node whose history (and its shape, which autograd checks a
+    gradient against) ``node``'s is, through kept histories: a value kept
+    twice (a hidden write after a set_()) has its first history's shape."""
+    while node.op == "call_function" and node.target in _KEEPS and node.args:
+        node = node.args[0]
+    return node
 
 
 def _history_origin(node: torch.fx.Node, through_views: bool) -> tuple[torch.fx.Node, bool]:
@@ -472,15 +483,17 @@ def insert_kept_histories(gm: torch.fx.GraphModule, replacements, analyze, outpu
 
 
 def _modes_after_replaying_views(graph: torch.fx.Graph, replacements) -> dict | None:
-    """Views made with grad on (the caller's views among its inputs too),
-    read in the caller's mode, replayed in grad mode; then the grad modes
+    """Views made with grad on (the caller's views among its inputs too, and
+    the views whose history eager regenerates), read in the caller's mode,
+    replayed in grad mode; then the grad modes
     (see :func:`grad_modes`) where a replay or an update made in grad mode
     needs them (None: none does)."""
-    replays = [n for n in graph.nodes if GRAD_VIEW_REPLAY in n.meta or INPUT_VIEW in n.meta]
+    any_mode = (INPUT_VIEW, REGENERATED_VIEW)  # eager's has its history in any mode
+    replays = [n for n in graph.nodes if GRAD_VIEW_REPLAY in n.meta or any(k in n.meta for k in any_mode)]
     modes = grad_modes(graph) if replays or any(r.in_grad_mode for r in replacements) else None
     if replays:
         replay_in_grad_mode(graph, [n for n in replays if modes.get(n) is None and (
-            INPUT_VIEW in n.meta or modes.get(n.meta[GRAD_VIEW_REPLAY]) is True)])
+            any(k in n.meta for k in any_mode) or modes.get(n.meta.get(GRAD_VIEW_REPLAY)) is True)])
         modes = grad_modes(graph)
     return modes
 

@@ -15,9 +15,12 @@ a diffusion sampler's noise) starts from the same state on every call, where
 eager makes it anew; its state is a value of the graph (a seed's state, or a
 constant), and each draw from it is a draw from the device's default
 generator set to that state, the state after it kept and the default
-generator restored (:mod:`predispatch.trace.recorder.generators`). A
-generator made before the forward keeps its own state between calls and is
-the graph's as before.
+generator restored (:mod:`predispatch.trace.recorder.generators`). Its
+own state calls act on that value as eager's act on the generator
+(``g.get_state()`` after a draw, ``g.set_state(s)``, ``g.manual_seed(s)``
+again); ``g.seed()`` is refused. A generator made before the forward keeps
+its own state between calls and is the graph's as before (a constant
+object: ``torch.export.save`` keeps its state at the save).
 
 A seed must be a number the program can hold: a literal, or a size of a
 dynamic shape. A seed read from a tensor's data is refused, naming the
@@ -48,7 +51,16 @@ def _seed_of(seed):
             f"torch.manual_seed(a tensor) at {user_location()} cannot be exported soundly: the "
             "seed is read from a tensor's data, which a program cannot hold as a literal, and "
             "its draws would be this export's on every call; seed with a Python int")
-    return int(seed)  # as torch.manual_seed reads it (a host random draw read here is refused)
+    seed = int(seed)  # as torch.manual_seed reads it (a host random draw read here is refused)
+    if not _fits_a_graph_int(seed):
+        raise ExportError(
+            f"torch.manual_seed({seed}) at {user_location()} cannot be exported: a graph holds a "
+            "seed as a 64-bit signed int; seed with a smaller number")
+    return seed
+
+
+def _fits_a_graph_int(seed: int) -> bool:
+    return -2**63 <= seed < 2**63
 
 
 def _seeding(_original):
@@ -129,9 +141,14 @@ def _freezing(_original):
     return freeze_rng_state
 
 
+_GENERATOR = torch.Generator  # torch's C type, whose methods act on the real generator
+
+
 class ForwardGenerators:
     """The ``torch.Generator`` objects made while the forward is traced, and
-    each one's state as the graph has it (from its first draw on)."""
+    each one's state as the graph has it (from its first draw on). Their
+    own state calls (``get_state``, ``set_state``, ``manual_seed``) read
+    and set that graph value (:func:`_following_state`)."""
 
     def __init__(self):
         self.made: dict[int, torch.Generator] = {}  # id -> generator, alive for the trace
@@ -147,7 +164,7 @@ class ForwardGenerators:
         its real state changes only where the forward seeds or sets it
         (``g.manual_seed(s)``, before its first draw or between two): then
         the graph's state starts again from the real one."""
-        real = generator.get_state()
+        real = _GENERATOR.get_state(generator)
         seen = self.seen.get(id(generator))
         if seen is None or not torch.equal(seen, real):
             self.states[id(generator)] = _initial_state(generator)
@@ -167,12 +184,23 @@ class ForwardGenerators:
         finally:
             torch.Generator = original
 
+    def set_state(self, generator: torch.Generator, state: torch.Tensor) -> None:
+        """``generator`` now has ``state``, a graph value."""
+        self.states[id(generator)] = state
+        self.seen[id(generator)] = _GENERATOR.get_state(generator)
+
+    def restart(self, generator: torch.Generator) -> None:
+        """``generator``'s real state was set (seeded, or set to a real
+        state): the graph's starts again from it at its next use."""
+        self.states.pop(id(generator), None)
+        self.seen.pop(id(generator), None)
+
     def _making(self, _original, thread: int):
-        made = self.made
+        made, following = self.made, _following_state(self)
 
         class _Meta(type):
             def __call__(cls, *args, **kwargs):
-                generator = _original(*args, **kwargs)
+                generator = (following if threading.get_ident() == thread else _original)(*args, **kwargs)
                 if threading.get_ident() == thread:
                     made[id(generator)] = generator
                 return generator
@@ -186,13 +214,48 @@ class ForwardGenerators:
         return _Meta("Generator", (), {"__doc__": _original.__doc__, "__module__": "torch"})
 
 
+def _following_state(generators: ForwardGenerators) -> type:
+    """A ``torch.Generator`` (a subclass: draws take it as theirs) whose
+    state calls act on the state the graph has for it, as eager's act on
+    the generator: ``get_state()`` after a draw is the state after it, and
+    ``set_state(s)`` / ``manual_seed(s)`` set where the next draw starts.
+    ``seed()`` draws a seed anew each call, which a program cannot
+    reproduce: refused."""
+    class Generator(_GENERATOR):
+        def get_state(self):
+            return generators.state_of(self)
+
+        def set_state(self, new_state):
+            if _torch.is_traced(new_state):
+                generators.set_state(self, new_state)
+            else:
+                _GENERATOR.set_state(self, new_state)  # torch checks it, as eager's does
+                generators.restart(self)
+            return self
+
+        def manual_seed(self, seed):
+            _GENERATOR.manual_seed(self, seed)
+            generators.restart(self)
+            return self
+
+        def seed(self):
+            raise ExportError(
+                f"torch.Generator.seed() at {user_location()} cannot be exported soundly: eager "
+                "seeds the generator anew on each call, which a program cannot reproduce; seed "
+                "it with manual_seed(s)")
+
+    Generator.__module__ = "torch"
+    return Generator
+
+
 def _initial_state(generator: torch.Generator) -> torch.Tensor:
     """A generator's state as a graph value: the state of its seed, where it
     is that (``manual_seed(s)``: the seed a literal), else the state itself,
     a constant."""
-    state = generator.get_state()
+    state = _GENERATOR.get_state(generator)
     seed = generator.initial_seed()
-    if generator.device.type == "cpu" and torch.equal(state, type(generator)().manual_seed(seed).get_state()):
+    if generator.device.type == "cpu" and _fits_a_graph_int(seed) and torch.equal(
+            state, _GENERATOR().manual_seed(seed).get_state()):
         return generator_ops.SEED_STATE(seed)
     return state
 

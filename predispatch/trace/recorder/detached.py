@@ -198,4 +198,5 @@ class ViewOfUpdate(marks.PendingHistory):
                                        (self.update, list(self.size), list(self.stride), self.offset))
         node.meta["val"] = _torch.fake_as_strided(self.update.meta["val"], self.size, self.stride, self.offset)
         node.meta[meta_keys.OWN_HISTORY_READ] = True  # the update's own history: no kept one replaces it
+        node.meta[meta_keys.REGENERATED_VIEW] = True  # in grad mode, read maybe under a no_grad caller
         return node

@@ -55,12 +55,22 @@ def mark_view_replays(last: torch.fx.Node, key: str) -> None:
 def call_marking_view_replays(func, args, kwargs):
     """In grad mode, functionalization may replay a view made under no_grad
     from its base, in grad mode, reading a value that keeps its history:
-    the replay would require grad where eager's view does not. Mark the
-    view ops this call creates."""
-    last = _torch.last_node(_torch.current_tracer().graph)
-    out = func(*args, **kwargs)
-    mark_view_replays(last, meta_keys.NO_GRAD_VIEW_REPLAY)
-    return out
+    the replay would require grad where eager's view does not. The no_grad
+    views the call reads are replayed before it, their view ops marked;
+    the view ops the call itself makes (an updated value's own replay, say)
+    are not theirs, and stay unmarked."""
+    replay_no_grad_views(_torch.pytree.tree_leaves((args, kwargs)))
+    return func(*args, **kwargs)
+
+
+def replay_no_grad_views(tensors) -> None:
+    """Replay, now, each of ``tensors`` that is a stale view made under
+    no_grad, marking the view ops of its replay."""
+    for t in tensors:
+        if isinstance(t, _torch.FunctionalTensor) and marks.NO_GRAD_VIEW.of(t):
+            last = _torch.last_node(_torch.current_tracer().graph)
+            _torch.replay_if_stale(t)
+            mark_view_replays(last, meta_keys.NO_GRAD_VIEW_REPLAY)
 
 
 def reads_no_grad_view(args, kwargs) -> bool:
@@ -121,9 +131,7 @@ def bring_call_up_to_date(state: TraceState, call: TorchCall) -> None:
 def sync_no_grad_view_outputs(out) -> None:
     """Outputs are brought up to date after the forward; replay those that
     are views made under no_grad now, marked."""
-    for t in _torch.pytree.tree_leaves(out):
-        if marks.NO_GRAD_VIEW.of(t):
-            call_marking_view_replays(_torch.replay_if_stale, (t,), {})
+    replay_no_grad_views(_torch.pytree.tree_leaves(out))
 
 
 def sync_grad_view_outputs(state: TraceState, out) -> None:
