@@ -415,6 +415,7 @@ class LayerReuse:
         self.recorder, self.stamper = recorder, stamper
         self.templates: dict = {}
         self.parametric: dict = {}  # key -> its parametric templates (layer_constants)
+        self.from_one_call: dict = {}  # id of a template -> its layer_constants.FromOneCall (or None)
         self.named: dict = {}  # key -> the (globals, names) of the code its first complete replay ran
         self.keep: list = []
         self.stamped: list[_Stamped] = []
@@ -491,6 +492,16 @@ class LayerReuse:
                 constants = parametric.constants_for(log)
             if constants is not None:
                 yield parametric.template, constants
+        for logged, template in templates:
+            if template is None or not layer_constants.differs_in_floats_only(logged, log):
+                continue
+            with _torch.torch_function_disabled():  # the dispatches' own torch calls
+                if id(template) not in self.from_one_call:
+                    self.from_one_call[id(template)] = layer_constants.from_one_call(template, logged)
+                parametric = self.from_one_call[id(template)]
+                constants = parametric.constants_for(log) if parametric is not None else None
+            if constants is not None:
+                yield template, constants
 
     def _pair(self, key, templates: list, log: tuple, template: _Template) -> None:
         """A parametric template (:mod:`.layer_constants`) of this call's and an earlier one's."""
