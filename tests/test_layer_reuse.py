@@ -90,12 +90,12 @@ class ByConstant(Block):
 
 
 def test_per_layer_constant_is_stamped_in_its_place():
-    """The first two layers are traced (their graphs show where the constant
-    goes); the later ones are stamped with their own constant there."""
+    """The first layer is traced (the ops its torch calls dispatch show where
+    the constant goes); the later ones are stamped with their own constant there."""
     torch.manual_seed(0)
     module = Stack(ByConstant)
     ep, report = export_both(module, _x())
-    assert (report.templates, report.stamped) == (2, 2)
+    assert (report.templates, report.stamped) == (1, 3)
     scales = [n.args[1] for n in ep.graph.nodes if n.target == torch.ops.aten.mul.Tensor and type(n.args[1]) is float]
     assert scales == [1.0, 2.0, 3.0, 4.0]
     with layer_reuse.reuse_layers(True):
@@ -461,21 +461,49 @@ class RatedStack(nn.Module):
 
 
 def test_per_layer_drop_rates_are_stamped():
-    """Two traced layers show where the rate goes in the graph; later layers
-    are stamped with their own rate there, drawing what eager draws."""
+    """The first layer that draws is traced; the ops its torch calls dispatch
+    show where the rate goes in the graph; later layers are stamped with their
+    own rate there, drawing what eager draws."""
     torch.manual_seed(0)
     rates = [0.0, 0.05, 0.1, 0.15, 0.2, 0.25]  # the first layer draws nothing: its own template
     module, args = RatedStack("drop path", rates).train(), (torch.randn(6, 8),)
     ep, report = export_both(module, args)
-    assert (report.templates, report.stamped) == (3, 3)
+    assert (report.templates, report.stamped) == (2, 4)
     bernoulli = [n.args[1] for n in ep.graph.nodes if n.target == torch.ops.aten.bernoulli.p]
     assert bernoulli == [1.0 - r for r in rates[1:]]
     _same_draws(ep, module, args)
 
 
-def test_per_layer_constants_not_passed_through_are_traced():
-    """dropout(p) puts 1 - p in the graph (no logged value to take it from);
-    cdist at p=2 decomposes otherwise than at p=1 or 3: those layers are traced."""
+class CoincidingRate(nn.Module):
+    """A per-layer rate whose first value is also a constant of the layer's own."""
+
+    def __init__(self, rate, width=8):
+        super().__init__()
+        self.rate = rate
+        self.lin = nn.Linear(width, width)
+
+    def forward(self, x):
+        y = self.lin(x)
+        return x * self.rate + y * 0.5
+
+
+def test_per_layer_constant_equal_to_another_constant_is_not_guessed():
+    """The first layer's rate 0.5 is also the constant 0.5 of another op: which
+    graph float is the rate cannot be read from one call, so the second layer
+    is traced too (and the two show it); the rest are stamped."""
+    torch.manual_seed(0)
+    module = RatedStack("drop path", [])  # its scale first: every layer's input requires grad
+    module.layers = nn.ModuleList(CoincidingRate(r) for r in (0.5, 0.7, 0.9, 1.1))
+    ep, report = export_both(module, (torch.randn(3, 8),))
+    assert (report.templates, report.stamped) == (2, 2)
+    with layer_reuse.reuse_layers(True):
+        assert_matches_eager(module, (torch.randn(3, 8),))
+
+
+def test_per_layer_constants_decomposed_otherwise_are_traced():
+    """dropout(p) puts 1 - p in the graph through a decomposition other than
+    the one its dispatch shows; cdist at p=2 decomposes otherwise than at p=1:
+    those layers are traced (cdist at p=3 and 4 dispatches what p=1 does: stamped)."""
     torch.manual_seed(0)
     module, args = RatedStack("dropout", [0.1, 0.2, 0.3, 0.4]).train(), (torch.randn(6, 8),)
     ep, report = export_both(module, args)
@@ -483,6 +511,6 @@ def test_per_layer_constants_not_passed_through_are_traced():
     _same_draws(ep, module, args)
     module, args = RatedStack("distance", [1.0, 3.0, 2.0, 4.0]), (torch.randn(30, 8),)
     _, report = export_both(module, args)
-    assert report.stamped == 1  # the last layer: p=4 dispatches what p=1 does
+    assert report.stamped == 2  # p=3 and p=4 dispatch what p=1 does
     with layer_reuse.reuse_layers(True):
         assert_matches_eager(module, args)

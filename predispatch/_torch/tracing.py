@@ -383,7 +383,8 @@ def fresh_like(t: torch.Tensor, requires_grad: bool) -> torch.Tensor | None:
     # the pre-dispatch modes (functionalization, the proxy) skipped rather than
     # popped: pushing one back clears every op's dispatch cache
     with torch._C.DisableTorchFunction(), torch._C._ExcludeDispatchKeyGuard(
-            torch._C.DispatchKeySet(torch._C.DispatchKey.PreDispatch)), _size_arithmetic_unrecorded(t):
+            torch._C.DispatchKeySet(torch._C.DispatchKey.PreDispatch)), _size_arithmetic_unrecorded(t), \
+            _pre_dispatch_proxy_hidden():
         out = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=t.device,
                                   requires_grad=requires_grad)
         if requires_grad:
@@ -392,6 +393,24 @@ def fresh_like(t: torch.Tensor, requires_grad: bool) -> torch.Tensor | None:
         if out.stride() != t.stride() or out.storage_offset() != t.storage_offset():
             return None
     return out
+
+
+@contextlib.contextmanager
+def _pre_dispatch_proxy_hidden():
+    """The pre-dispatch proxy mode hidden, not popped: the fake tensor cache
+    turns proxy modes off around each cache hit, which finds this one set
+    (its key is skipped, not its mode) and pushes it back, clearing every
+    op's dispatch cache (a tenth of a stamped layer's export)."""
+    pre_dispatch = torch._ops.mode_stack_state_for_pre_dispatch()
+    proxy_mode = pre_dispatch.get(0)
+    if proxy_mode is None:
+        yield
+        return
+    pre_dispatch.set(0, None)
+    try:
+        yield
+    finally:
+        pre_dispatch.set(0, proxy_mode)
 
 
 @contextlib.contextmanager

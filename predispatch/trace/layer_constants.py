@@ -82,6 +82,126 @@ def paired(first, first_log: tuple, second, second_log: tuple) -> Parametric | N
     return Parametric(first, first_log, frozenset(varying), holes) if holes else None
 
 
+@dataclasses.dataclass
+class FromOneCall:
+    """A parametric template of one traced call: where its floats go is read
+    from the aten ops its torch calls dispatch (on meta tensors), not from a
+    second trace. A later call whose log differs from the first's only at
+    floats is stamped from the template with each template float replaced by
+    what the same place of the dispatched ops holds in that call, where
+
+    * its differing calls dispatch the same aten ops as the first call's
+      (floats apart);
+    * each float value that changes is one the first call's dispatched ops
+      hold only at places that change to one same value (a value also held
+      where it stays is a coincidence of two sources: traced);
+    * the template's nodes hold that value as many times as those ops do
+      (a graph float of another source with the same value: traced).
+
+    This takes a rate passed through (``bernoulli_(keep)``) and one
+    transformed on the way (``dropout(p)`` dispatching ``bernoulli_(1 - p)``)
+    alike."""
+
+    template: object  # layer_reuse._Template
+    log: tuple  # its replay's log: (calls, what it returned, the objects it names by id)
+    outlines: list  # per logged call: (its aten outline, its dispatched floats in order)
+    counts: dict  # float value -> how often the first call's dispatched ops hold it
+    sites: dict  # float value -> [(template node, path in its (args, kwargs) form)]
+
+    def constants_for(self, log: tuple) -> dict | None:
+        """template node -> [(path, value)] for a call with this log; None
+        where it is not this template with other floats."""
+        (first_calls, returned, _), (calls, _, keep) = self.log, log
+        differ = log_differences(first_calls, calls) if log[1] == returned else None
+        if not differ:
+            return None
+        new_values: dict = {}
+        for i in sorted({path[0] for path in differ}):
+            outline, floats = self.outlines[i]
+            dispatched = _dispatched(calls[i], keep)
+            if dispatched is None or dispatched[0] != outline:
+                return None
+            for old, new in zip(floats, dispatched[1]):
+                if new_values.setdefault(old, new) != new:
+                    return None
+        changed = {old: new for old, new in new_values.items() if new != old}
+        if any(self.counts[old] != len(self.sites.get(old, ())) or _held_unchanged(self, old, differ)
+               for old in changed):
+            return None
+        constants: dict = {}
+        for old, new in changed.items():
+            for node, path in self.sites[old]:
+                constants.setdefault(node, []).append((path, new))
+        return constants
+
+
+def differs_in_floats_only(first_log: tuple, log: tuple) -> bool:
+    """Whether two replays' logs differ, and only at floats."""
+    return first_log[1] == log[1] and bool(log_differences(first_log[0], log[0]))
+
+
+def _held_unchanged(parametric: FromOneCall, value: float, differ: list) -> bool:
+    """Whether a call that does not differ dispatches ``value`` (a place where it stays)."""
+    differing = {path[0] for path in differ}
+    return any(value in floats for i, (_, floats) in enumerate(parametric.outlines) if i not in differing)
+
+
+def from_one_call(template, log: tuple) -> FromOneCall | None:
+    """The :class:`FromOneCall` of a traced call, or None where one of its
+    logged calls cannot be dispatched again (an argument not made again)."""
+    calls, _, keep = log
+    outlines = [_dispatched(call, keep) for call in calls]
+    if None in outlines:
+        return None
+    counts: dict = {}
+    for _, floats in outlines:
+        for v in floats:
+            counts[v] = counts.get(v, 0) + 1
+    index, sites = _node_index(template), {}
+    for node in template.nodes:
+        for path, v in _float_leaves(_form((node.args, node.kwargs), index), ()):
+            sites.setdefault(v, []).append((node, path))
+    return FromOneCall(template, log, outlines, counts, sites)
+
+
+def _float_leaves(form, path: tuple):
+    """(path, value) of each ``(float, value)`` leaf of a :func:`_form`."""
+    if type(form) is not tuple:
+        return
+    if len(form) == 2 and form[0] is float:
+        yield path, form[1]
+        return
+    for i, x in enumerate(form):
+        yield from _float_leaves(x, (*path, i))
+
+
+def _dispatched(call: tuple, keep: list) -> tuple | None:
+    """(the aten outline, the floats in order) of what a logged call dispatches."""
+    func, called, _ = call
+    objects = {id(o): o for o in keep}
+    try:
+        tensors: dict = {}
+        ops = _torch.dispatched_ops(lambda: (_decoded(called[0], tensors, objects),
+                                             _decoded(called[1], tensors, objects)), func)
+    except Exception:  # noqa: BLE001 (an argument not made again, a call failing on its own)
+        return None
+    floats: list = []
+    for _, a, k in ops:
+        _collect_floats((a, k), floats)
+    return [(op, _masked((a, k))) for op, a, k in ops], floats
+
+
+def _collect_floats(x, into: list) -> None:
+    if type(x) is float:
+        into.append(x)
+    elif isinstance(x, (tuple, list)):
+        for v in x:
+            _collect_floats(v, into)
+    elif isinstance(x, dict):
+        for v in x.values():
+            _collect_floats(v, into)
+
+
 def filled(node: torch.fx.Node, constants: list) -> None:
     """``node`` (a copy of a template's) with the call's values in its holes."""
     args_kwargs = (node.args, node.kwargs)

@@ -145,7 +145,7 @@ class _CallLog(_torch.TorchFunctionMode):
     number among those the layer was given or made, with their metadata) and
     its results.
 
-    With a ``guide`` (a template's log), a call equal to the guide's call at
+    With a ``guide`` (an earlier call's log), a call equal to the guide's call at
     the same place gets a new empty tensor with the metadata the guide's
     result had instead of running: an op's result metadata is a function of
     its arguments' (which the log holds), so the log is the one running would
@@ -415,7 +415,9 @@ class LayerReuse:
         self.recorder, self.stamper = recorder, stamper
         self.templates: dict = {}
         self.parametric: dict = {}  # key -> its parametric templates (layer_constants)
+        self.from_one_call: dict = {}  # id of a template -> its layer_constants.FromOneCall (or None)
         self.named: dict = {}  # key -> the (globals, names) of the code its first complete replay ran
+        self.last_log: dict = {}  # key -> the calls its last complete replay logged (the next one's guide)
         self.keep: list = []
         self.stamped: list[_Stamped] = []
         with _torch.torch_function_disabled():  # metadata reads, not the forward's
@@ -463,10 +465,13 @@ class LayerReuse:
         self.keep.append(keep)  # objects the key names by id stay alive: ids stay unique
         if len(templates) >= _MAX_TEMPLATES or sum(t is None for _, t in templates) >= 2 or _hooked(module):
             return forward(*args, **kwargs)  # nothing to reuse here, likely: no replays
-        guide = next((logged[0] for logged, template in templates if template is not None), None)
+        # the kind's last log guides: the next layer is most like the one before
+        # (a drop rate of its own changes a call or two, a first layer may lack a branch)
+        guide = self.last_log.get(key)
         log, self.named[key] = _replay(forward, flat, spec, state, module, guide, self.named.get(key))
         if log is None:
             return forward(*args, **kwargs)
+        self.last_log[key] = log[0]
         for template, constants in self._matches(key, templates, log):
             with _torch.torch_function_disabled():  # no torch call is the layer's
                 out = self._stamp(template, module, caller, flat, state, constants)
@@ -491,6 +496,16 @@ class LayerReuse:
                 constants = parametric.constants_for(log)
             if constants is not None:
                 yield parametric.template, constants
+        for logged, template in templates:
+            if template is None or not layer_constants.differs_in_floats_only(logged, log):
+                continue
+            with _torch.torch_function_disabled():  # the dispatches' own torch calls
+                if id(template) not in self.from_one_call:
+                    self.from_one_call[id(template)] = layer_constants.from_one_call(template, logged)
+                parametric = self.from_one_call[id(template)]
+                constants = parametric.constants_for(log) if parametric is not None else None
+            if constants is not None:
+                yield template, constants
 
     def _pair(self, key, templates: list, log: tuple, template: _Template) -> None:
         """A parametric template (:mod:`.layer_constants`) of this call's and an earlier one's."""

@@ -30,9 +30,10 @@ class _Stamper(_torch.TorchFunctionMode):
         self.tracer = tracer
         self._kept: dict[types.CodeType, bool] = {}  # code -> is the frame shown
         self._texts: dict[tuple, str] = {}  # shown (code, line) pairs -> formatted stack
+        self._last_parent = None  # (frame, its line, the stop, its shown frames) of the last walk
         # the frames around the traced forward are the same for every call: walk them once
         self._outer_frame = outer_frame
-        self._outer = self._shown_frames(outer_frame, None)
+        self._outer = self._walked(outer_frame, None)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         return self.call(sys._getframe(1), func, args, kwargs or {})
@@ -58,7 +59,23 @@ class _Stamper(_torch.TorchFunctionMode):
         return self._stack_text(frame)
 
     def _shown_frames(self, frame, stop) -> tuple:
-        """(code, line) of the frames torch would show, outermost first."""
+        """(code, line) of the frames torch would show, outermost first. The
+        torch calls of one function share the frames around it: those are
+        walked once while it runs at the same line (its caller's frame, the
+        same object at the same line, holds the same stack)."""
+        if frame is None or frame is stop:
+            return ()
+        parent = frame.f_back
+        last = self._last_parent
+        if last is not None and parent is last[0] and parent.f_lineno == last[1] and stop is last[2]:
+            around = last[3]
+        else:
+            around = self._walked(parent, stop)
+            self._last_parent = (parent, parent.f_lineno, stop, around) if parent is not None else None
+        return around + self._walked(frame, parent)
+
+    def _walked(self, frame, stop) -> tuple:
+        """(code, line) of the frames torch would show from ``frame`` out to ``stop``, outermost first."""
         kept, shown = self._kept, []
         while frame is not None and frame is not stop:
             code = frame.f_code
