@@ -313,7 +313,8 @@ def _torchvision_listed() -> list[str]:
 
 
 def cases(sources, modes, only):
-    names = {"torchvision": _torchvision_listed if only else torchvision_names,  # --only: no size ranking "timm": lambda: list(TIMM_MODELS), "ema": lambda: list(EMA_STUDENTS)}
+    names = {"torchvision": _torchvision_listed if only else torchvision_names,  # --only: no size ranking
+             "timm": lambda: list(TIMM_MODELS), "ema": lambda: list(EMA_STUDENTS)}
     for source in sources:
         models = names[source]()
         if only:  # in the order asked for
