@@ -41,17 +41,19 @@ _expired: list[bool] = [False]
 
 @contextlib.contextmanager
 def time_limit(seconds: int):
+    """At most ``seconds`` of this process's CPU time, not wall time: on a
+    shared machine a case's limit does not depend on its neighbours' load."""
     def expire(signum, frame):
         _expired[0] = True
-        raise CaseTimeout(f"over {seconds} s")
-    previous = signal.signal(signal.SIGALRM, expire)
+        raise CaseTimeout(f"over {seconds} s of CPU time")
+    previous = signal.signal(signal.SIGPROF, expire)
     _expired[0] = False
-    signal.alarm(seconds)
+    signal.setitimer(signal.ITIMER_PROF, seconds)
     try:
         yield
     finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
+        signal.setitimer(signal.ITIMER_PROF, 0)
+        signal.signal(signal.SIGPROF, previous)
 
 
 def timed_out() -> bool:
