@@ -177,13 +177,8 @@ def _float_leaves(form, path: tuple):
 
 def _dispatched(call: tuple, keep: list) -> tuple | None:
     """(the aten outline, the floats in order) of what a logged call dispatches."""
-    func, called, _ = call
-    objects = {id(o): o for o in keep}
-    try:
-        tensors: dict = {}
-        ops = _torch.dispatched_ops(lambda: (_decoded(called[0], tensors, objects),
-                                             _decoded(called[1], tensors, objects)), func)
-    except Exception:  # noqa: BLE001 (an argument not made again, a call failing on its own)
+    ops = _dispatched_ops(call, keep)
+    if ops is None:
         return None
     floats: list = []
     for _, a, k in ops:
@@ -309,15 +304,21 @@ def _relative(path: str, root: str) -> str:
 def _dispatch_outline(call: tuple, keep: list) -> list | None:
     """The aten ops a logged call dispatches, floats apart (their tensors as
     metadata); None where its arguments cannot be made again or it fails."""
+    ops = _dispatched_ops(call, keep)
+    return None if ops is None else [(op, _masked((a, k))) for op, a, k in ops]
+
+
+def _dispatched_ops(call: tuple, keep: list) -> list | None:
+    """(op, args, kwargs) of each aten op a logged call dispatches, made again
+    from its log; None where its arguments cannot be made again or it fails."""
     func, called, _ = call
     objects = {id(o): o for o in keep}
     try:
         tensors: dict = {}
-        ops = _torch.dispatched_ops(lambda: (_decoded(called[0], tensors, objects),
-                                             _decoded(called[1], tensors, objects)), func)
+        return _torch.dispatched_ops(lambda: (_decoded(called[0], tensors, objects),
+                                              _decoded(called[1], tensors, objects)), func)
     except Exception:  # noqa: BLE001 (an argument not made again, a call failing on its own)
         return None
-    return [(op, _masked((a, k))) for op, a, k in ops]
 
 
 def _masked(x):
