@@ -22,7 +22,7 @@ from torch.fx.experimental.proxy_tensor import ProxyTorchDispatchMode, track_ten
 from torch.utils._python_dispatch import TorchDispatchMode, _detect_infra_mode, _disable_infra_mode
 
 from .ops import SET_GRAD_ENABLED, may_return_a_view
-from .patching import patches_suspended
+from .patching import patched, patches_suspended
 
 
 def autocast_devices() -> list[str]:
@@ -506,6 +506,23 @@ def bound_to_receiver(forward, module: torch.nn.Module, caller) -> object:
 
 
 FAKE_TENSOR_LOGGER = "torch._subclasses.fake_tensor"  # the logger that prints a shape error's traceback
+
+
+def placeholders_without_stack_traces():
+    """make_fx's placeholders made without a captured Python stack each: the
+    tracer keeps only the frames of a ``forward`` (none while it makes the
+    inputs: the stack shows the exporter's code), so every capture is thrown
+    away, at ~0.1 ms a parameter."""
+    def replacement(original):
+        def create_args_for_root(tracer, *args, **kwargs):
+            recording = tracer.record_stack_traces
+            tracer.record_stack_traces = False
+            try:
+                return original(tracer, *args, **kwargs)
+            finally:
+                tracer.record_stack_traces = recording
+        return create_args_for_root
+    return patched(torch.fx.Tracer, "create_args_for_root", replacement)
 
 
 def state_tables(module: torch.nn.Module) -> tuple[dict, dict]:

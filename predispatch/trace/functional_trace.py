@@ -193,7 +193,7 @@ def _trace_once(tracing: _Tracing, layout: _FlatInputs) -> tuple:
     # make_fx's own work around the module's call (making, tracking and reading the inputs and outputs:
     # metadata reads, not the module's torch calls) with torch-function modes off, at ~250 us an input
     with _torch.enable_python_dispatcher(), _torch.wrappers_sized_by_wrapped_storage(), \
-            _torch.torch_function_disabled():
+            _torch.torch_function_disabled(), _torch.placeholders_without_stack_traces():
         gm = _torch.make_fx(functionalized, record_module_stack=True, pre_dispatch=True)(*tracing.flat_args)
     return gm, mutated
 
