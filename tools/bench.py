@@ -34,16 +34,17 @@ How it measures:
 ``--calls`` counts instead of timing, for the train/eval cases (``*-L4-*``,
 ``*-L12-*``; all of them without ``--only``): CPU times on a 2-core machine
 shared with other jobs move by a third between runs, the number of Python
-function calls an export makes does not. Each case's model and the same
-model at 1 layer (ResNet: at 4 blocks, its smallest) are exported once by
-each exporter, uncounted; then one export of each with each exporter is
-counted (``sys.setprofile`` call events), the fake tensor dispatch cache
-cleared and ``gc.collect()`` run before each. The table gives the calls at
-the case's size, predispatch/torch.export in calls, the calls per extra
-layer of each, how many of predispatch's per-layer calls are torch.export's
-front end (calls into torch from the predispatch functions that hand work to
-its machinery; see tools/call_counts.py), and the floor: the ratio if a
-stamped layer cost predispatch only those front-end calls.
+function calls an export makes does not. In a fresh process per case, the
+case's model and the same model at 1 layer (ResNet: at 4 blocks, its
+smallest) are exported once by each exporter, uncounted; then one export of
+each with each exporter is counted (``sys.setprofile`` call events), the
+fake tensor dispatch cache cleared and ``gc.collect()`` run before each. The
+table gives the calls at the case's size, predispatch/torch.export in calls,
+the calls per extra layer of each, how many of predispatch's per-layer calls
+are torch.export's front end (calls into torch from the predispatch
+functions that hand work to its machinery; see tools/call_counts.py), and
+the floor: the ratio if a stamped layer cost predispatch only those
+front-end calls.
 
 This is a command, not a test: it prints numbers and target checks and
 exits 0 unless the harness itself breaks.
@@ -448,9 +449,13 @@ def _maxrss_kib() -> int:
 
 
 def child_main(spec: str) -> None:
-    """Subprocess entry: one exporter on one case, in a fresh interpreter."""
+    """Subprocess entry: one exporter on one case, in a fresh interpreter
+    (or, exporter "calls", the case's call counts: see measure_calls)."""
     case_name, exporter = spec.split(":")
     try:
+        if exporter == "calls":
+            print(CHILD_TAG + json.dumps(measure_calls(CASE_BY_NAME[case_name]).to_json()), flush=True)
+            return
         warm_up((exporter,))
         model, args = CASE_BY_NAME[case_name].build()
         seconds, peak = peak_delta(EXPORT_FNS[exporter], model, args)
@@ -1008,7 +1013,8 @@ class CallsResult:
 
 def measure_calls(case: Case) -> CallsResult:
     """Calls of one export of the case's model and of its base model with each exporter,
-    every model exported once by each first (uncounted), the caches cleared before each count."""
+    every model exported once by each first (uncounted), the caches cleared before each count
+    (run in a fresh process per case: in one process, the counts shift by up to 1% with the cases run before)."""
     kind, mode, dynamic = mode_spec(case)
     res = CallsResult(case, base_layers(kind), {"torch": {}, "predispatch": {}})
     models = {n: mode_case(kind, n, mode, dynamic) for n in sorted({res.base, case.layers})}
@@ -1066,8 +1072,13 @@ def calls_main(opts) -> None:
     for case in cases:
         case_start = time.perf_counter()
         print(f"[{case.name}] ...", flush=True)
-        results.append(measure_calls(case))
-        print(f"    ({time.perf_counter() - case_start:.0f} s wall)", flush=True)
+        out = in_subprocess(case, "calls")  # fresh: the counts do not depend on the cases before
+        if "error" in out:
+            print(f"    FAILED: {out['error']}", flush=True)
+            continue
+        results.append(res := CallsResult.from_json(out))
+        print(f"    predispatch stamped {res.stamped} of {case.layers} layers "
+              f"({time.perf_counter() - case_start:.0f} s wall)", flush=True)
     calls_report(results)
     print(f"\n(total {time.perf_counter() - start:.0f} s)")
     if opts.json:
