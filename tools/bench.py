@@ -8,6 +8,7 @@ predispatch is measured with layer reuse (the default) and without it
     python tools/bench.py --quick            # a small subset, < 2 minutes
     python tools/bench.py --only bert,gpt2   # chosen cases
     python tools/bench.py --repeat 5 --json /tmp/bench.json
+    python tools/bench.py --calls --only bert-L12-train,llama-L12-train   # Python calls, not time
 
 Cases (see CASES): transformers BERT, GPT-2 and Llama built from configs
 (hidden 768, 12 heads, 2 layers, train mode, dropout 0, use_cache=False),
@@ -29,6 +30,21 @@ How it measures:
   fresh subprocesses (time and memory), one per exporter and repeat.
 * run time: ``ep.module()`` forward+backward vs eager forward+backward,
   interleaved, median over ``--iters`` steps (real models and region modules).
+
+``--calls`` counts instead of timing, for the train/eval cases (``*-L4-*``,
+``*-L12-*``; all of them without ``--only``): CPU times on a 2-core machine
+shared with other jobs move by a third between runs, the number of Python
+function calls an export makes does not. In a fresh process per case, the
+case's model and the same model at 1 layer (ResNet: at 4 blocks, its
+smallest) are exported once by each exporter, uncounted; then one export of
+each with each exporter is counted (``sys.setprofile`` call events), the
+fake tensor dispatch cache cleared and ``gc.collect()`` run before each. The
+table gives the calls at the case's size, predispatch/torch.export in calls,
+the calls per extra layer of each, how many of predispatch's per-layer calls
+are torch.export's front end (calls into torch from the predispatch
+functions that hand work to its machinery; see tools/call_counts.py), and
+the floor: the ratio if a stamped layer cost predispatch only those
+front-end calls.
 
 This is a command, not a test: it prints numbers and target checks and
 exits 0 unless the harness itself breaks.
@@ -61,6 +77,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 import predispatch  # noqa: E402
 from predispatch.program import region_runtime  # noqa: E402
 from predispatch.trace import layer_reuse  # noqa: E402
+from tools import call_counts  # noqa: E402
 
 CHILD_TAG = "BENCH_CHILD "
 EXPORTERS = ("torch", "predispatch", "pd-noreuse", "floor")  # pd-noreuse: layer reuse off
@@ -432,9 +449,13 @@ def _maxrss_kib() -> int:
 
 
 def child_main(spec: str) -> None:
-    """Subprocess entry: one exporter on one case, in a fresh interpreter."""
+    """Subprocess entry: one exporter on one case, in a fresh interpreter
+    (or, exporter "calls", the case's call counts: see measure_calls)."""
     case_name, exporter = spec.split(":")
     try:
+        if exporter == "calls":
+            print(CHILD_TAG + json.dumps(measure_calls(CASE_BY_NAME[case_name]).to_json()), flush=True)
+            return
         warm_up((exporter,))
         model, args = CASE_BY_NAME[case_name].build()
         seconds, peak = peak_delta(EXPORT_FNS[exporter], model, args)
@@ -938,6 +959,133 @@ def report(results: list[Result]) -> None:
 
 
 # --------------------------------------------------------------------------
+# Python call counts (--calls): what CPU time says, without the machine's load
+
+
+def base_layers(kind: str) -> int:
+    """The smaller model a case's per-layer calls are measured against."""
+    return min(VISION_DEPTHS) if kind == "resnet" else 1  # ResNet has no 1-block model
+
+
+def mode_spec(case: Case) -> tuple[str, str, bool]:
+    """(model kind, mode, dynamic) of a "modes" case, from its name: ``bert-L4-train-dyn``."""
+    kind, _, mode, *dyn = case.name.split("-")
+    return kind, mode, bool(dyn)
+
+
+@dataclasses.dataclass
+class CallsResult:
+    case: Case
+    base: int  # layers of the base model
+    calls: dict  # {exporter: {layers: CallCounts}}
+    stamped: int | None = None  # layers predispatch stamped at the case's size
+
+    def total(self, exporter: str, layers: int) -> int:
+        return self.calls[exporter][layers].total
+
+    def per_layer(self, exporter: str, field: str = "total") -> float | None:
+        """Marginal calls per layer between the base and the case's size."""
+        big, small, extra = self.case.layers, self.base, self.case.layers - self.base
+        counts = self.calls[exporter]
+        return (getattr(counts[big], field) - getattr(counts[small], field)) / extra if extra else None
+
+    def floor(self) -> float | None:
+        """predispatch/torch.export in calls if a layer cost predispatch only its front-end calls."""
+        front = self.per_layer("predispatch", "front_end")
+        if front is None:
+            return None
+        best = self.total("predispatch", self.base) + (self.case.layers - self.base) * front
+        return best / self.total("torch", self.case.layers)
+
+    def to_json(self) -> dict:
+        return {"case": self.case.name, "layers": self.case.layers, "base_layers": self.base,
+                "stamped": self.stamped, "calls": {e: {str(n): dataclasses.asdict(c) for n, c in by.items()}
+                                                   for e, by in self.calls.items()},
+                "ratio": self.total("predispatch", self.case.layers) / self.total("torch", self.case.layers),
+                "per_layer": {e: self.per_layer(e) for e in self.calls},
+                "pd_per_layer_front_end": self.per_layer("predispatch", "front_end"), "floor": self.floor()}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "CallsResult":
+        calls = {e: {int(n): call_counts.CallCounts(**c) for n, c in by.items()} for e, by in d["calls"].items()}
+        return cls(CASE_BY_NAME[d["case"]], d["base_layers"], calls, d.get("stamped"))
+
+
+def measure_calls(case: Case) -> CallsResult:
+    """Calls of one export of the case's model and of its base model with each exporter,
+    every model exported once by each first (uncounted), the caches cleared before each count
+    (run in a fresh process per case: in one process, the counts shift by up to 1% with the cases run before)."""
+    kind, mode, dynamic = mode_spec(case)
+    res = CallsResult(case, base_layers(kind), {"torch": {}, "predispatch": {}})
+    models = {n: mode_case(kind, n, mode, dynamic) for n in sorted({res.base, case.layers})}
+    for model, inputs in models.values():
+        export_torch(model, inputs)
+        export_pd(model, inputs)
+    for n, (model, inputs) in models.items():
+        for exporter in res.calls:
+            clear_caches()
+            res.calls[exporter][n] = call_counts.count_calls(EXPORT_FNS[exporter], model, inputs)
+            if exporter == "predispatch" and n == case.layers:
+                res.stamped = layer_reuse.last_report.stamped
+    return res
+
+
+def kilo(x) -> str:
+    return "-" if x is None else f"{x / 1e3:.1f}k"
+
+
+def calls_table(results: list[CallsResult]) -> str:
+    rows = ["| model | layers | mode | torch.export calls | predispatch calls | ratio "
+            "| per-layer calls (torch / pd) | of pd's per-layer: torch.export front end | floor ratio |",
+            "|" + "---|" * 9]
+    for res in results:
+        kind, mode, dynamic = mode_spec(res.case)
+        n = res.case.layers
+        te, pd = res.total("torch", n), res.total("predispatch", n)
+        front, pd_layer = res.per_layer("predispatch", "front_end"), res.per_layer("predispatch")
+        share = f" ({100 * front / pd_layer:.0f}%)" if front is not None and pd_layer else ""
+        layers = f"{n} (base {res.base})" if res.base != 1 else str(n)
+        rows.append(f"| {kind} | {layers} | {mode}{', dynamic' if dynamic else ''} | {te:,} | {pd:,} "
+                    f"| {pd / te:.3f} | {kilo(res.per_layer('torch'))} / {kilo(pd_layer)} "
+                    f"| {kilo(front)}{share} | {fmt(res.floor())} |")
+    return "\n".join(rows)
+
+
+def calls_report(results: list[CallsResult]) -> None:
+    print("\n## Python calls of one export (sys.setprofile 'call' events)\n")
+    print(calls_table(results))
+    print("\nper-layer: (calls at the case's layers - at the base's) / the extra layers; the base is "
+          "the 1-layer model (ResNet: the 4-block one, ResNet having no 1-block model). Front end: "
+          "calls into torch from the predispatch functions that hand work to torch.export's machinery "
+          "(tools/call_counts.py FRONT_END). Floor: (pd's calls at the base + the extra layers x pd's "
+          "front-end calls per layer) / torch.export's calls, the ratio if a stamped layer cost "
+          "predispatch nothing of its own.")
+
+
+def calls_main(opts) -> None:
+    cases = [c for c in select(opts) if c.group == "modes"]
+    others = [n for n in opts.only.split(",") if n.strip() and CASE_BY_NAME[n.strip()].group != "modes"]
+    if others:
+        sys.exit(f"--calls measures the train/eval cases only, not {others}")
+    print(f"torch {torch.__version__}, Python calls, cases: {', '.join(c.name for c in cases)}", flush=True)
+    start, results = time.perf_counter(), []
+    for case in cases:
+        case_start = time.perf_counter()
+        print(f"[{case.name}] ...", flush=True)
+        out = in_subprocess(case, "calls")  # fresh: the counts do not depend on the cases before
+        if "error" in out:
+            print(f"    FAILED: {out['error']}", flush=True)
+            continue
+        results.append(res := CallsResult.from_json(out))
+        print(f"    predispatch stamped {res.stamped} of {case.layers} layers "
+              f"({time.perf_counter() - case_start:.0f} s wall)", flush=True)
+    calls_report(results)
+    print(f"\n(total {time.perf_counter() - start:.0f} s)")
+    if opts.json:
+        Path(opts.json).write_text(json.dumps([r.to_json() for r in results], indent=1))
+
+
+# --------------------------------------------------------------------------
 
 
 def parse_args(argv):
@@ -957,6 +1105,9 @@ def parse_args(argv):
                    "other jobs on a loaded machine skew less (in-process cases only)")
     p.add_argument("--from-json", default=None, metavar="PATH",
                    help="print the report of a --json file again, measure nothing")
+    p.add_argument("--calls", action="store_true",
+                   help="count the Python calls of one export instead of timing (train/eval cases "
+                   "only, each against its 1-layer model): deterministic where time is not")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
@@ -1002,7 +1153,14 @@ def main(argv=None) -> None:
         child_main(opts.child)
         return
     if opts.from_json:
-        report([Result.from_json(d) for d in json.loads(Path(opts.from_json).read_text())])
+        saved = json.loads(Path(opts.from_json).read_text())
+        if saved and "calls" in saved[0]:
+            calls_report([CallsResult.from_json(d) for d in saved])
+        else:
+            report([Result.from_json(d) for d in saved])
+        return
+    if opts.calls:
+        calls_main(opts)
         return
     if opts.quick:
         opts.repeat = min(opts.repeat, 2)
