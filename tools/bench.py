@@ -1064,7 +1064,7 @@ def calls_report(results: list[CallsResult]) -> None:
 
 def calls_main(opts) -> None:
     cases = [c for c in select(opts) if c.group == "modes"]
-    others = [n for n in opts.only.split(",") if n.strip() and CASE_BY_NAME[n.strip()].group != "modes"]
+    others = [n for n in (opts.only or "").split(",") if n.strip() and CASE_BY_NAME[n.strip()].group != "modes"]
     if others:
         sys.exit(f"--calls measures the train/eval cases only, not {others}")
     print(f"torch {torch.__version__}, Python calls, cases: {', '.join(c.name for c in cases)}", flush=True)
