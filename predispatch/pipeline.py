@@ -30,14 +30,6 @@ import torch
 
 from .ir.records import TraceRecord
 from .passes import assumptions, dead_code, functional_check, history, regions, signature, writes
-from .passes.history import (
-    drop_unseen_leaves,
-    insert_kept_histories,
-    may_require_grad,
-    refuse_updates_of_saved_values,
-    refuse_views_of_reshaped_inputs,
-)
-from .passes.regions import grad_modes
 from .policies.autocast_policy import AutocastPolicy
 from .policies.op_policy import OpPolicy
 from .program import program
@@ -103,51 +95,7 @@ def _assumptions(work: Work) -> None:
 
 def _history(work: Work) -> None:
     c = work.captured
-    _keep_histories(c.gm, c.signature, work.record, work.subject.module if work.exports_a_module else c.module)
-
-
-def _keep_histories(gm: torch.fx.GraphModule, sig, record: TraceRecord, module: torch.nn.Module) -> None:
-    """Kept histories first; then leaves whose history no output shows go, as
-    a re-export of the program (which holds the kept histories) sees them."""
-    requiring = {name for name, p in module.named_parameters(remove_duplicate=False)
-                 if p.requires_grad}
-    insert_kept_histories(gm, record.replacements,
-                          lambda modes: may_require_grad(gm, sig, requiring, modes),
-                          [s.kind.name for s in sig.output_specs], _write_backs(sig))
-    refuse_updates_of_saved_values(record.swap_updates, lambda: may_require_grad(gm, sig, requiring),
-                                   gm.graph, [s.kind.name for s in sig.output_specs])
-    refuse_views_of_reshaped_inputs(gm.graph, _reshaped_covers(gm, sig, record),
-                                    {r.old for r in record.replacements if not r.in_grad_mode})
-
-    def leaf_analyses():
-        off = grad_modes(gm.graph)  # a no_grad caller's: grad on inside the blocks that set it only
-        return [(may_require_grad(gm, sig, requiring), may_require_grad(gm, sig, requiring, leaves=False,
-                                                                        inputs=False)),
-                (may_require_grad(gm, sig, requiring, off), may_require_grad(gm, sig, requiring, off, leaves=False,
-                                                                             inputs=False))]
-    drop_unseen_leaves(gm, leaf_analyses)
-
-
-def _reshaped_covers(gm: torch.fx.GraphModule, sig, record: TraceRecord) -> set:
-    """The placeholders of user inputs other inputs view that the forward
-    gave another shape."""
-    placeholders = {n.name: n for n in gm.graph.nodes if n.op == "placeholder"}
-    covers = {v.of for v in record.input_views.values()}
-    reshaped = set()
-    for c in covers:
-        size = record.layouts.get(f"input:{c}", {}).get("size")
-        node = placeholders.get(sig.user_inputs[c])
-        if size is not None and node is not None and tuple(size) != tuple(node.meta["val"].shape):
-            reshaped.add(node)
-    return reshaped
-
-
-def _write_backs(sig) -> dict[int, str]:
-    """Output position -> the name of the placeholder it writes back."""
-    placeholder = {s.target: s.arg.name for s in sig.input_specs if s.target is not None}
-    placeholder.update({s.arg.name: s.arg.name for s in sig.input_specs if hasattr(s.arg, "name")})
-    return {i: placeholder[s.target] for i, s in enumerate(sig.output_specs)
-            if s.kind.name.endswith("_MUTATION") and s.target in placeholder}
+    history.keep_histories(c.gm, c.signature, work.record, work.subject.module if work.exports_a_module else c.module)
 
 
 def _dead_code(work: Work) -> None:

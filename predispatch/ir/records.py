@@ -1,48 +1,87 @@
-"""What the trace hands the later stages besides the graph: TraceRecord, Replacement.
+"""What the trace hands the later stages besides the graph: TraceRecord, and its Events.
 
-What the trace hands the later stages besides the graph: the frozen-shape
-records :mod:`predispatch.trace.recorder` fills while the forward runs and the
-history, signature and program stages read (:class:`TraceRecord`, its
-:class:`Replacement` entries)."""
+The recorder (:mod:`predispatch.trace.recorder`) fills a :class:`TraceRecord`
+while the forward runs; the history, signature and program stages read it.
+What it saw happen out of autograd's sight is one list of typed
+:class:`Event` records, each of a :class:`Kind`: the history stage
+(:mod:`predispatch.passes.history`) indexes them by node and decides from
+them, instead of reading marks scattered over ``node.meta``."""
 from __future__ import annotations
 
 import dataclasses
+import enum
 
 import torch.fx
 
 
-@dataclasses.dataclass
-class Replacement:
-    """``old`` was replaced by ``new`` without autograd seeing it (under no_grad,
-    or through a detached alias); later uses after ``exit`` keep ``old``'s history."""
+class Kind(enum.Enum):
+    """What an :class:`Event` says happened to a tensor, as eager's autograd sees it."""
 
-    old: torch.fx.Node
-    new: torch.fx.Node
-    exit: torch.fx.Node
-    detached_alias_at: str | None = None  # source line, when through a detached alias
-    # made while the trace ran in grad mode: outside every grad block this code
-    # runs in the caller's mode, and under a no_grad caller eager keeps ``old``'s
-    # history (``exit`` is then the last node before the next grad-mode marker)
-    in_grad_mode: bool = False
-    # was eager's tensor made by a view op (None: not known)? A value functionalization
-    # holds as a view of its own memory (relaid in place: t_()) is not an eager view
+    # writes: ``of`` replaced by ``node`` without autograd seeing it (eager keeps ``of``'s history)
+    NO_GRAD_WRITE = "no_grad write"  # in a no_grad span; ``at``: the marker ending it
+    # in grad mode outside every grad block: the caller's mode, which may be no_grad
+    # (``at``: the last node before the next grad-mode marker)
+    CALLERS_MODE_WRITE = "caller's-mode write"
+    DETACHED_ALIAS_WRITE = "detached-alias write"  # through a detach() / .data alias, in grad mode
+    # reads the recorder made, ``keep_history(own, value)`` (``node``), of a tensor's own history:
+    OWN_HISTORY_READ = "own-history read"  # a detached alias updated in grad mode, a set_() target, ...
+    STORAGE_SWAP = "storage swap"  # ... a set_() target's, kept from before the swap (``of``)
+    # view ops functionalization replays (``node``), marked with how eager's view was made:
+    INPUT_VIEW = "input view"  # a user input traced as a view of another: history in any mode
+    NO_GRAD_VIEW = "no_grad view replay"  # made under no_grad: no history in eager
+    GRAD_VIEW = "grad-mode view replay"  # made in grad mode after the marker ``of``
+    VIEW_REPLAY = "view replay"  # a replay of the view ``of`` as made (in grad mode)
+    REGENERATED_VIEW = "regenerated view"  # as_strided of an update: eager regenerates it in any mode
+    # an in-place update, through a set_() target, of memory shared with ``node``
+    # (``readers``: (op, argument position) reading it by then)
+    SAVED_VALUE_UPDATE = "saved-value update"
+
+
+WRITES = frozenset({Kind.NO_GRAD_WRITE, Kind.CALLERS_MODE_WRITE, Kind.DETACHED_ALIAS_WRITE})
+
+
+@dataclasses.dataclass(frozen=True)
+class Event:
+    """One thing the recorder saw (see :class:`Kind` for what each field holds)."""
+
+    kind: Kind
+    node: torch.fx.Node
+    of: torch.fx.Node | None = None
+    at: torch.fx.Node | None = None
+    where: str | None = None  # the user's source line, where the stage needs it
+    # the tensor written or swapped, as the recorder knew it: made by a view op
+    # (None: not known; a value functionalization holds as a view of its own
+    # memory, relaid in place by t_(), is no eager view), and a set_() target by then
     eager_view: bool | None = None
-    swapped: bool = False  # a set_() target (by then)
+    swapped: bool = False
+    readers: tuple = ()
+
+    @property
+    def old(self) -> torch.fx.Node | None:
+        return self.of
+
+    @property
+    def new(self) -> torch.fx.Node:
+        return self.node
+
+
+def write(kind: Kind, old: torch.fx.Node, new: torch.fx.Node, at: torch.fx.Node, *, where: str | None = None,
+          eager_view: bool | None = None, swapped: bool = False) -> Event:
+    """A write event: ``old`` replaced by ``new``, taking effect after ``at``."""
+    return Event(kind, new, old, at, where, eager_view, swapped)
 
 
 @dataclasses.dataclass
 class TraceRecord:
-    replacements: list[Replacement] = dataclasses.field(default_factory=list)
+    events: list[Event] = dataclasses.field(default_factory=list)
+    # nodes the history stage reads although nothing else may use them (where a replayed view was made)
+    needed: list = dataclasses.field(default_factory=list)
     # "param:<fqn>" / "buffer:<fqn>" / "input:<flat index>" -> mutation kind
     mutation_kinds: dict[str, str] = dataclasses.field(default_factory=dict)
-    # nodes the history stage reads although nothing else may use them
-    needed: list = dataclasses.field(default_factory=list)
     # keys as in mutation_kinds -> LayoutChange.to_json() of inputs relaid or given another storage
     layouts: dict[str, dict] = dataclasses.field(default_factory=dict)
     # user inputs (flat position) traced as views of another (input_aliasing.View)
     input_views: dict = dataclasses.field(default_factory=dict)
-    # (value before, read by an op by then, where): in-place updates of memory a set_() made shared
-    swap_updates: list = dataclasses.field(default_factory=list)
     # the grad mode the forward leaves its caller in, a bare switch's (None: the caller's own)
     grad_mode_after: bool | None = None
     # "buffer:<fqn>" -> the tensor the forward rebound it to, of another dtype (its traced value)
@@ -54,6 +93,13 @@ class TraceRecord:
     unbacked_bindings: dict = dataclasses.field(default_factory=dict)
     # what those guards assume, each checked at run time (ir.assumptions.Assumption)
     assumptions: list = dataclasses.field(default_factory=list)
+
+    def note(self, event: Event) -> None:
+        self.events.append(event)
+
+    def writes(self) -> int:
+        """How many write events were noted so far."""
+        return sum(1 for e in self.events if e.kind in WRITES)
 
     def clear(self) -> None:
         """Forget a trace made again (see :func:`predispatch.trace.functional_trace.functional_trace`)."""

@@ -24,7 +24,7 @@ from .. import _torch
 from ..errors import ExportError, exception_location
 from .functional_trace import functional_trace
 from ..policies.op_policy import OpPolicy
-from ..ir.records import TraceRecord
+from ..ir.records import WRITES, TraceRecord
 from .recorder.session import recording
 
 _ROOT = "_export_root."
@@ -57,7 +57,7 @@ def history_nodes(record: TraceRecord) -> set:
     """What the history stage may need although nothing else uses it: a
     replaced value, the node a grad-mode segment ended at (where its
     keep_history goes), and where a replayed view was made."""
-    return {*record.needed, *(n for r in record.replacements for n in (r.old, r.new, r.exit))}
+    return {*record.needed, *(n for e in record.events if e.kind in WRITES for n in (e.of, e.node, e.at))}
 
 
 def _strip_key(key: str) -> str:
@@ -80,7 +80,7 @@ def _aten_stage(policy: OpPolicy, record: TraceRecord, specialize: bool):
                     wrapped, args, kwargs, keep=lambda: history_nodes(record),
                     on_layout_change=lambda key, change: record.layouts.__setitem__(
                         _strip_key(key), {**change.to_json(), "source": change.source and _strip_key(change.source)}),
-                    on_retrace=record.clear, rebound=lambda: record.rebound_buffers)
+                    on_retrace=record.clear, rebound=lambda: record.rebound_buffers, record=record)
                 hold_module_stacks(gm)
                 return gm, signature
 

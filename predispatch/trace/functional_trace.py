@@ -96,6 +96,7 @@ class _Tracing:
     on_layout_change: Callable | None
     on_retrace: Callable | None
     rebound: Callable = dict  # () -> "buffer:<fqn>" -> the tensor the forward rebound it to
+    record: object = None  # the TraceRecord the recorder fills (user inputs seen as views are noted in it)
 
     def note_retrace(self) -> None:
         if self.on_retrace is not None:
@@ -103,7 +104,7 @@ class _Tracing:
 
 
 def functional_trace(mod: torch.nn.Module, args, kwargs, keep=frozenset, on_layout_change=None,
-                     on_retrace=None, rebound=dict):
+                     on_retrace=None, rebound=dict, record=None):
     """(graph module, aot-style GraphSignature, the user inputs seen as views
     of others: see :mod:`predispatch.trace.input_aliasing`) of ``mod(*args, **kwargs)``.
     Dead code goes, except the nodes ``keep()`` names. ``on_layout_change(key,
@@ -111,12 +112,13 @@ def functional_trace(mod: torch.nn.Module, args, kwargs, keep=frozenset, on_layo
     as ``"param:<name>"``, ``"buffer:<name>"``, ``"input:<flat index>"``);
     ``on_retrace()`` of a second trace (inputs overlapping in memory, one mutated);
     ``rebound()`` names the buffers the forward rebound to a tensor of another
-    dtype (keys as above), each written back as that tensor."""
+    dtype (keys as above), each written back as that tensor. ``record``: the
+    recorder's TraceRecord, where the user inputs traced as views of another are noted."""
     named_parameters = dict(mod.named_parameters(remove_duplicate=False))
     named_buffers = dict(mod.named_buffers(remove_duplicate=False))
     tracing, layout, in_spec, out_spec = _flat_call(mod, args, kwargs or {}, named_parameters, named_buffers,
                                                     on_layout_change, on_retrace)
-    tracing = dataclasses.replace(tracing, rebound=rebound)
+    tracing = dataclasses.replace(tracing, rebound=rebound, record=record)
     gm, mutated, layout = _traced(tracing, layout)
     _drop_storage_swaps_of_constants(gm)
     _drop_dead_code(gm, keep())
@@ -240,7 +242,7 @@ def _functionalized_call(flat: tuple, tracing: _Tracing, layout: _FlatInputs, mu
     outputs (a user input seen through another and returned as it is: the
     caller's tensor, as in eager)."""
     with _torch.functional_mode():
-        inputs = _functional_inputs(flat, layout)
+        inputs = _functional_inputs(flat, layout, tracing.record)
         starts = _input_starts(inputs.functional)
         outputs = tracing.flat_fn(*inputs.functional)
     _refuse_moved_covers(inputs)
@@ -252,7 +254,7 @@ def _functionalized_call(flat: tuple, tracing: _Tracing, layout: _FlatInputs, mu
             *[as_given[id(o)] if id(o) in as_given else _torch.from_functional(o) for o in outputs])
 
 
-def _functional_inputs(flat: tuple, layout: _FlatInputs) -> _CallInputs:
+def _functional_inputs(flat: tuple, layout: _FlatInputs, record) -> _CallInputs:
     """make_fx's inputs as the FunctionalTensors the module runs on."""
     given_user = layout.user(flat)
     # the wrappers' own metadata reads (some twenty per input) are not the module's torch calls:
@@ -260,7 +262,7 @@ def _functional_inputs(flat: tuple, layout: _FlatInputs) -> _CallInputs:
     with _torch.torch_function_disabled():
         state = _wrapped_once(layout.state(flat))
         user = [None if j in layout.views else _torch.to_functional(a) for j, a in enumerate(given_user)]
-    _seen_through_covers(given_user, user, layout.views)
+    _seen_through_covers(given_user, user, layout.views, record)
     return _CallInputs(layout, flat, state + user)
 
 
@@ -274,7 +276,7 @@ def _wrapped_once(state: list) -> list:
     return [wrapped[id(a)] for a in state]
 
 
-def _seen_through_covers(given_user: list, user: list, views: dict) -> None:
+def _seen_through_covers(given_user: list, user: list, views: dict, record) -> None:
     """Each user input seen through another (``views``; None in ``user``)
     becomes that view of its cover's FunctionalTensor: the cover itself,
     where the same tensor was given twice."""
@@ -284,7 +286,7 @@ def _seen_through_covers(given_user: list, user: list, views: dict) -> None:
             user[j] = cover
             continue
         user[j] = cover.as_strided(v.size, v.stride, v.offset)
-        recorder.mark_view(user[j], cover)
+        recorder.mark_view(user[j], cover, record)
 
 
 def _input_starts(inputs: list) -> _InputStarts:

@@ -54,7 +54,8 @@ def capture_function_body(body: FunctionBody, record: TraceRecord) -> CapturedBo
     with _torch.autocast_cache_enabled(body.autocast_cache), recording(module, record, str), \
             _torch.autocast_cache_enabled(False):  # as make_fx traces
         gm, signature, _views = functional_trace(module, body.fake_inputs, {},
-                                                 keep=lambda: history_nodes(record), on_retrace=record.clear)
+                                                 keep=lambda: history_nodes(record), on_retrace=record.clear,
+                                                 record=record)
     if signature.user_inputs_to_mutate:
         raise MutatedInput()
     for node, name in zip(placeholders(gm), body.names):

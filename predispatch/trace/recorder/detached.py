@@ -19,7 +19,7 @@ import torch.fx
 from ... import _torch
 from ...errors import ExportError, user_location
 from ...ir import meta_keys, ops
-from ...ir.records import Replacement
+from ...ir.records import Event, Kind, TraceRecord, write
 from . import marks
 from .leaves import call_reading_through, mark_own_read, read_through
 from .state import TorchCall, TraceState
@@ -64,7 +64,7 @@ def mutate_detached_alias(state: TraceState, call: TorchCall):
     if new is not old and (updated := _update_of(detached, base, old, new)) is not None:
         _give_own_history(state, detached, updated)
     if old is not None and new is not None and new is not old:
-        state.record.replacements.append(Replacement(old, new, new, user_location()))
+        state.record.note(write(Kind.DETACHED_ALIAS_WRITE, old, new, new, where=user_location()))
     return out
 
 
@@ -108,7 +108,7 @@ def _copy_with_own_history(state: TraceState, detached):
     copy = ops.KEEP_HISTORY(detached, detached)
     node = _torch.current_node(copy)
     node.args = (own, value)
-    mark_own_read(node, detached)
+    mark_own_read(state, node, detached)
     return copy, node
 
 
@@ -122,7 +122,7 @@ def _write_values_only(state: TraceState, alias, detached, copy) -> None:
         if node.target is torch.ops.aten.copy.default:
             node.meta[meta_keys.VALUES_ONLY] = True
     if old is not None and (new := current_node(state, base)) is not None and new is not old:
-        state.record.replacements.append(Replacement(old, new, new, user_location()))  # as in mutate_detached_alias
+        state.record.note(write(Kind.DETACHED_ALIAS_WRITE, old, new, new, where=user_location()))  # as above
 
 
 def _give_own_history(state: TraceState, detached, updated: torch.fx.Node) -> None:
@@ -132,7 +132,7 @@ def _give_own_history(state: TraceState, detached, updated: torch.fx.Node) -> No
     state.reads_through = True  # reads go through read_through from now on
     for view in list(state.detached_views):
         if view is not detached and marks.detach_result(view) is detached:
-            marks.OWN_HISTORY.set(view, ViewOfUpdate(updated, detached, view, user_location()))
+            marks.OWN_HISTORY.set(view, ViewOfUpdate(updated, detached, view, user_location(), state.record))
 
 
 def _same_view(copy, detached, alias):
@@ -180,7 +180,7 @@ class ViewOfUpdate(marks.PendingHistory):
     offset: int
     where: str
 
-    def __init__(self, update, alias, view, where):
+    def __init__(self, update, alias, view, where, record: TraceRecord):
         val = update.meta.get("val")
         (_, alias_stride, alias_offset), (size, stride, offset) = _torch.layout(alias), _torch.layout(view)
         if val is None or tuple(val.stride()) != alias_stride:
@@ -188,7 +188,7 @@ class ViewOfUpdate(marks.PendingHistory):
                 f"a view of a detached alias that is then updated in place with an operand that "
                 f"requires grad, at {where}, when the update's value is laid out otherwise than "
                 "the alias: cannot be exported soundly; take the view after the update")
-        self.update, self.where = update, where
+        self.update, self.where, self.record = update, where, record
         self.size, self.stride, self.offset = size, stride, offset - alias_offset
 
     def node(self) -> torch.fx.Node:
@@ -197,6 +197,6 @@ class ViewOfUpdate(marks.PendingHistory):
             node = graph.call_function(torch.ops.aten.as_strided.default,
                                        (self.update, list(self.size), list(self.stride), self.offset))
         node.meta["val"] = _torch.fake_as_strided(self.update.meta["val"], self.size, self.stride, self.offset)
-        node.meta[meta_keys.OWN_HISTORY_READ] = True  # the update's own history: no kept one replaces it
-        node.meta[meta_keys.REGENERATED_VIEW] = True  # in grad mode, read maybe under a no_grad caller
+        self.record.note(Event(Kind.OWN_HISTORY_READ, node))  # the update's own history: no kept one replaces it
+        self.record.note(Event(Kind.REGENERATED_VIEW, node))  # in grad mode, read maybe under a no_grad caller
         return node

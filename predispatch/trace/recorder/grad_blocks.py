@@ -17,7 +17,7 @@ import torch.fx
 from ... import _torch
 from ...errors import PACKAGE_DIR, ExportError, is_library_file, user_location
 from ...ir import meta_keys
-from ...ir.records import Replacement
+from ...ir.records import Kind, write
 from ..grad_mode_reads import passed_mode
 from ..translations import inside_inference_mode
 from . import spans
@@ -88,7 +88,7 @@ def _mark(state: TraceState, func, args, kwargs, caller) -> None:
     if isinstance(node, torch.fx.Node):
         node.meta[meta_keys.GRAD_BLOCK] = _block_mark(state, caller)
         for old, new, view, swapped in replaced:
-            state.record.replacements.append(Replacement(old, new, node, eager_view=view, swapped=swapped))
+            state.record.note(write(Kind.NO_GRAD_WRITE, old, new, node, eager_view=view, swapped=swapped))
     spans.after_marker(state, was_enabled, enabling)
     state.grad_mode = torch.is_grad_enabled()
     return None  # what eager's call returns (make_fx hands back its node)

@@ -14,7 +14,8 @@ import torch.fx
 
 from ... import _torch
 from ...errors import ExportError, user_location
-from ...ir import meta_keys, ops
+from ...ir import ops
+from ...ir.records import Event, Kind
 from . import marks
 from .state import TorchCall, TraceState
 from .views import current_node
@@ -98,12 +99,12 @@ def call_reading_through(state: TraceState, call: TorchCall, run, read_written: 
     for node in list(_torch.nodes_after(mark)):
         for value in [i for i in node.all_input_nodes if i in reading]:
             if value not in reads:
-                reads[value] = _read_node(mark, value, node, *reading[value])
+                reads[value] = _read_node(state, mark, value, node, *reading[value])
             node.replace_input_with(value, reads[value])
     return out
 
 
-def _read_node(mark: torch.fx.Node, value: torch.fx.Node, reader: torch.fx.Node, through, t) -> torch.fx.Node:
+def _read_node(state: TraceState, mark: torch.fx.Node, value: torch.fx.Node, reader: torch.fx.Node, through, t) -> torch.fx.Node:
     """``op(*leading, value)`` (``through``), right after ``mark``, stamped as
     the first node that reads it (``reader``)."""
     op, leading = through
@@ -111,7 +112,7 @@ def _read_node(mark: torch.fx.Node, value: torch.fx.Node, reader: torch.fx.Node,
     with graph.inserting_after(mark):
         read = graph.call_function(op, (*leading, value))
     if op is ops.KEEP_HISTORY:
-        mark_own_read(read, t)
+        mark_own_read(state, read, t)
     read.meta.update({k: v for k, v in reader.meta.items() if k in ("stack_trace", "nn_module_stack")})
     read.meta["val"] = value.meta.get("val")
     return read
@@ -132,15 +133,15 @@ def read_leaf_outputs(state: TraceState, out):
         node = _torch.current_node(out)
         node.args = (*leading, *node.args[len(leading):])
         if op is ops.KEEP_HISTORY:
-            mark_own_read(node, t)
+            mark_own_read(state, node, t)
         return out
     return _torch.pytree.tree_map_only(_torch.FunctionalTensor, read, out)
 
 
-def mark_own_read(node: torch.fx.Node, t: torch.Tensor) -> None:
+def mark_own_read(state: TraceState, node: torch.fx.Node, t: torch.Tensor) -> None:
     """``node``, ``keep_history(own, value)``, reads ``t``'s own history; a
-    set_() target's kept from before the swap is marked as such."""
-    node.meta[meta_keys.OWN_HISTORY_READ] = True
+    set_() target's kept from before the swap is noted as such."""
+    state.record.note(Event(Kind.OWN_HISTORY_READ, node))
     swap = marks.SWAP_HISTORY.of(t)
     if swap is not None and swap[0] is node.args[0]:  # (not an own history given it later)
-        node.meta[meta_keys.SWAPPED_HISTORY] = swap[1]
+        state.record.note(Event(Kind.STORAGE_SWAP, node, swap[0], eager_view=swap[1]))

@@ -10,7 +10,7 @@ import torch
 import torch.fx
 
 from ... import _torch
-from ...ir import meta_keys
+from ...ir.records import Event, Kind, TraceRecord
 
 
 class Mark:
@@ -56,7 +56,7 @@ OWN_HISTORY = Mark("own_history")
 # -- storage swaps (swaps.py)
 SWAPPED = Mark("swapped", False)  # given another's storage by set_()
 SWAPPED_AT = Mark("swapped_at")  # where, last
-# on a set_() target: (its own history's node, the value of meta_keys.SWAPPED_HISTORY for its reads)
+# on a set_() target: (its own history's node, whether it was made by a view op), for its reads
 SWAP_HISTORY = Mark("swap_history")
 
 
@@ -111,10 +111,10 @@ def user_swap_location(t: torch.Tensor) -> str | None:
     return SWAPPED_AT.of(t)
 
 
-def mark_view(view: torch.Tensor, base: torch.Tensor) -> None:
+def mark_view(view: torch.Tensor, base: torch.Tensor, record: TraceRecord) -> None:
     """``view`` was made from ``base`` out of the recorder's sight (an input
     traced as a view of another): updates of one concern the other."""
     SOURCE.set(view, base)
     EAGER_VIEW.set(view)
     INPUT_VIEW.set(view)
-    _torch.materialized_node(view).meta[meta_keys.INPUT_VIEW] = True
+    record.note(Event(Kind.INPUT_VIEW, _torch.materialized_node(view)))

@@ -42,7 +42,7 @@ class Recorder(_torch.TorchFunctionMode):
                 or (state.draws is not None and state.draws.pending)):
             return None
         r = state.record
-        return (len(r.replacements), len(r.needed), len(state.block_ids), state.bare_switches,
+        return (r.writes(), len(r.needed), len(state.block_ids), state.bare_switches,
                 state.after_a_grad_marker, state.any_no_grad_view, state.grad_mode, state.generators.draws)
 
     def views_made(self) -> int:

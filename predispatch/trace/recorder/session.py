@@ -103,7 +103,7 @@ def _finish(state: TraceState, out):
     the forward returned. Returns the outputs as the trace returns them."""
     grad_blocks.refuse_unrestored_hidden_blocks(state)
     out = leaves.read_leaf_outputs(state, out)
-    views.sync_no_grad_view_outputs(out)
+    views.sync_no_grad_view_outputs(state, out)
     if torch.is_grad_enabled():
         spans.end_grad_mode_segment(state)
     views.sync_grad_view_outputs(state, out)

@@ -16,7 +16,7 @@ import torch
 import torch.fx
 
 from ... import _torch
-from ...ir.records import Replacement
+from ...ir.records import Kind, write
 from . import marks
 from .state import TorchCall, TraceState
 from .views import current_node
@@ -88,9 +88,8 @@ def end_grad_mode_segment(state: TraceState) -> None:
             pairs[new] = (old, view, swapped)
     if pairs:
         exit = _torch.last_node(_torch.current_tracer().graph)
-        state.record.replacements.extend(
-            Replacement(old, new, exit, in_grad_mode=True, eager_view=view, swapped=swapped)
-            for new, (old, view, swapped) in pairs.items())
+        for new, (old, view, swapped) in pairs.items():
+            state.record.note(write(Kind.CALLERS_MODE_WRITE, old, new, exit, eager_view=view, swapped=swapped))
 
 
 def before_marker(state: TraceState, was_enabled: bool, enabling: bool) -> list:

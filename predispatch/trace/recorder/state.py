@@ -67,6 +67,7 @@ class TraceState:
     # grad-mode views of detached aliases: an update of the alias gives them its history
     detached_views: weakref.WeakSet = dataclasses.field(default_factory=weakref.WeakSet)
     any_no_grad_view: bool = False  # a view was made under no_grad: calls reading one mark its replays
+    replays_noted: set = dataclasses.field(default_factory=set)  # nodes noted as a view's replay
 
     # -- reads through an op (leaves.py)
     # a tensor was made to require grad, or has a history of its own: calls read it through an op

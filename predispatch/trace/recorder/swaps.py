@@ -14,7 +14,8 @@ import torch.fx
 
 from ... import _torch
 from ...errors import user_location
-from ...ir import meta_keys, ops
+from ...ir import ops
+from ...ir.records import Event, Kind
 from .. import eager_layout
 from ..._torch.patching import patched
 from . import marks
@@ -99,8 +100,7 @@ def note_swapped(state: TraceState, t, before) -> None:
         return
     marks.OWN_HISTORY.set(t, before)
     # its reads: as the history stage keeps it (a no_grad update), shape checked (see SWAPPED_HISTORY)
-    view = meta_keys.SWAPPED_VIEW if marks.made_by_a_view(t) else meta_keys.SWAPPED_NO_VIEW
-    marks.SWAP_HISTORY.set(t, (before, view))
+    marks.SWAP_HISTORY.set(t, (before, marks.made_by_a_view(t)))
     state.reads_through = True
 
 
@@ -115,7 +115,7 @@ def note_call_start(state: TraceState, outer_call) -> None:
 def note_swap_updates(state: TraceState, func, tensors) -> None:
     """A write (not a layout change) to memory a set_() made shared: each
     other sharer's value before it and the ops that read it before the
-    call (see :func:`keep_history.refuse_updates_of_saved_values`). A
+    call (the history stage's refusal table checks it). A
     sharer with the writer's version counter (itself, its views) is
     eager's own check's business."""
     if torch.Tag.inplace_view in getattr(func, "tags", ()):
@@ -131,7 +131,7 @@ def note_swap_updates(state: TraceState, func, tensors) -> None:
             if (node := current_node(state, owner)) is not None:
                 readers = [(op, i) for op, i in _readers(node)
                            if op in before or (op in own and i not in (None, 0))]
-                state.record.swap_updates.append((node, readers, user_location()))
+                state.record.note(Event(Kind.SAVED_VALUE_UPDATE, node, where=user_location(), readers=tuple(readers)))
 
 
 def _readers(node: torch.fx.Node) -> list[tuple[torch.fx.Node, int | None]]:

@@ -43,7 +43,7 @@ def _run(state: TraceState, call: TorchCall):
     func, args, kwargs = call.func, call.args, call.kwargs
     run = functools.partial(func, *args, **kwargs)
     if state.watch is None and state.any_no_grad_view and views.reads_no_grad_view(args, kwargs):
-        run = functools.partial(views.call_marking_view_replays, func, args, kwargs)
+        run = functools.partial(views.call_marking_view_replays, state, func, args, kwargs)
     if state.reads_through and func not in _OWN_READS:
         return leaves.call_reading_through(state, call, run)
     return run()

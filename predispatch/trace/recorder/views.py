@@ -13,7 +13,7 @@ import torch
 import torch.fx
 
 from ... import _torch
-from ...ir import meta_keys
+from ...ir.records import Event, Kind
 from . import marks
 from .state import TorchCall, TraceState
 
@@ -32,45 +32,46 @@ def current_node(state: TraceState, t) -> torch.fx.Node | None:
     if last.next.op == "root":
         return node
     if no_grad_view:  # replayed, maybe in grad mode: eager's view has no history
-        mark_view_replays(last, meta_keys.NO_GRAD_VIEW_REPLAY)
+        mark_view_replays(state, last, Kind.NO_GRAD_VIEW)
     if input_view:  # replayed, maybe under a no_grad caller: eager's view has its history
-        mark_view_replays(last, meta_keys.INPUT_VIEW)
+        mark_view_replays(state, last, Kind.INPUT_VIEW)
     if made_after is not None:  # replayed: the history stage reads where it was made
         for replay in _torch.nodes_after(last):
-            replay.meta[meta_keys.GRAD_VIEW_REPLAY] = made_after
+            state.record.note(Event(Kind.GRAD_VIEW, replay, made_after))
         state.record.needed.append(made_after)
-    if made_as is not None and node is not made_as and node.meta.get(meta_keys.REPLAY_OF) is None:
-        node.meta[meta_keys.REPLAY_OF] = made_as
+    if made_as is not None and node is not made_as and node not in state.replays_noted:
+        state.replays_noted.add(node)  # (the first view it replays)
+        state.record.note(Event(Kind.VIEW_REPLAY, node, made_as))
         state.record.needed.append(made_as)
     return node
 
 
-def mark_view_replays(last: torch.fx.Node, key: str) -> None:
-    """Mark the view ops the graph got after ``last``."""
+def mark_view_replays(state: TraceState, last: torch.fx.Node, kind: Kind) -> None:
+    """Note the view ops the graph got after ``last`` as replays of ``kind``."""
     for node in _torch.nodes_after(last):
         if getattr(node.target, "is_view", False):
-            node.meta[key] = True
+            state.record.note(Event(kind, node))
 
 
-def call_marking_view_replays(func, args, kwargs):
+def call_marking_view_replays(state: TraceState, func, args, kwargs):
     """In grad mode, functionalization may replay a view made under no_grad
     from its base, in grad mode, reading a value that keeps its history:
     the replay would require grad where eager's view does not. The no_grad
     views the call reads are replayed before it, their view ops marked;
     the view ops the call itself makes (an updated value's own replay, say)
     are not theirs, and stay unmarked."""
-    replay_no_grad_views(_torch.pytree.tree_leaves((args, kwargs)))
+    replay_no_grad_views(state, _torch.pytree.tree_leaves((args, kwargs)))
     return func(*args, **kwargs)
 
 
-def replay_no_grad_views(tensors) -> None:
+def replay_no_grad_views(state: TraceState, tensors) -> None:
     """Replay, now, each of ``tensors`` that is a stale view made under
     no_grad, marking the view ops of its replay."""
     for t in tensors:
         if isinstance(t, _torch.FunctionalTensor) and marks.NO_GRAD_VIEW.of(t):
             last = _torch.last_node(_torch.current_tracer().graph)
             _torch.replay_if_stale(t)
-            mark_view_replays(last, meta_keys.NO_GRAD_VIEW_REPLAY)
+            mark_view_replays(state, last, Kind.NO_GRAD_VIEW)
 
 
 def reads_no_grad_view(args, kwargs) -> bool:
@@ -128,10 +129,10 @@ def bring_call_up_to_date(state: TraceState, call: TorchCall) -> None:
         current_node(state, t)
 
 
-def sync_no_grad_view_outputs(out) -> None:
+def sync_no_grad_view_outputs(state: TraceState, out) -> None:
     """Outputs are brought up to date after the forward; replay those that
     are views made under no_grad now, marked."""
-    replay_no_grad_views(_torch.pytree.tree_leaves(out))
+    replay_no_grad_views(state, _torch.pytree.tree_leaves(out))
 
 
 def sync_grad_view_outputs(state: TraceState, out) -> None:

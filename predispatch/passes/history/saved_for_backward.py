@@ -9,7 +9,7 @@ does not say.
 """
 from __future__ import annotations
 
-from .. import _torch
+from ... import _torch
 
 # ops autograd knows without a derivatives.yaml formula, whose backward saves no tensor:
 # copy (its gradient is grad, cast; copy_'s is written by hand), the *_like factories

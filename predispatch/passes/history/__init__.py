@@ -1,0 +1,101 @@
+"""The history stage: every value a program reads has the autograd history eager's tensor has.
+
+The model. In eager a tensor is a value and a history (its ``grad_fn``).
+The functional graph computes the values; run under autograd, each node
+also gets a history from the op that made it, in the grad mode it runs in.
+The two agree except where eager changes a tensor's value out of
+autograd's sight, or regenerates a history functionalization does not:
+
+* a write under no_grad, through a detached alias, or in the caller's mode
+  under a no_grad caller: eager's tensor keeps its old history, the graph's
+  new value has none. Later reads get ``keep_history(old, new)`` (in the
+  caller's mode ``keep_history_if_no_grad``): ``new``'s value, ``old``'s
+  history (:mod:`.keep`);
+* a view, replayed by functionalization wherever it is next read: eager's
+  has the history of the mode it was made in, or regenerates it from its
+  base (:mod:`.views`);
+* the recorder's reads through an op (a leaf made in the forward, a
+  detached alias's or a set_() target's own history) that end up carrying
+  nothing (:mod:`.reads`);
+* what no program can reproduce (a history kept for another shape than
+  eager's gradient takes, a view regenerated through a new layout, a value
+  saved for backward written through shared memory): refused, from one
+  table (:mod:`.refusals`).
+
+What the recorder saw is its list of typed events
+(:class:`~predispatch.ir.records.Event`); what every decision reads is
+gathered in :class:`~.facts.Facts`. The stage is :data:`STEPS`, in order.
+A new kind of mutation takes a :class:`~predispatch.ir.records.Kind`, the
+recorder's rule that notes it (trace/recorder/table.py), and here a row of
+:data:`.keep.KEEPERS` where its old history must be kept, a row of
+:data:`.refusals.REFUSALS` where no program can reproduce it.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import torch
+
+from ...ir.records import Kind, TraceRecord
+from . import keep, reads, refusals, views
+from .facts import Facts
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    name: str
+    run: Callable[[Facts], None]
+
+
+def _keep_written_histories(facts: Facts) -> None:
+    """Each write's old history kept (refusing, before each, what its views
+    cannot get), then each history kept checked, the recorder's reads of a
+    set_() target's own history with them."""
+    kept = keep.keep_written_histories(facts)
+    for k in kept + reads.own_history_reads(facts):
+        refusals.refuse(refusals.ONCE_KEPT, k, facts)
+    facts.changed()
+
+
+def _refuse_what_no_program_reproduces(facts: Facts) -> None:
+    """Writes of values saved for backward, views of inputs given another shape."""
+    notes = facts.notes
+    for event in notes.saved_value_updates:
+        refusals.refuse(refusals.ONCE_DONE, event, facts)
+    reshaped = _reshaped_covers(facts)
+    if reshaped:
+        for node in notes.nodes(facts.graph, Kind.INPUT_VIEW):
+            refusals.refuse(refusals.ONCE_DONE, notes.of(node, Kind.INPUT_VIEW), facts, reshaped)
+
+
+def _reshaped_covers(facts: Facts) -> set:
+    """The placeholders of user inputs other inputs view that the forward
+    gave another shape."""
+    placeholders = {n.name: n for n in facts.graph.nodes if n.op == "placeholder"}
+    reshaped = set()
+    for c in {v.of for v in facts.input_views.values()}:
+        size = facts.layouts.get(f"input:{c}", {}).get("size")
+        node = placeholders.get(facts.signature.user_inputs[c])
+        if size is not None and node is not None and tuple(size) != tuple(node.meta["val"].shape):
+            reshaped.add(node)
+    return reshaped
+
+
+STEPS = (
+    Step("views made with grad on replayed in grad mode", views.replay_in_grad_mode),
+    Step("writes' old histories kept", _keep_written_histories),
+    Step("views made in the caller's mode keep their history", views.keep_callers_mode_view_histories),
+    Step("views made under no_grad replayed without a history", views.detach_no_grad_view_replays),
+    Step("own histories with nothing to carry dropped", reads.drop_historyless_own_reads),
+    Step("what no program reproduces refused", _refuse_what_no_program_reproduces),
+    Step("leaves no output shows dropped", reads.drop_unseen_leaves),
+)
+
+
+def keep_histories(gm: torch.fx.GraphModule, signature, record: TraceRecord, module: torch.nn.Module) -> None:
+    """The stage on ``gm``, the graph the capture stage made with ``signature``
+    and ``record``, of ``module`` (whose parameters say which require grad)."""
+    facts = Facts.of(gm, signature, record, module)
+    for step in STEPS:
+        step.run(facts)
