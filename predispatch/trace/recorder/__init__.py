@@ -29,9 +29,11 @@ explicit state per forward (:mod:`.state`) and on marks the tensors carry
 * how each graph input was mutated ("hidden" from autograd, under
   "no_grad", or under "grad"), so the program writes it back the same way.
 
-:func:`.session.recording` runs a forward under all of it; the records and
-node-meta keys it leaves are :mod:`predispatch.ir.records` and
-:mod:`predispatch.ir.meta_keys`. This module re-exports only names of
+:func:`.session.recording` runs a forward under all of it; what it leaves
+is the record's list of typed events (:mod:`predispatch.ir.records`: a
+write out of autograd's sight, a view's replay, a read of an own history,
+...) and the node-meta keys of :mod:`predispatch.ir.meta_keys` (grad-mode
+blocks, for the regions stage). This module re-exports only names of
 modules that import none of the package's others (the package's modules
 import one another as ``from . import marks``: an import of this one).
 """

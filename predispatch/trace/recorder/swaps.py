@@ -99,7 +99,7 @@ def note_swapped(state: TraceState, t, before) -> None:
     if before is None or marks.OWN_HISTORY.on(t):
         return
     marks.OWN_HISTORY.set(t, before)
-    # its reads: as the history stage keeps it (a no_grad update), shape checked (see SWAPPED_HISTORY)
+    # its reads: as the history stage keeps it (a no_grad update), shape checked (Kind.STORAGE_SWAP)
     marks.SWAP_HISTORY.set(t, (before, marks.made_by_a_view(t)))
     state.reads_through = True
 
