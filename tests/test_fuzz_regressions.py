@@ -1,10 +1,10 @@
 """Bugs found by the differential fuzzer (tools/fuzz), each as the minimal
 module it shrank to, with the diagnosis. Open ones are xfail(strict=True):
-remove the marker with the fix. Fixed: 1-107 (4b's nested
+remove the marker with the fix. Fixed: 1-108 (4b's nested
 autocast(enabled=False) case by the refusal reading autocast nesting, 10 by
 marking no_grad view replays, 15 and 16 by noting grad-mode views at no_grad
 entries; 7 and 22, once refusals, are exported since the eighth session).
-Open: 108.
+None open.
 
 A test passes when the program matches eager (outputs, gradients, states,
 G1/G3, G7) or, where ``refusal_ok``, when export refuses it with
@@ -3165,7 +3165,7 @@ def test_a_view_of_a_detached_alias_updated_in_a_block_keeps_its_history_under_a
 
 
 # 108. (seed 815094, session 36; one program of 400, also on main before
-# this session; open) z = x[0], two inputs, and in a no_grad block x written,
+# session 36) z = x[0], two inputs, and in a no_grad block x written,
 # then z: `x.mul_(0.9); z.mul_(0.9)`; z read after the block, in grad mode.
 # Eager regenerates z's history from its base, x, whose history is kept (a
 # leaf requiring grad): z + 1 requires grad. In the program, x's write made
@@ -3175,7 +3175,10 @@ def test_a_view_of_a_detached_alias_updated_in_a_block_keeps_its_history_under_a
 # history, through keep_history of its view made before the block.) The
 # general rule: a view's value written under no_grad keeps the history
 # eager regenerates from its base, also where functionalization replayed
-# the view inside the block.
+# the view inside the block. Fixed (session 37): the caller's views among
+# the inputs are, to the recorder, views with a history in any mode, as the
+# views made in grad mode are: a no_grad span that replays one keeps the
+# value it had at the span's entry as the old value of its write.
 
 class AnInputViewReplayedAndWrittenUnderNoGrad(nn.Module):
     def forward(self, x, z):
@@ -3185,8 +3188,6 @@ class AnInputViewReplayedAndWrittenUnderNoGrad(nn.Module):
         return z + 1.0
 
 
-@pytest.mark.xfail(strict=True, reason="108: a view replayed inside a no_grad block and written there loses "
-                                       "the history eager regenerates from its base")
 def test_an_input_view_replayed_and_written_under_no_grad_keeps_its_history():
     x = inputs((3, 4))[0]
     assert_sound(AnInputViewReplayedAndWrittenUnderNoGrad(), (x, x[0]), inputs_require_grad=True)

@@ -326,6 +326,15 @@ class Kept:
     in_callers_mode: bool = False
 
 
+def history_source(node: torch.fx.Node) -> torch.fx.Node:
+    """The value whose history a kept history is: through ``keep_history``
+    nodes to the first value that is not one. A value kept between is no
+    history of its own, and autograd would check a gradient against its
+    shape, which eager's tensor may no longer have (relaid under no_grad, then
+    given other memory: eager checks against the history's own shape)."""
+    return chain(node, lambda n: n.target is KEEP_HISTORY)[-1]
+
+
 def history_origin(node: torch.fx.Node, through_views: bool) -> tuple[torch.fx.Node, bool]:
     """The node whose history ``node``'s is, through kept histories (and view
     ops, ``through_views``: a tensor relaid in place, not an eager view), and

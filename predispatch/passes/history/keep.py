@@ -21,7 +21,7 @@ import torch.fx
 from ...ir.ops import KEEP_HISTORY, KEEP_HISTORY_IF_NO_GRAD
 from ...ir.records import Event, Kind
 from .refusals import BEFORE_KEEPING, refuse
-from .facts import Facts, Kept, is_view, reach, same_dtype, users_after
+from .facts import Facts, Kept, history_source, is_view, reach, same_dtype, users_after
 
 
 def insert_keep(facts: Facts, old: torch.fx.Node, new: torch.fx.Node, after: torch.fx.Node, kept: list,
@@ -30,7 +30,9 @@ def insert_keep(facts: Facts, old: torch.fx.Node, new: torch.fx.Node, after: tor
     uses of ``new`` read it. None if nothing reads ``new`` later (no node, no
     region output), unless ``needed`` (a later keep's history starts from
     it). ``kept`` gets a :class:`Kept` (``about``: the event it keeps a
-    history for), checked once every history is kept."""
+    history for), checked once every history is kept. ``old``'s history is
+    its source's (see :func:`.facts.history_source`)."""
+    old = history_source(old)
     position = facts.position
     after_at = position.get(after, len(position))
     merge_replays(new, after_at, position)
@@ -59,7 +61,7 @@ def _read_kept(facts: Facts, user: torch.fx.Node, new: torch.fx.Node, kept: torc
     if not notes.has(user, Kind.OWN_HISTORY_READ):
         user.replace_input_with(new, kept)
     elif user.args[0] is new and notes.has(user, Kind.STORAGE_SWAP):
-        user.args = (kept, *user.args[1:])
+        user.args = (history_source(kept), *user.args[1:])
 
 
 def merge_replays(new: torch.fx.Node, after_at: int, position: dict) -> None:

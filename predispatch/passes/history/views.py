@@ -103,8 +103,11 @@ def keep_callers_mode_view_histories(facts: Facts) -> None:
 def _callers_mode_part(made: torch.fx.Node, replay: torch.fx.Node, modes: dict):
     """The outermost view of the chain ``made`` (a view of a view ...) made in
     the caller's mode, and its replay in ``replay``'s chain; (None, None) if
-    none was."""
-    for m, r in zip(chain(made, is_view), chain(replay, is_view)):
+    none was. A view made of a replay that keeps its history as made (an
+    earlier replay's keep) was made of that view as made."""
+    made_views = [n for n in chain(made, lambda n: is_view(n) or n.target is KEEP_HISTORY)
+                  if n.target is not KEEP_HISTORY]
+    for m, r in zip(made_views, chain(replay, is_view)):
         if modes.get(m) is None:
             return m, r
         if not (m.op == r.op == "call_function" and m.target is r.target and m.args and is_view(m)

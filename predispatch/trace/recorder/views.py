@@ -117,6 +117,13 @@ def _note_lineage(state: TraceState, func, source: torch.Tensor, t: torch.Tensor
         marks.OWN_HISTORY.set(t, _torch.materialized_node(t))
 
 
+def note_input_views(state: TraceState, inputs) -> None:
+    """The user inputs traced as views of another (the caller made them): like
+    views made in grad mode, each has its history whatever the mode it is
+    read in, also where a no_grad span replays it (a write to its base)."""
+    state.grad_views.update(t for t in inputs if isinstance(t, _torch.FunctionalTensor) and marks.INPUT_VIEW.of(t))
+
+
 def is_after_a_grad_marker(state: TraceState, call: TorchCall) -> bool:
     return state.after_a_grad_marker
 
