@@ -42,6 +42,8 @@ def recording(module: torch.nn.Module, record: TraceRecord, strip, reuse_layers:
     def recorded_forward(*args, **kwargs):
         state = TraceState(record, _cast_sources(module, args, kwargs), HostDraws())
         views.note_input_views(state, _torch.pytree.tree_leaves((args, kwargs)))
+        state.graph_inputs = frozenset(map(id, (*module.parameters(), *module.buffers(),
+                                                *_torch.pytree.tree_leaves((args, kwargs)))))
         rebound = []  # (submodule, buffer name) rebound to a tensor of another dtype
         with _forward_recorded(module, state, eager_autocast_cache, reuse_layers, rebound) as reuse:
             out = forward(*args, **kwargs)

@@ -74,6 +74,7 @@ class TraceState:
     reads_through: bool = False
 
     # -- storage swaps (swaps.py)
+    graph_inputs: frozenset = frozenset()  # ids of the parameters, buffers and inputs the forward got
     swapped: dict = dataclasses.field(default_factory=dict)  # storage a set_() made shared -> its sharers
     call_start: torch.fx.Node | None = None  # the graph's last node before the user's torch call running
 
