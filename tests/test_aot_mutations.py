@@ -885,21 +885,6 @@ OPEN: list[tuple[str, list[str]]] = [
         "input_aliased_with_mutation_output_alias-history-no_grad",
         "input_mutation_aliases_bases_out_of_order-history-no_grad",  # and the next cause's unsqueeze_
     ]),
-    ("an input with a history given another layout in grad mode (transpose_, t_, squeeze_, as_strided_): the "
-     "caller's tensor takes the layout but keeps its old grad_fn (eager: TransposeBackward1, ...), so a later "
-     "loss over it sends other gradients (square) or crashes the backward (invalid gradient shape)", [
-        "input_mutation_metadata-history-grad",
-        "ours_input_mutation_metadata_not_square-history-grad",
-        "output_all_alias_types-history-grad",
-        "view_and_inplace_view-history-grad",
-        "dupe_arg_torture-history-grad",
-        "invalid_dupe_left_bias-history-grad",
-        "input_output_view_metadata_mutate_multiple-history-grad",
-        "input_mutation_output_view_multiple-history-grad",
-        "input_mutation_alias_everything-history-grad",
-        "ours_as_strided_-history-grad",
-        "ours_squeeze_-history-grad",
-    ]),
     ("b and d views of one base, b.add_(1); d.unsqueeze_(0): the caller's d keeps shape (4,) (eager: (1, 4))", [
         "input_mutation_aliases_bases_out_of_order-history-grad",
         "input_mutation_aliases_bases_out_of_order-plain-grad",

@@ -35,6 +35,8 @@ class Kind(enum.Enum):
     # an in-place update, through a set_() target, of memory shared with ``node``
     # (``readers``: (op, argument position) reading it by then)
     SAVED_VALUE_UPDATE = "saved-value update"
+    # a parameter, buffer or input (``input``) given another layout in place; ``node``: its value then
+    RELAYOUT = "relayout"
 
 
 WRITES = frozenset({Kind.NO_GRAD_WRITE, Kind.CALLERS_MODE_WRITE, Kind.DETACHED_ALIAS_WRITE})
@@ -55,6 +57,7 @@ class Event:
     eager_view: bool | None = None
     swapped: bool = False
     readers: tuple = ()
+    input: str | None = None  # a parameter, buffer or input, as TraceRecord's keys name it
 
     @property
     def old(self) -> torch.fx.Node | None:

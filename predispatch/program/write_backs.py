@@ -9,6 +9,8 @@ and layouts travel in the program's record (:mod:`predispatch.ir.program_meta`).
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from .. import _torch
@@ -71,6 +73,8 @@ def write_back_layout(target: torch.Tensor, value: torch.Tensor, source, layout:
     size, stride, offset = layout["size"], layout["stride"], layout["offset"]
     if size is None:  # symbolic at export
         size, stride, offset = value.size(), value.stride(), 0
+    if _relaid_with_history(target, layout, size, stride, offset):
+        return _WRITE_BACK[mode](target, value) if mode is not None else target
     # eager changed the layout before anything the program saved for backward read the
     # tensor (a view of it passed as another input: f(y, y[1])): no version bump here
     with torch.no_grad(), _torch.preserve_version_counter(target):
@@ -91,6 +95,26 @@ def write_back_layout(target: torch.Tensor, value: torch.Tensor, source, layout:
         # accumulator of its new shape
         target.set_(target.untyped_storage(), offset, size, stride)
     return _WRITE_BACK[mode](target, value) if mode is not None else target
+
+
+def _relaid_with_history(target: torch.Tensor, layout: dict, size, stride, offset: int) -> bool:
+    """A tensor with a history relaid on its own memory where autograd saw
+    it (``t_()`` in grad mode, or in the caller's mode: ``layout["grad_mode"]``
+    is "grad" or "caller"): as eager's, its history goes through the change
+    (``as_strided_``, in the caller's mode or with grad on), which autograd
+    checks later gradients against. (A leaf takes the new shape as a leaf:
+    set_, below.) False where it is not such a change, done nothing."""
+    grad_mode = layout.get("grad_mode")
+    if layout["storage"] != "own" or grad_mode not in ("grad", "caller") or target.is_leaf or not (
+            target.requires_grad) or _torch.is_traced(target):
+        return False
+    offset += target.storage_offset()
+    if _torch.storage_extent(size, stride, offset) * target.element_size() > target.untyped_storage().nbytes():
+        return False  # grown (resize_): on memory of its own, as set_ gives it
+    with torch.enable_grad() if grad_mode == "grad" else contextlib.nullcontext(), \
+            _torch.preserve_version_counter(target):
+        target.as_strided_(size, stride, offset)
+    return True
 
 
 def _rebound(target: torch.Tensor, value: torch.Tensor, layout: dict) -> torch.Tensor:

@@ -194,3 +194,8 @@ def _concrete_layout(t) -> tuple[tuple, tuple, int] | None:
         return None
     return layout
 
+
+def relays_in_place(func, args, out) -> bool:
+    """Did ``func(*args) -> out`` change its first argument's layout in place
+    (``t_()``, ``transpose_``, ``unsqueeze_``, ``as_strided_``, ``resize_``, ...)?"""
+    return bool(args) and out is args[0] and getattr(func, "__name__", None) in _LAYOUT_CHANGES

@@ -83,6 +83,7 @@ def _reshaped_covers(facts: Facts) -> set:
 
 
 STEPS = (
+    Step("relaid inputs' history as eager gives it", keep.note_relayout_modes),
     Step("views made with grad on replayed in grad mode", views.replay_in_grad_mode),
     Step("writes' old histories kept", _keep_written_histories),
     Step("views made in the caller's mode keep their history", views.keep_callers_mode_view_histories),

@@ -89,6 +89,7 @@ class Notes:
     def __init__(self, events: list[Event]):
         self.writes = [e for e in events if e.kind in WRITES]
         self.saved_value_updates = [e for e in events if e.kind is Kind.SAVED_VALUE_UPDATE]
+        self.relayouts = [e for e in events if e.kind is Kind.RELAYOUT]
         self._by_node: dict[torch.fx.Node, dict[Kind, Event]] = collections.defaultdict(dict)
         for e in events:
             if e.kind not in WRITES:

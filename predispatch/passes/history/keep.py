@@ -263,3 +263,17 @@ def _is_user_output_only(facts: Facts, new: torch.fx.Node) -> bool:
     if kinds is None:
         return True
     return {k.name for o, k in zip(facts.outputs, kinds) if o is new} == {"USER_OUTPUT"}
+
+
+_MODE_NAMES = {True: "grad", False: "no_grad", None: "caller"}
+
+
+def note_relayout_modes(facts: Facts) -> None:
+    """A parameter, buffer or input given another layout in place: in eager
+    its history goes through the change where autograd saw it (in grad mode,
+    in the caller's mode under a caller with grad on), and stays the one it
+    had elsewhere. The grad mode of its last change, for its write-back
+    (:func:`predispatch.program.write_backs.write_back_layout`)."""
+    for e in facts.notes.relayouts:
+        if e.input in facts.layouts and facts.alive(e.node):
+            facts.layouts[e.input]["grad_mode"] = _MODE_NAMES[facts.modes.get(e.node)]

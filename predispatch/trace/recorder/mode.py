@@ -27,6 +27,8 @@ class Recorder(_torch.TorchFunctionMode):
             eager_layout.refuse_storage_offsets_unlike_eager(func, args, kwargs or {})
             out = table.handle(state, TorchCall(func, args, kwargs or {}, self))
             eager_layout.follow(func, args, kwargs or {}, out)
+            if eager_layout.relays_in_place(func, args, out):
+                views.note_relayout(state, args[0])
             return out
         finally:
             state.call = outer_call

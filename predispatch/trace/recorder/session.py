@@ -42,8 +42,7 @@ def recording(module: torch.nn.Module, record: TraceRecord, strip, reuse_layers:
     def recorded_forward(*args, **kwargs):
         state = TraceState(record, _cast_sources(module, args, kwargs), HostDraws())
         views.note_input_views(state, _torch.pytree.tree_leaves((args, kwargs)))
-        state.graph_inputs = frozenset(map(id, (*module.parameters(), *module.buffers(),
-                                                *_torch.pytree.tree_leaves((args, kwargs)))))
+        state.graph_inputs = _graph_input_keys(module, _torch.pytree.tree_leaves((args, kwargs)), strip)
         rebound = []  # (submodule, buffer name) rebound to a tensor of another dtype
         with _forward_recorded(module, state, eager_autocast_cache, reuse_layers, rebound) as reuse:
             out = forward(*args, **kwargs)
@@ -123,6 +122,20 @@ def _rebound_buffers(module: torch.nn.Module, rebound: list) -> dict:
         if id(m) in paths and name in buffers:
             found[f"buffer:{paths[id(m)]}{'.' if paths[id(m)] else ''}{name}"] = buffers[name]
     return found
+
+
+def _graph_input_keys(module, flat_inputs, strip) -> dict:
+    """id of each parameter, buffer and input -> its key in the record (one
+    given twice, or tied: its first, as it is written back)."""
+    keys = {}
+    for n, p in module.named_parameters(remove_duplicate=False):
+        keys.setdefault(id(p), f"param:{strip(n)}")
+    for n, b in module.named_buffers(remove_duplicate=False):
+        keys.setdefault(id(b), f"buffer:{strip(n)}")
+    for i, t in enumerate(flat_inputs):
+        if isinstance(t, torch.Tensor):
+            keys.setdefault(id(t), f"input:{i}")
+    return keys
 
 
 def _note_mutation_kinds(record: TraceRecord, module, flat_inputs, strip) -> None:

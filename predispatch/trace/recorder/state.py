@@ -74,7 +74,8 @@ class TraceState:
     reads_through: bool = False
 
     # -- storage swaps (swaps.py)
-    graph_inputs: frozenset = frozenset()  # ids of the parameters, buffers and inputs the forward got
+    # id of each parameter, buffer and input the forward got -> its key ("param:<fqn>", "input:<i>", ...)
+    graph_inputs: dict = dataclasses.field(default_factory=dict)
     swapped: dict = dataclasses.field(default_factory=dict)  # storage a set_() made shared -> its sharers
     call_start: torch.fx.Node | None = None  # the graph's last node before the user's torch call running
 

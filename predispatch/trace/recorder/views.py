@@ -117,6 +117,16 @@ def _note_lineage(state: TraceState, func, source: torch.Tensor, t: torch.Tensor
         marks.OWN_HISTORY.set(t, _torch.materialized_node(t))
 
 
+def note_relayout(state: TraceState, t) -> None:
+    """``t`` was given another layout in place: where it is a parameter,
+    buffer or input, its value then, whose grad mode says what history
+    eager gave the caller's tensor (the history stage reads it)."""
+    key = state.graph_inputs.get(id(t))
+    if key is not None and (node := current_node(state, t)) is not None:
+        state.record.note(Event(Kind.RELAYOUT, node, input=key))
+        state.record.needed.append(node)
+
+
 def note_input_views(state: TraceState, inputs) -> None:
     """The user inputs traced as views of another (the caller made them): like
     views made in grad mode, each has its history whatever the mode it is
