@@ -3199,3 +3199,104 @@ class AnInputViewReplayedAndWrittenUnderNoGrad(nn.Module):
 def test_an_input_view_replayed_and_written_under_no_grad_keeps_its_history():
     x = inputs((3, 4))[0]
     assert_sound(AnInputViewReplayedAndWrittenUnderNoGrad(), (x, x[0]), inputs_require_grad=True)
+
+
+# 109. (issue 38: one of 4,000 programs on four fresh seeds, session 36's
+# fuzzer) A detached alias of an input written, a value made from it relaid
+# (unsqueeze_) under no_grad, then, in a no_grad block nested in an
+# enable_grad block, given other memory (set_) of the old shape: eager's
+# tensor keeps the history it had before both (shape (4,)); the program
+# kept it as keep_history(keep_history(old, relaid), swapped), whose
+# backward checked the gradient against the relaid (1, 4) and crashed
+# ("_HistoryBackward returned an invalid gradient"). A kept history's old
+# value is now its source through keep_history nodes.
+
+class RelaidThenSwappedUnderNoGrad(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("n", torch.zeros(()))
+
+    def forward(self, x, z):
+        v0 = z.detach()
+        v0[0] = self.n
+        v0.mul_(0)
+        v0.sub_(v0)
+        v2 = -v0
+        v2.mul_(z)
+        with torch.no_grad():
+            v2.unsqueeze_(0)
+            with torch.enable_grad():
+                v3 = x - z
+                with torch.no_grad():
+                    v2.set_(v0)
+        return (v3, v3, v2)
+
+
+def test_a_history_kept_across_a_relayout_and_a_swap_is_checked_at_its_own_shape():
+    assert_sound(RelaidThenSwappedUnderNoGrad(), inputs((3, 4), (4,)), inputs_require_grad=True)
+
+
+# 110. (issue 38, as 109) A view of a parameter made in the caller's mode
+# (v0 = w[1:]), the parameter's memory written in an enable_grad block out
+# of autograd's sight (through a tensor set_() to it), then a view of v0
+# made there and returned: under a no_grad caller eager's v0 has no
+# history, nor its view; the program replayed the returned view from the
+# parameter's new value in grad mode, with the parameter's history. The
+# view as made was itself made of a replay that keeps v0's history as made
+# (keep_history(v0, replay)): walking the view as made back through that
+# keep now finds v0, made in the caller's mode, and the returned replay
+# keeps its history too. (Minimized by hand: the issue's program wrote the
+# parameter through an input set_() to it, which is now refused: written in
+# grad mode, it left the caller's input requiring grad with the parameter's
+# history, where eager's does not.)
+
+class CallersModeViewOfAViewReplayedInAGradBlock(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4, 4, generator=torch.Generator().manual_seed(0)) * 0.5)
+
+    def forward(self, x):
+        v0 = self.w[1:]
+        t = torch.zeros(3, 4)
+        with torch.enable_grad():
+            with torch.no_grad():
+                t.set_(v0)
+            t.mul_(0.5)
+            v3 = v0[0]
+            t.mul_(2.0)
+        return v3
+
+
+class IssueProgramWritingAParameterThroughAnInputSetToIt(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4, 4, generator=torch.Generator().manual_seed(0)) * 0.5)
+        self.register_buffer("s", torch.zeros(4))
+
+    def forward(self, x, y):
+        self.s.mul_(0.5)
+        v0 = self.w[1:]
+        with torch.set_grad_enabled(True):
+            @torch.set_grad_enabled(False)
+            def f0():
+                v2 = self.s[0]
+                with torch.no_grad():
+                    y.set_(v0)
+                x.transpose_(0, 1)
+                return (v2,)
+            v2, = f0()
+            y.mul_(v2)
+            v3 = v0[0]
+            y.mul_(2.0)
+        self.s.mul_(0.5)
+        return v3
+
+
+@pytest.mark.parametrize("inputs_require_grad", [False, True])
+def test_a_view_of_a_callers_mode_view_replayed_in_a_grad_block_keeps_its_history(inputs_require_grad):
+    assert_sound(CallersModeViewOfAViewReplayedInAGradBlock(), inputs((4,)), inputs_require_grad=inputs_require_grad)
+
+
+def test_an_input_set_to_a_parameter_then_written_in_grad_mode_is_refused_in_the_issues_program():
+    with pytest.raises(predispatch.ExportError, match=r"y.mul_\(v2\) of a parameter, buffer or input that set_\(\)"):
+        predispatch.export_predispatch(IssueProgramWritingAParameterThroughAnInputSetToIt(), inputs((3, 4), (3, 4)))
