@@ -1933,7 +1933,10 @@ def test_an_input_keeps_the_storage_it_was_set_to_when_that_input_moves_on():
 #     history: the recorder's write of the update's values to the shared
 #     memory kept a zero-gradient link to the tensor's history, whose shape
 #     is no longer the memory's, and the value's reader's backward raised.
-#     Fixed: that write carries the values only.
+#     Fixed: that write carries the values only. (The fuzzer's tensor was
+#     an input: since session 37 that is refused, the program having written
+#     the input back with the memory's history, where eager's keeps its own;
+#     the test's tensor is a value the forward made.)
 # 62. A leaf made in the forward, read in an enable_grad block, under a
 #     no_grad caller: the leaf was dropped as unseen because with grad on
 #     what it reaches requires grad anyway. Fixed: unseen in both modes.
@@ -1957,12 +1960,14 @@ class RelaidInputUpdatedThroughAnEarlierView(nn.Module):
 
 
 class SwappedThenUpdatedFromItsHistory(nn.Module):
-    def __init__(self):
+    def __init__(self, input_swapped=False):
         super().__init__()
         self.bias = nn.Parameter(torch.randn(4, generator=torch.Generator().manual_seed(0)))
         self.register_buffer("s", torch.randn(4, generator=torch.Generator().manual_seed(1)))
+        self.input_swapped = input_swapped
 
     def forward(self, x):
+        x = x if self.input_swapped else x * 1.0
         with torch.enable_grad():
             x.mul_(0.9).add_(self.bias, alpha=0.1)
             v0 = self.s.relu()
@@ -1990,6 +1995,12 @@ class LeafReadInAGradBlock(nn.Module):
                                              (LeafReadInAGradBlock(), True)])
 def test_fuzz_60_to_62(module, require):
     assert_sound(module, inputs((3, 4)), inputs_require_grad=require)
+
+
+def test_an_input_set_to_other_memory_then_written_in_grad_mode_is_refused():
+    with pytest.raises(predispatch.ExportError, match=r"x.mul_\(0.9\).add_\(v0, alpha=0.1\) of a parameter, "
+                                                      r"buffer or input that set_\(\) gave other memory"):
+        predispatch.export_predispatch(SwappedThenUpdatedFromItsHistory(input_swapped=True), inputs((3, 4)))
 
 
 class ViewInputWrittenThenCoverSwapped(nn.Module):
@@ -2056,6 +2067,7 @@ class CallersModeViewReadInAGradBlock(nn.Module):
 
     def forward(self, x):
         v0 = self.p.t()
+        x = x * 1.0  # (the fuzzer's was the input, which is refused since session 37: see 61)
         x.set_(self.p)
         with torch.enable_grad():
             x[0] = self.n

@@ -55,7 +55,6 @@ OWN_HISTORY = Mark("own_history")
 
 # -- storage swaps (swaps.py)
 SWAPPED = Mark("swapped", False)  # given another's storage by set_()
-SWAPPED_UNDER_NO_GRAD = Mark("swapped_under_no_grad", False)  # by a set_() under no_grad: its history kept
 SWAPPED_AT = Mark("swapped_at")  # where, last
 # on a set_() target: (its own history's node, whether it was made by a view op), for its reads
 SWAP_HISTORY = Mark("swap_history")

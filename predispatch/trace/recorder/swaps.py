@@ -89,8 +89,6 @@ def note_swapped(state: TraceState, t, before) -> None:
     of its first swap. (Given another shape where eager's history would
     not take it as autograd checks it, the history stage decides.)"""
     marks.SWAPPED_AT.set(t, user_location())
-    if not torch.is_grad_enabled():
-        marks.SWAPPED_UNDER_NO_GRAD.set(t)
     if state.watch is not None and id(t) in state.watch:
         before = state.watch[id(t)][1]  # updated under this no_grad span: eager keeps the history before
     sharers = state.swapped.setdefault(_torch.storage_of(t), [])
@@ -138,28 +136,21 @@ def note_swap_updates(state: TraceState, func, tensors) -> None:
 
 
 def _refuse_grad_mode_writes_of_swapped_inputs(state: TraceState, tensors) -> None:
-    """A parameter, buffer or input that set_() under no_grad gave another
-    one's memory, then written in grad mode: eager gives the caller's tensor
-    the history it kept and the update's, on memory the other one is written
-    back with its own; the program writes each back as one value, whose
-    history is the memory's. (AOTAutograd refuses it too. A set_() in grad
-    mode leaves no history to keep: eager refuses it for a tensor that
-    requires grad.)"""
+    """A parameter, buffer or input that set_() gave other memory, then
+    written in grad mode: eager gives the caller's tensor its own history
+    (none where it had none) and the update's; the program writes it back
+    as the memory's value, whose history is the memory's (another input's,
+    or what the forward computed there). (AOTAutograd refuses an input
+    set_() and otherwise mutated too.)"""
     if state.watch is not None or not torch.is_grad_enabled():
         return
     for t in tensors:
-        if any(marks.SWAPPED_UNDER_NO_GRAD.of(s) and id(s) in state.graph_inputs and _shares_another_input(state, s)
-               for s in (t, marks.base(t))):
+        if any(marks.SWAPPED.of(s) and id(s) in state.graph_inputs for s in (t, marks.base(t))):
             raise ExportError(
                 f"an in-place update in grad mode at {user_location()} of a parameter, buffer or input "
-                "that set_() gave another tensor's memory: eager gives the caller's tensor the update's "
-                "history on that memory, which a program, writing back one value, cannot reproduce; "
-                "set_ to a clone, or update a clone")
-
-
-def _shares_another_input(state: TraceState, t) -> bool:
-    """Does ``t`` share the memory a set_() made shared with another parameter, buffer or input?"""
-    return any(o is not t and id(o) in state.graph_inputs for o in state.swapped.get(_torch.storage_of(t), ()))
+                "that set_() gave other memory: eager gives the caller's tensor its own history and the "
+                "update's, which a program, writing it back as that memory's value, cannot reproduce; "
+                "set_ a clone, or update a clone")
 
 
 def _readers(node: torch.fx.Node) -> list[tuple[torch.fx.Node, int | None]]:
