@@ -474,6 +474,21 @@ def test_a_loaded_program_checks_its_inputs_aliasing_as_exported(views, tmp_path
         module(*[v.clone() for v in views(b)])
 
 
+@pytest.mark.parametrize("views", [lambda b: (b, b[0]), lambda b: (b[0, :3], b[0, 1:])], ids=["cover", "synthetic"])
+def test_a_program_whose_inputs_share_memory_decomposes(views):
+    """torch's run_decompositions traces the program again on its example
+    inputs, which AOTAutograd's export refuses where they share memory and
+    one is mutated: the graph holds their aliasing itself, so they are
+    traced apart; the result still checks a call's aliasing."""
+    def decomposed(module, args, kwargs):
+        return predispatch.export_predispatch(module, args, kwargs).run_decompositions()
+
+    ep = assert_matches_eager(F(_mul_first_add_second), views(torch.randn(2, 4)), export=decomposed,
+                              inputs_with_history=True, check_reexport=False)
+    with pytest.raises(RuntimeError, match="share memory otherwise"):
+        ep.module()(*[v.clone() for v in views(torch.randn(2, 4))])
+
+
 def _adds_to_second_relays_fourth(w, x, y, z):
     x.add_(1)
     z.unsqueeze_(0)
