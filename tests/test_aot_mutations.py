@@ -883,22 +883,8 @@ OPEN: list[tuple[str, list[str]]] = [
         "input_data_and_metadata_mutation-history-no_grad",
         "input_mutation_aliases_and_output_alias-history-no_grad",
         "input_aliased_with_mutation_output_alias-history-no_grad",
-        "input_mutation_aliases_bases_out_of_order-history-no_grad",  # and the next cause's unsqueeze_
+        "input_mutation_aliases_bases_out_of_order-history-no_grad",
     ]),
-    ("b and d views of one base, b.add_(1); d.unsqueeze_(0): the caller's d keeps shape (4,) (eager: (1, 4))", [
-        "input_mutation_aliases_bases_out_of_order-history-grad",
-        "input_mutation_aliases_bases_out_of_order-plain-grad",
-        "input_mutation_aliases_bases_out_of_order-plain-no_grad",
-    ]),
-    ("refused although AOTAutograd runs it: views of one base that share no element (interleaved columns, "
-     "strided rows) refused as partially overlapping",
-     _runs_of("input_mutation_false_aliasing_v3") + _runs_of("input_mutation_false_aliasing_v4")
-     + _runs_of("input_mutation_false_aliasing_v5")),
-    ("refused although AOTAutograd runs it (a synthetic base): inputs that truly overlap, one mutated",
-     _runs_of("input_mutation_false_aliasing_overlap1") + _runs_of("input_mutation_false_aliasing_overlap2")),
-    ("refused: two x[1:] views of one base, both mutated: the second is traced as an as_strided view (storage "
-     "offset 1) of the first, whose functional copy holds only its own 3 elements: as_strided_scatter out of "
-     "bounds while tracing, wrapped as an ExportError", _runs_of("ours_two_suffix_views_both_mutated")),
     ("refused although AOTAutograd runs it: an autograd.Function that returns its input",
      _runs_of("input_output_aliase_custom_autograd_function", kinds=("leaf", "history", "plain"))),
     ("refused although AOTAutograd runs it (without functionalization): an autograd.Function that updates its "

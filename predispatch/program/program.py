@@ -10,6 +10,8 @@ class after ``torch.export.load``.
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch.export import ExportedProgram
 
@@ -106,7 +108,33 @@ class PredispatchProgram(ExportedProgram):
         autocast semantics are lost (gradients through a no_grad block are
         no longer cut). The result still writes mutations back as eager did
         (the write-back record survives decomposition)."""
-        return as_predispatch_program(super().run_decompositions(*args, **kwargs))
+        with _aliased_inputs_apart(self):
+            return as_predispatch_program(super().run_decompositions(*args, **kwargs))
+
+
+@contextlib.contextmanager
+def _aliased_inputs_apart(ep: ExportedProgram):
+    """While torch traces the program again: the user inputs it sees as views
+    of one base (their example values share memory) get example values of
+    their own. The graph holds their aliasing itself (a view of the covering
+    input, a synthetic base made of their values), and AOTAutograd's export
+    refuses to trace inputs that share memory with one mutated."""
+    views = program_meta(ep).get("input_views", {})
+    positions = {int(i) for i in views} | {v["of"] for v in views.values()}
+    users = [n for n in ep.graph.nodes if n.op == "placeholder" and n.name in ep.graph_signature.user_inputs]
+    saved = {}
+    for i in sorted(positions):
+        val = users[i].meta.get("val") if i < len(users) else None
+        if isinstance(val, torch.Tensor):
+            saved[users[i]] = val
+            with _torch.fake_mode_of(val):
+                users[i].meta["val"] = torch.empty_strided(val.size(), val.stride(), dtype=val.dtype,
+                                                           device=val.device)
+    try:
+        yield
+    finally:
+        for node, val in saved.items():
+            node.meta["val"] = val
 
 
 def as_predispatch_program(ep: ExportedProgram) -> PredispatchProgram:

@@ -40,22 +40,25 @@ class Start:
     offsets: list
 
 
-def shadow_inputs(inputs: list) -> Start:
+def shadow_inputs(inputs: list, shifts: dict | None = None) -> Start:
     """Give each traced input with concrete sizes a shadow; inputs sharing
-    functional storage share one meta storage."""
+    functional storage share one meta storage. ``shifts``: input position ->
+    how far into eager's storage functionalization's starts (inputs seen
+    through a synthetic base, which holds the memory from their first element)."""
     with _unseen():
-        return _shadow_inputs(inputs)
+        return _shadow_inputs(inputs, shifts or {})
 
 
-def _shadow_inputs(inputs: list) -> Start:
+def _shadow_inputs(inputs: list, shifts: dict) -> Start:
     storages, offsets, meta = [], [], {}
-    for t in inputs:
+    for i, t in enumerate(inputs):
         layout = _concrete_layout(t) if isinstance(t, _torch.FunctionalTensor) else None
         if layout is None:
             storages.append(None)
             offsets.append(None)
             continue
         size, stride, offset = layout
+        offset += shifts.get(i, 0)
         key = _torch.storage_of(t)
         if key not in meta:
             meta[key] = torch.empty(0, dtype=torch.uint8, device="meta").untyped_storage()

@@ -10,11 +10,12 @@ The steps, as :func:`functional_trace` takes them: the module's call
 flattened (:func:`_flat_call`: its state first, then the user's inputs,
 :class:`_FlatInputs`); one trace (:func:`_trace_once`), made again with
 every layer traced where a stamped layer was mutated later (:func:`_trace`),
-and again with overlapping user inputs seen through the one covering them
-where one of them was mutated (:func:`_traced`); dead code dropped; the
-signature. Inside the trace, the functionalized call
-(:func:`_functionalized_call`): the inputs wrapped, the forward, the
-refusals of covers moved or relaid, the write-backs.
+and again with overlapping user inputs seen through the base of their group
+(a covering input, or a synthetic base made in the graph) where one of them
+was mutated (:func:`_traced`); dead code dropped; the signature. Inside the
+trace, the functionalized call (:func:`_functionalized_call`): the inputs
+wrapped, the forward, the refusals of covers moved or relaid, the
+write-backs.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ import torch
 
 from .. import _torch
 from ..errors import ExportError
+from ..ir.records import Event, Kind
 from . import eager_layout, input_aliasing, layer_reuse, recorder
 
 
@@ -63,6 +65,8 @@ class _FlatInputs:
 
     state_keys: tuple  # "param:<name>" / "buffer:<name>", one per state input
     views: dict  # user position -> input_aliasing.View
+    # user position -> input_aliasing.View of a synthetic base the module (a program exported again) builds
+    built: dict = dataclasses.field(default_factory=dict)
 
     @property
     def n_state(self) -> int:
@@ -122,7 +126,8 @@ def functional_trace(mod: torch.nn.Module, args, kwargs, keep=frozenset, on_layo
     gm, mutated, layout = _traced(tracing, layout)
     _drop_storage_swaps_of_constants(gm)
     _drop_dead_code(gm, keep())
-    return gm, _signature(gm, named_parameters, named_buffers, mutated, in_spec, out_spec.spec), layout.views
+    return (gm, _signature(gm, named_parameters, named_buffers, mutated, in_spec, out_spec.spec),
+            {**layout.views, **layout.built})
 
 
 def _flat_call(mod, args, kwargs: dict, named_parameters: dict, named_buffers: dict, on_layout_change,
@@ -144,24 +149,32 @@ def _flat_call(mod, args, kwargs: dict, named_parameters: dict, named_buffers: d
 def _traced(tracing: _Tracing, layout: _FlatInputs) -> tuple:
     """(graph module, the flat positions of the inputs written back, the
     layout it was traced with): traced again with overlapping user inputs
-    seen through the one covering them, where the first trace mutated one."""
-    gm, mutated = _trace(tracing, layout)
+    seen through the base of their group, where the first trace mutated
+    one; but for the synthetic bases a program exported again builds
+    itself (its example inputs aliasing as the program's did), which the
+    trace does not build a second time: the same graph (G7)."""
+    gm, mutated, built = _trace(tracing, layout)
     overlapping = _overlapping_inputs(layout, tracing.flat_args, mutated)
-    if not overlapping:
+    layout = dataclasses.replace(layout, built={
+        j: v for j, v in overlapping.items() if v.base is not None and built.get(j) == v})
+    views = {j: v for j, v in overlapping.items() if j not in layout.built}
+    if not views:
         return gm, mutated, layout
     tracing.note_retrace()
-    layout = dataclasses.replace(layout, views=dict(overlapping))
-    return (*_trace(tracing, layout), layout)
+    layout = dataclasses.replace(layout, views=views)
+    gm, mutated, _ = _trace(tracing, layout)
+    return gm, mutated, layout
 
 
 def _overlapping_inputs(layout: _FlatInputs, flat_args: list, mutated: list[int]) -> dict:
     """User inputs that overlap another in memory, where one of their group
-    was mutated -> how each is seen from the one covering the group (see
-    :func:`predispatch.trace.input_aliasing.views_of_covering_inputs`)."""
+    was mutated -> how each is seen from the base of the group, an input
+    covering it or a synthetic one (see
+    :func:`predispatch.trace.input_aliasing.aliased_inputs`)."""
     user = layout.user(flat_args)
     if not _some_share_storage(user):
         return {}
-    return input_aliasing.views_of_covering_inputs(user, layout.user_positions(mutated))
+    return input_aliasing.aliased_inputs(user, layout.user_positions(mutated))
 
 
 def _some_share_storage(inputs) -> bool:
@@ -183,21 +196,24 @@ def _trace(tracing: _Tracing, layout: _FlatInputs) -> tuple:
 
 def _trace_once(tracing: _Tracing, layout: _FlatInputs) -> tuple:
     """One make_fx trace of the functionalized call: (graph module, the flat
-    positions of the inputs written back, in the order of their new values)."""
+    positions of the inputs written back, in the order of their new values,
+    the user inputs a program exported again sees through synthetic bases
+    it builds itself: see :func:`predispatch.trace.input_aliasing.views_built_by_program`)."""
     mutated: list[int] = []
+    built: dict = {}
 
     @functools.wraps(tracing.flat_fn)  # carries the module: make_fx records nn_module_stack and stack traces
     def functionalized(*flat):
         # make_fx made and tracked the inputs with torch-function modes off (below): on for the module
         with _torch.torch_function_enabled():
-            return _functionalized_call(flat, tracing, layout, mutated)
+            return _functionalized_call(flat, tracing, layout, mutated, built)
 
     # make_fx's own work around the module's call (making, tracking and reading the inputs and outputs:
     # metadata reads, not the module's torch calls) with torch-function modes off, at ~250 us an input
     with _torch.enable_python_dispatcher(), _torch.wrappers_sized_by_wrapped_storage(), \
             _torch.torch_function_disabled(), _torch.placeholders_without_stack_traces():
         gm = _torch.make_fx(functionalized, record_module_stack=True, pre_dispatch=True)(*tracing.flat_args)
-    return gm, mutated
+    return gm, mutated, built
 
 
 # ---------------------------------------------------------------- the functionalized call
@@ -220,9 +236,13 @@ class _CallInputs:
         return self.layout.user(self.given)
 
     def views_apart(self) -> dict:
-        """The user inputs seen through another, but for the same tensor given twice."""
+        """The user inputs seen through another (a cover), but for the same tensor given twice."""
         user = self.user()
-        return {j: v for j, v in self.layout.views.items() if user[j] is not user[v.of]}
+        return {j: v for j, v in self.layout.views.items() if v.base is None and user[j] is not user[v.of]}
+
+    def of_synthetic_bases(self) -> list[int]:
+        """The user inputs seen through a synthetic base (each written back as itself)."""
+        return [j for j, v in self.layout.views.items() if v.base is not None]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -236,19 +256,22 @@ class _InputStarts:
     eager: eager_layout.Start
 
 
-def _functionalized_call(flat: tuple, tracing: _Tracing, layout: _FlatInputs, mutated: list[int]) -> tuple:
+def _functionalized_call(flat: tuple, tracing: _Tracing, layout: _FlatInputs, mutated: list[int],
+                         built: dict) -> tuple:
     """The module's flat call on FunctionalTensors: the new values of the
-    inputs it wrote (their flat positions appended to ``mutated``), then its
-    outputs (a user input seen through another and returned as it is: the
-    caller's tensor, as in eager)."""
+    inputs it wrote (their flat positions appended to ``mutated``; to
+    ``built``, the inputs a program exported again sees through synthetic
+    bases it builds), then its outputs (a user input seen through another
+    and returned as it is: the caller's tensor, as in eager)."""
     with _torch.functional_mode():
         inputs = _functional_inputs(flat, layout, tracing.record)
-        starts = _input_starts(inputs.functional)
+        starts = _input_starts(inputs)
         outputs = tracing.flat_fn(*inputs.functional)
+    built.update(input_aliasing.views_built_by_program(inputs.user()))
     _refuse_moved_covers(inputs)
-    written = _write_backs(inputs, starts, tracing.on_layout_change, tracing.rebound())
+    written = _write_backs(inputs, starts, tracing.on_layout_change, tracing.rebound(), tracing.record)
     mutated.extend(i for i, _ in written)
-    as_given = _views_returned_as_given(inputs)
+    as_given = _views_returned_as_given(inputs, built)
     _refuse_returned_views_of_relaid_covers(inputs, as_given, outputs)
     return (*[value for _, value in written],
             *[as_given[id(o)] if id(o) in as_given else _torch.from_functional(o) for o in outputs])
@@ -262,7 +285,7 @@ def _functional_inputs(flat: tuple, layout: _FlatInputs, record) -> _CallInputs:
     with _torch.torch_function_disabled():
         state = _wrapped_once(layout.state(flat))
         user = [None if j in layout.views else _torch.to_functional(a) for j, a in enumerate(given_user)]
-    _seen_through_covers(given_user, user, layout.views, record)
+    _seen_through_bases(given_user, user, layout.views, record)
     return _CallInputs(layout, flat, state + user)
 
 
@@ -276,24 +299,60 @@ def _wrapped_once(state: list) -> list:
     return [wrapped[id(a)] for a in state]
 
 
-def _seen_through_covers(given_user: list, user: list, views: dict, record) -> None:
-    """Each user input seen through another (``views``; None in ``user``)
-    becomes that view of its cover's FunctionalTensor: the cover itself,
-    where the same tensor was given twice."""
-    for j, v in views.items():
-        cover = user[v.of]
-        if given_user[j] is given_user[v.of]:
-            user[j] = cover
-            continue
-        user[j] = cover.as_strided(v.size, v.stride, v.offset)
-        recorder.mark_view(user[j], cover, record)
+def _seen_through_bases(given_user: list, user: list, views: dict, record) -> None:
+    """Each user input seen through a base (``views``; None in ``user``)
+    becomes that view of it: of its cover's FunctionalTensor (the cover
+    itself, where the same tensor was given twice), or of its group's
+    synthetic base (:func:`_synthetic_base`; the same tensor twice, one view)."""
+    bases = {}
+    for j, v in sorted(views.items()):
+        if v.base is None:
+            base = user[v.of]
+            if given_user[j] is given_user[v.of]:
+                user[j] = base
+                continue
+        else:
+            twin = next((k for k in sorted(views) if k < j and given_user[k] is given_user[j]), None)
+            if twin is not None:
+                user[j] = user[twin]
+                continue
+            if v.of not in bases:
+                bases[v.of] = _synthetic_base(given_user, views, v.of, record)
+            base = bases[v.of]
+        user[j] = base.as_strided(v.size, v.stride, v.offset - (v.base[0] if v.base else 0))
+        recorder.mark_view(user[j], base, record)
 
 
-def _input_starts(inputs: list) -> _InputStarts:
+def _synthetic_base(given_user: list, views: dict, first: int, record) -> torch.Tensor:
+    """The memory the inputs of ``first``'s group reach, from the first
+    element one of them reaches to the last, as a new tensor holding their
+    values (zeros where none reaches): AOTAutograd's synthetic base, made in
+    the graph (each input a view of it, at its offset less the base's start). Where inputs overlap they hold the same values: the order of
+    the writes does not matter. Its nodes are noted as the caller's views
+    among the inputs are: made in any grad mode (the caller made them)."""
+    group = [j for j, v in sorted(views.items()) if v.base is not None and v.of == first]
+    distinct = [j for j in group if not any(given_user[k] is given_user[j] for k in group if k < j)]
     with _torch.torch_function_disabled():
-        storages = [_torch.storage_of(f) for f in inputs]
-        offsets = [_torch.storage_offset(f) for f in inputs]
-        return _InputStarts(storages, offsets, eager_layout.shadow_inputs(inputs))
+        sources = {j: _torch.to_functional(given_user[j]) for j in distinct}
+    like, (start, end) = given_user[first], views[first].base
+    last = _torch.last_node(_torch.current_tracer().graph)
+    base = torch.zeros(end - start, dtype=like.dtype, device=like.device)
+    for j in distinct:
+        v = views[j]
+        base = torch.as_strided_scatter(base, sources[j], v.size, v.stride, v.offset - start)
+    for node in _torch.nodes_after(last):
+        record.note(Event(Kind.INPUT_VIEW, node))
+    return base
+
+
+def _input_starts(inputs: _CallInputs) -> _InputStarts:
+    functional = inputs.functional
+    # an input seen through a synthetic base starts in eager's storage where the base does, and further
+    shifts = {inputs.layout.n_state + j: v.base[0] for j, v in inputs.layout.views.items() if v.base is not None}
+    with _torch.torch_function_disabled():
+        storages = [_torch.storage_of(f) for f in functional]
+        offsets = [_torch.storage_offset(f) for f in functional]
+        return _InputStarts(storages, offsets, eager_layout.shadow_inputs(functional, shifts))
 
 
 def _refuse_moved_covers(inputs: _CallInputs) -> None:
@@ -307,10 +366,11 @@ def _refuse_moved_covers(inputs: _CallInputs) -> None:
 
 
 def _write_backs(inputs: _CallInputs, starts: _InputStarts, on_layout_change,
-                 rebound: dict) -> list[tuple[int, torch.Tensor]]:
+                 rebound: dict, record=None) -> list[tuple[int, torch.Tensor]]:
     """(flat position, new value) of each input the forward wrote, relaid,
     gave other storage or (a buffer) rebound, in order; ``on_layout_change``
-    hears of the relaid and the rebound."""
+    hears of the relaid and the rebound (``record``: the trace's, whose
+    mutation kinds of inputs written back through a cover are dropped)."""
     made = {}  # storage the forward made -> (the first input laid on it, its offset there)
     written = []
     for i, f in _written_back_once(inputs):
@@ -329,7 +389,31 @@ def _write_backs(inputs: _CallInputs, starts: _InputStarts, on_layout_change,
             on_layout_change(key, _layout_change(i, f, starts, made, inputs.layout.key))
         if relaid or _torch.has_data_mutation(f):
             written.append((i, _torch.from_functional(f)))
-    return written
+    return written + _cover_views_relaid(inputs, starts, made, on_layout_change, record)
+
+
+def _cover_views_relaid(inputs: _CallInputs, starts: _InputStarts, made: dict, on_layout_change, record) -> list:
+    """(flat position, new value) of each user input seen through a cover
+    input and given another layout or storage by the forward: written back
+    for its layout (its values are the cover's, written back through it:
+    the mode the recorder noted for its data is dropped)."""
+    relaid = []
+    for j in inputs.views_apart():
+        f, i = inputs.user()[j], inputs.layout.n_state + j
+        _torch.apply_pending_updates(f)
+        if not (_torch.has_metadata_mutation(f) or _torch.storage_changed(f)):
+            continue
+        change = _layout_change(i, f, starts, made, inputs.layout.key)
+        given = inputs.given_user()[j]
+        if (change.storage, change.size, change.stride, change.offset) == (
+                "own", tuple(given.shape), tuple(given.stride()), 0):
+            continue  # t_() of a vector: laid out as it was
+        if on_layout_change is not None:
+            on_layout_change(inputs.layout.key(i), change)
+        if record is not None:
+            record.mutation_kinds.pop(f"input:{j}", None)
+        relaid.append((i, _torch.from_functional(f)))
+    return relaid
 
 
 def _rebound_layout(i: int, value, starts: _InputStarts, made: dict, key_of) -> LayoutChange:
@@ -350,7 +434,8 @@ def _rebound_layout(i: int, value, starts: _InputStarts, made: dict, key_of) -> 
 def _written_back_once(inputs: _CallInputs):
     """(flat position, FunctionalTensor) of the inputs that are written back
     as themselves: a tied tensor under its first name, no user input seen
-    through another (written back through it)."""
+    through a cover input (its values written back through it; its layout:
+    :func:`_cover_views_relaid`), each seen through a synthetic base once."""
     done = {id(inputs.user()[j]) for j in inputs.views_apart()}
     for i, f in enumerate(inputs.functional):
         if isinstance(f, _torch.FunctionalTensor) and id(f) not in done:
@@ -358,19 +443,21 @@ def _written_back_once(inputs: _CallInputs):
             yield i, f
 
 
-def _views_returned_as_given(inputs: _CallInputs) -> dict:
-    """id of each user input seen through another and not relaid -> the
-    caller's tensor, which the call returns where it returns the input as it is."""
+def _views_returned_as_given(inputs: _CallInputs, built: dict) -> dict:
+    """id of each user input seen through another or a synthetic base (also
+    one the module, a program exported again, builds: ``built``) and not
+    relaid -> the caller's tensor, which the call returns where it returns
+    the input as it is."""
     user, given_user = inputs.user(), inputs.given_user()
-    return {id(user[j]): given_user[j] for j in inputs.views_apart()
-            if not _torch.has_metadata_mutation(user[j])}
+    seen = (*inputs.views_apart(), *inputs.of_synthetic_bases(), *built)
+    return {id(user[j]): given_user[j] for j in seen if not _torch.has_metadata_mutation(user[j])}
 
 
 def _refuse_returned_views_of_relaid_covers(inputs: _CallInputs, as_given: dict, outputs) -> None:
     """A view returned as it is, its cover relaid (see
     :func:`predispatch.trace.input_aliasing.refuse_relaid_cover`)."""
     user, given_user = inputs.user(), inputs.given_user()
-    for j, v in inputs.layout.views.items():
+    for j, v in inputs.views_apart().items():
         if id(user[j]) in as_given and any(o is user[j] for o in outputs):
             cover = user[v.of]
             input_aliasing.refuse_relaid_cover(v.of, j, cover.shape != given_user[v.of].shape,
