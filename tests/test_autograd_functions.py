@@ -509,6 +509,22 @@ class Doubles(torch.autograd.Function):
         return g * 3
 
 
+class DoublesNonDifferentiable(torch.autograd.Function):
+    """Marks its input dirty and non-differentiable: eager gives it no
+    history; the input keeps its own, as an update under no_grad."""
+
+    @staticmethod
+    def forward(ctx, x):
+        x.mul_(2)
+        ctx.mark_dirty(x)
+        ctx.mark_non_differentiable(x)
+        return x
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 3
+
+
 class RunningMean(torch.autograd.Function):
     """Updates a buffer it is given (not marked dirty), as a BatchNorm-like Function does."""
 
@@ -620,6 +636,11 @@ def _marks_dirty(x):
     return doubled * 2, h + 1, Doubles.apply(x[1:]) * 1, x * 1
 
 
+def _marks_dirty_non_differentiable(x):
+    h = x * 1
+    return DoublesNonDifferentiable.apply(h) + 0, h * 2
+
+
 def _updates_input_and_its_view_reads(x):
     h = x * 1
     row = h[0]
@@ -641,6 +662,8 @@ RETURNED_OR_UPDATED = {  # name: (module, inputs, kinds of inputs (name, require
     "returned_input_then_its_base_written_no_grad": (lambda: Forward(_returned_then_its_base_written),
                                                      (torch.randn(3, 4),), (HISTORY,), (False,)),
     "marks_dirty": (lambda: Forward(_marks_dirty), (torch.randn(3, 4),), (HISTORY, PLAIN), (True, False)),
+    "marks_dirty_non_differentiable": (lambda: Forward(_marks_dirty_non_differentiable), (torch.randn(3, 4),),
+                                       (LEAVES, HISTORY, PLAIN), (True, False)),
     "updates_a_buffer": (WithRunningMean, (torch.randn(3, 4),), (LEAVES, HISTORY, PLAIN), (True, False)),
     "updates_its_input": (lambda: Forward(lambda x: Scales.apply(x) * x), (torch.randn(3, 4),),
                           (LEAVES, HISTORY, PLAIN), (True, False)),

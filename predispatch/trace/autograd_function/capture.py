@@ -247,10 +247,12 @@ def _trace_forward(cls, args, positions, inputs, needs_input_grad, where, cache)
             attributes[attr] = ([passed(leaf) or leaf for leaf in flat], treespec)
             saved += [how.carrier(leaf) for leaf in flat if (how := passed(leaf)) is not None]
         marked = ctx._state["non_differentiable"]
+        non_differentiable = [i for i, o in enumerate(out_tensors) if any(o is m for m in marked)]
+        # eager gives no history to a dirty input it returns non-differentiable: a plain update
+        returned = [dataclasses.replace(r, dirty=False) if r.output in non_differentiable else r for r in returned]
         state.update(
             tensor_outputs=len(out_tensors), returned=returned, outputs=tuple(layout),
-            single=not isinstance(out, tuple),
-            non_differentiable=[i for i, o in enumerate(out_tensors) if any(o is m for m in marked)],
+            single=not isinstance(out, tuple), non_differentiable=non_differentiable,
             materialize_grads=ctx._state["materialize_grads"], saved_slots=saved_slots,
             attributes=attributes)
         return (*out_tensors, *saved)

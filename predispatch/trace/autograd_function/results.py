@@ -10,7 +10,8 @@ done around it, in the caller's graph, as eager's autograd does it:
 * an input marked dirty (``ctx.mark_dirty``) and returned: the Function's
   output *is* the caller's tensor, which takes the Function's history. The
   op's output (differentiable) is written to the input in grad mode, and the
-  caller gets the input itself;
+  caller gets the input itself (one also marked non-differentiable gets no
+  history in eager: it is updated as one not marked dirty);
 * an input returned as it is, or a view of one, not dirty: eager returns a
   view of it (``view_as`` for the input itself) with the Function's history.
   The caller gets that view of the input, whose value is the op's output
