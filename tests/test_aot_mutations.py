@@ -885,15 +885,6 @@ OPEN: list[tuple[str, list[str]]] = [
         "input_aliased_with_mutation_output_alias-history-no_grad",
         "input_mutation_aliases_bases_out_of_order-history-no_grad",
     ]),
-    ("refused although AOTAutograd runs it: an autograd.Function that returns its input",
-     _runs_of("input_output_aliase_custom_autograd_function", kinds=("leaf", "history", "plain"))),
-    ("refused although AOTAutograd runs it (without functionalization): an autograd.Function that updates its "
-     "input in forward (and a saved tensor in backward)",
-     _runs_of("fw_bw_mutation_no_functionalization1") + _runs_of("fw_bw_mutation_no_functionalization2")),
-    ("refused although AOTAutograd runs it: an autograd.Function whose backward updates a saved input or its "
-     "gradient in place",
-     _runs_of("backward_mutation_data")
-     + _runs_of("backward_mutation_on_grad_out", kinds=("leaf", "history", "plain"))),
     ("refused although AOTAutograd runs it: requires_grad_() on an input (a documented refusal: eager changes "
      "the caller's tensor)", _runs_of("input_inplace_requires_grad_true")),
 ]

@@ -342,22 +342,44 @@ class KeepsModuleOnCtx(torch.autograd.Function):
         return g * ctx.owner.scale, None
 
 
-class MarksDirty(torch.autograd.Function):
+class RelaysSaved(torch.autograd.Function):
+    """Its backward gives a saved input another layout in place (AOTAutograd refuses it too)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        x.t_()
+        return g * 2
+
+
+class UpdatesSavesUpdates(torch.autograd.Function):
+    """Updates its input, saves it, and updates it again in the backward:
+    eager's backward writes the caller's tensor, the program would write the
+    forward's new value."""
+
+    @staticmethod
+    def forward(ctx, x):
+        x.mul_(2)
+        ctx.save_for_backward(x)
+        return x * 3
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        x.add_(1)
+        return g * x
+
+
+class DirtyNotReturned(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x):
         x.mul_(2)
         ctx.mark_dirty(x)
-        return x
-
-    @staticmethod
-    def backward(ctx, g):
-        return g * 2
-
-
-class MutatesInput(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        x.mul_(2)
         return x * 1
 
     @staticmethod
@@ -418,11 +440,11 @@ class Calls(torch.nn.Module):
 
 
 @pytest.mark.parametrize("fn, extra, construct", [
-    (ViewOfInput, (), "returns one of its inputs or a view of one"),
     (ReadsGlobalState, (), "reads '_GRAD_SCALES' (a dict, global or from a closure)"),
     (KeepsModuleOnCtx, ("self",), "keeps a Calls in ctx.owner"),
-    (MarksDirty, (), "ctx.mark_dirty"),
-    (MutatesInput, (), "updates an input in place"),
+    (RelaysSaved, (), "its backward gives an input another layout or storage in place"),
+    (UpdatesSavesUpdates, (), "its backward updates in place a tensor it saved that is an input its forward"),
+    (DirtyNotReturned, (), "marks dirty an input it does not return"),
     (DataDependent, (), "data-dependent Python control flow"),
     (TooFewGradients, ("x",), "returns 1 gradients for 2 inputs"),
     (RecomputesWithAutograd, (), "in its backward: grad() at"),
@@ -440,6 +462,296 @@ def test_a_data_dependent_forward_names_its_own_line():
     with pytest.raises(predispatch.ExportError) as info:
         predispatch.export_predispatch(Calls(DataDependent), (torch.randn(2, 3),))
     assert f"{__file__}:{line_of(DataDependent.forward, 'if x.sum() > 0')}" in str(info.value)
+
+
+# --------------------------------------------------------------------------
+# Inputs a Function returns or updates in place, in its forward or its
+# backward (issue 38): they reach the caller as eager's do.
+
+class Identity(torch.autograd.Function):
+    """Returns its input itself: eager gives the caller a view of it with the Function's history."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 0.5
+
+
+class LastRowsTransposed(torch.autograd.Function):
+    """Returns a view of its input (a slice, transposed)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x[1:].t()
+
+    @staticmethod
+    def backward(ctx, g):
+        grad = g.new_zeros(g.shape[1] + 1, g.shape[0])
+        grad[1:] = g.t() * 3
+        return grad
+
+
+class Doubles(torch.autograd.Function):
+    """Updates its input, marks it dirty and returns it: the caller's tensor
+    itself, with the Function's history."""
+
+    @staticmethod
+    def forward(ctx, x):
+        x.mul_(2)
+        ctx.mark_dirty(x)
+        return x
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 3
+
+
+class DoublesNonDifferentiable(torch.autograd.Function):
+    """Marks its input dirty and non-differentiable: eager gives it no
+    history; the input keeps its own, as an update under no_grad."""
+
+    @staticmethod
+    def forward(ctx, x):
+        x.mul_(2)
+        ctx.mark_dirty(x)
+        ctx.mark_non_differentiable(x)
+        return x
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 3
+
+
+class RunningMean(torch.autograd.Function):
+    """Updates a buffer it is given (not marked dirty), as a BatchNorm-like Function does."""
+
+    @staticmethod
+    def forward(ctx, x, mean):
+        mean.mul_(0.9).add_(x.mean(0) * 0.1)
+        return x - mean
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2, None
+
+
+class WithRunningMean(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("mean", torch.zeros(4))
+
+    def forward(self, x):
+        return RunningMean.apply(x * 1, self.mean)
+
+
+class Scales(torch.autograd.Function):
+    """Updates its input (not marked dirty): eager's forward runs under
+    no_grad, so the input keeps its history."""
+
+    @staticmethod
+    def forward(ctx, x):
+        x.mul_(2)
+        return x + 1
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 5
+
+
+class Increments(torch.autograd.Function):
+    """Updates its input and returns it, not marked dirty: the input keeps
+    its history, the output is a view of it with the Function's."""
+
+    @staticmethod
+    def forward(ctx, x):
+        x.add_(1)
+        return x
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 5
+
+
+class WritesSavedInput(torch.autograd.Function):
+    """Its backward updates the input it saved: the caller's tensor, after the backward."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        x.add_(1)
+        return g * x
+
+
+class WritesGradient(torch.autograd.Function):
+    """Its backward updates the gradient it is given."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        g.mul_(3)
+        return g
+
+
+class Forward(torch.nn.Module):
+    """``fn(*inputs)`` as a module."""
+
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *inputs):
+        return self.fn(*inputs)
+
+
+def _returned_then_written_under_no_grad(x):
+    h = x * 1
+    y = Identity.apply(h)
+    out = y * 2
+    with torch.no_grad():
+        y.mul_(2)  # reaches h, which keeps its history
+    return out, h + 1
+
+
+def _returned_then_its_base_written(x):
+    h = x * 1
+    y = LastRowsTransposed.apply(h)
+    h.add_(1)  # y sees it (eager forbids using y in autograd after it)
+    return y * 2
+
+
+def _marks_dirty(x):
+    h = x * 1
+    doubled = Doubles.apply(h)  # h itself
+    return doubled * 2, h + 1, Doubles.apply(x[1:]) * 1, x * 1
+
+
+def _marks_dirty_non_differentiable(x):
+    h = x * 1
+    return DoublesNonDifferentiable.apply(h) + 0, h * 2
+
+
+def _updates_input_and_its_view_reads(x):
+    h = x * 1
+    row = h[0]
+    out = Scales.apply(h)
+    return out + row, h * 3
+
+
+LEAVES, HISTORY, PLAIN = ("leaves", True, False), ("history", True, True), ("plain", False, True)
+RETURNED_OR_UPDATED = {  # name: (module, inputs, kinds of inputs (name, require grad, with history), grad modes)
+    "returns_its_input": (lambda: Forward(lambda x: (Identity.apply(x), Identity.apply(x * 2) * 3)),
+                          (torch.randn(3, 4),), (LEAVES, HISTORY, PLAIN), (True, False)),
+    "returns_a_view_of_its_input": (
+        lambda: Forward(lambda x: (LastRowsTransposed.apply(x), ViewOfInput.apply(x * 1) + 1)),
+        (torch.randn(3, 4),), (LEAVES, HISTORY, PLAIN), (True, False)),
+    "returned_input_then_written_under_no_grad": (lambda: Forward(_returned_then_written_under_no_grad),
+                                                  (torch.randn(3, 4),), (LEAVES, HISTORY, PLAIN), (True, False)),
+    "returned_input_then_its_base_written": (lambda: Forward(_returned_then_its_base_written),
+                                             (torch.randn(3, 4),), (PLAIN,), (True, False)),
+    "returned_input_then_its_base_written_no_grad": (lambda: Forward(_returned_then_its_base_written),
+                                                     (torch.randn(3, 4),), (HISTORY,), (False,)),
+    "marks_dirty": (lambda: Forward(_marks_dirty), (torch.randn(3, 4),), (HISTORY, PLAIN), (True, False)),
+    "marks_dirty_non_differentiable": (lambda: Forward(_marks_dirty_non_differentiable), (torch.randn(3, 4),),
+                                       (LEAVES, HISTORY, PLAIN), (True, False)),
+    "updates_a_buffer": (WithRunningMean, (torch.randn(3, 4),), (LEAVES, HISTORY, PLAIN), (True, False)),
+    "updates_its_input": (lambda: Forward(lambda x: Scales.apply(x) * x), (torch.randn(3, 4),),
+                          (LEAVES, HISTORY, PLAIN), (True, False)),
+    "updates_an_intermediate_a_view_reads": (lambda: Forward(_updates_input_and_its_view_reads),
+                                             (torch.randn(3, 4),), (LEAVES, HISTORY, PLAIN), (True, False)),
+    "updates_and_returns_its_input": (lambda: Forward(lambda x: Increments.apply(x * 1) * 2), (torch.randn(3, 4),),
+                                      (LEAVES, HISTORY, PLAIN), (True, False)),
+    "backward_writes_a_saved_input": (
+        lambda: Forward(lambda x, y: (WritesSavedInput.apply(x) * 3, WritesSavedInput.apply(y[1:]) + 1)),
+        (torch.randn(3, 4), torch.randn(3, 4)), (LEAVES, HISTORY, PLAIN), (True, False)),
+    "backward_writes_its_gradient": (lambda: Forward(lambda x: WritesGradient.apply(x) * 2), (torch.randn(3, 4),),
+                                     (LEAVES, HISTORY, PLAIN), (True, False)),
+}
+
+
+@pytest.mark.parametrize("name", RETURNED_OR_UPDATED)
+def test_returned_or_updated_inputs_match_eager(name):
+    """Outputs, gradients, the inputs' and the buffers' values after the
+    backward, and (inputs with a history) the history the call leaves them."""
+    make, args, kinds, grad_modes = RETURNED_OR_UPDATED[name]
+    for _kind, requires_grad, with_history in kinds:
+        torch.manual_seed(0)
+        assert_matches_eager(make(), args, inputs_require_grad=requires_grad, inputs_with_history=with_history,
+                             grad_modes=grad_modes)
+
+
+@pytest.mark.parametrize("name", [n for n, (_, _, kinds, _) in RETURNED_OR_UPDATED.items() if LEAVES in kinds])
+def test_returned_or_updated_inputs_train_through_compile_training(name):
+    make, args, _kinds, _modes = RETURNED_OR_UPDATED[name]
+    torch.manual_seed(0)
+    module = make()
+    _eager_and(predispatch.compile_training(predispatch.export_predispatch(copy.deepcopy(module), args)),
+               module, args)
+
+
+def test_a_returned_input_is_an_alias_of_it_as_in_eager():
+    """``ep.module()``'s output is a view of the input (updating it updates
+    the input) with the Function's history, as eager's."""
+    module = Forward(lambda x: (Identity.apply(x), LastRowsTransposed.apply(x)))
+    program = predispatch.export_predispatch(copy.deepcopy(module), (torch.randn(3, 4),)).module()
+    for m in (module, program):
+        leaf = torch.ones(3, 4, requires_grad=True)
+        x = leaf * 1
+        same, view = m(x)
+        assert same._base is x and view._base is x
+        same.sum().backward()
+        assert torch.equal(leaf.grad, torch.full((3, 4), 0.5))  # the Function's backward
+        x = torch.ones(3, 4)
+        same, view = m(x)
+        with torch.no_grad():
+            same.add_(1)
+        assert torch.equal(x, torch.full((3, 4), 2.0)) and torch.equal(view, torch.full((4, 2), 2.0))
+
+
+class AddsTo(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, y):
+        x.add_(y)
+        return x * y
+
+    @staticmethod
+    def backward(ctx, g):
+        return g, g
+
+
+class WritesOneOfTwoSaved(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x, x[0])
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        x, row = ctx.saved_tensors
+        x.add_(1)
+        return g * row
+
+
+@pytest.mark.parametrize("fn, construct", [
+    (lambda x: AddsTo.apply(x, x[0]), "its forward updates in place an input that shares memory with another"),
+    (lambda x: WritesOneOfTwoSaved.apply(x * 1),
+     "its backward updates in place a tensor it saved that shares memory with another tensor it saved"),
+], ids=["forward", "backward"])
+def test_an_update_another_input_reads_is_refused(fn, construct):
+    """Each input of a subgraph is a tensor of its own to its trace: an update
+    of memory another input shares would not reach that input's reads."""
+    with pytest.raises(predispatch.ExportError, match=construct):
+        predispatch.export_predispatch(Forward(fn), (torch.randn(3, 4),))
 
 
 class KeepsShape(torch.autograd.Function):

@@ -67,6 +67,13 @@ def shares_storage(a: FunctionalTensor, b: FunctionalTensor) -> bool:
     return storage(a) == storage(b)
 
 
+def same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Do two plain (or fake) tensors share memory?"""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    return StorageWeakRef(a.untyped_storage()) == StorageWeakRef(b.untyped_storage())
+
+
 def mutation_kind(t: torch.Tensor) -> str | None:
     """How a traced input was mutated: None, "hidden" (hidden from autograd,
     like BatchNorm's running stats), "no_grad" or "grad"."""
@@ -103,6 +110,15 @@ def functional_write(target: FunctionalTensor, value: FunctionalTensor, *, hidde
     target.commit_update()
     if hidden:
         target.mark_mutation_hidden_from_autograd()
+
+
+def hold_value_until_written(view: FunctionalTensor, value: FunctionalTensor) -> None:
+    """``view`` reads ``value`` (its node) until its memory is next written,
+    when functionalization replays it from its base as any view: no write
+    (its base is untouched), no node."""
+    torch._sync(view)  # a view of an updated base starts out of date: brought up to date first
+    torch._sync(value)
+    torch._functionalize_replace(view.elem, torch._from_functional_tensor(value.elem))
 
 
 def apply_pending_updates(t: FunctionalTensor) -> None:

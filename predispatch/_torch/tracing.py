@@ -474,6 +474,12 @@ def below_autograd():
     return torch._C._AutoDispatchBelowAutograd()
 
 
+def on_real_tensors(tensors) -> bool:
+    """Plain tensors, no dispatch mode on: a call at run time, not in a trace."""
+    return torch._C._len_torch_dispatch_stack() == 0 and all(
+        type(t) in (torch.Tensor, torch.nn.Parameter) for t in tensors)
+
+
 def ambient_modes() -> tuple:
     """The global modes a layer's Python code can switch without a block: grad mode, the default dtype."""
     return torch.is_grad_enabled(), torch.get_default_dtype()

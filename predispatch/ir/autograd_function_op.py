@@ -5,12 +5,17 @@
 
 * ``fwd(*inputs) -> (*outputs, *saved)``: the Function's forward, then what
   its backward reads (the tensors ``ctx.save_for_backward`` saved, those kept
-  as ctx attributes);
-* ``bwd(*grads, *saved) -> gradients``: its backward;
+  as ctx attributes); an output may be an input, or a view of one, as
+  eager's Function may return one;
+* ``bwd(*grads, *saved) -> (*gradients, *updated)``: its backward, then the
+  new values of the gradients and saved tensors it updates in place;
 * keywords: ``num_outputs``; ``grad_outputs``, the outputs whose gradients
   ``bwd`` takes (contiguous, as traced); ``grad_inputs``, the inputs its
   results are the gradients of; the ``non_differentiable`` outputs;
-  ``materialize_grads`` when False.
+  ``materialize_grads`` when False; ``updates``, the inputs the forward
+  updates in place (not dirty), whose new values are its last outputs;
+  ``backward_updates``, the inputs of ``bwd`` it updates, written at run
+  time to the tensors the backward was given, as eager's backward writes them.
 
 How the subgraphs are traced: :mod:`predispatch.trace.autograd_function.capture`. At run
 time the op is an autograd.Function running the two graphs
@@ -59,10 +64,16 @@ class FunctionSpec:
     grad_inputs: list = ()  # the inputs bwd's results are the gradients of, in order
     non_differentiable: list = ()  # outputs marked non-differentiable
     materialize_grads: bool = True  # ctx.set_materialize_grads
+    # the inputs the forward updates in place (not marked dirty): its last
+    # outputs are their new values, in this order
+    updates: list = ()
+    # the inputs of bwd (gradients, saved tensors) it updates in place: its
+    # results after the gradients are their new values, written to them
+    backward_updates: list = ()
 
     def as_kwargs(self) -> dict:
         kwargs = {"name": self.name, "num_outputs": self.num_outputs}
-        for field in ("grad_outputs", "grad_inputs", "non_differentiable"):
+        for field in ("grad_outputs", "grad_inputs", "non_differentiable", "updates", "backward_updates"):
             if getattr(self, field):
                 kwargs[field] = list(getattr(self, field))
         if not self.materialize_grads:
@@ -71,7 +82,14 @@ class FunctionSpec:
 
 
 def _forward_outputs(fwd, inputs, num_outputs):
-    return tuple(call_body(fwd, inputs, {})[:num_outputs])
+    """The forward's outputs, below autograd: new tensors (an input the
+    Function returns is copied; autograd's rule returns it, as eager does)."""
+    outputs = call_body(fwd, inputs, {})[:num_outputs]
+    return tuple(o.clone() if any(_aliases(o, i) for i in inputs) else o for o in outputs)
+
+
+def _aliases(a: torch.Tensor, b) -> bool:
+    return isinstance(b, torch.Tensor) and (a is b or _torch.same_storage(a, b))
 
 
 @AUTOGRAD_FUNCTION.py_impl(_torch.DispatchKey.CompositeExplicitAutograd)
@@ -85,8 +103,19 @@ def _fake(mode, fwd, bwd, *inputs, **spec):
         return _forward_outputs(fwd, inputs, spec["num_outputs"])
 
 
-@AUTOGRAD_FUNCTION.py_autograd_impl
+@AUTOGRAD_FUNCTION.py_impl(_torch.DispatchKey.Autograd)
 def _autograd(fwd, bwd, *inputs, **spec):
+    """The Function, as :func:`run_autograd_function` calls it, on real
+    tensors (a copy of ``ep.module()`` calls the op itself) whatever the grad
+    mode: eager applies a Function under no_grad too, which decides what it
+    returns (an input's alias, a view of one that requires grad). Traced,
+    autograd's rule for a higher-order op: below autograd where no gradient
+    can flow."""
+    tensors = [t for t in inputs if isinstance(t, torch.Tensor)]
+    if not _torch.on_real_tensors(tensors) and not (
+            torch.is_grad_enabled() and any(t.requires_grad for t in tensors)):
+        with _torch.below_autograd():
+            return AUTOGRAD_FUNCTION(fwd, bwd, *inputs, **spec)
     return _RunFunction.apply(fwd, bwd, FunctionSpec(**spec), *inputs)
 
 
@@ -180,14 +209,18 @@ class _RunFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grads):
         spec = ctx.spec
-        fed = []
+        given = []  # the gradients as eager's backward would get them
         for i in spec.grad_outputs:
             g = grads[i]
             if g is None:
                 shape, dtype, device = ctx.output_meta[i]
                 g = torch.zeros(shape, dtype=dtype, device=device)
-            fed.append(g.contiguous())  # as traced
-        results = call_body(ctx.bwd, (*fed, *ctx.saved_tensors), {})
+            given.append(g)
+        given += ctx.saved_tensors
+        fed = [g.contiguous() for g in given[:len(spec.grad_outputs)]]  # as traced
+        results = call_body(ctx.bwd, (*fed, *given[len(fed):]), {})
+        for k, value in zip(spec.backward_updates, results[len(spec.grad_inputs):]):
+            given[k].copy_(value)  # as eager's backward writes them: the tensors it was given
         grad_inputs = [None] * len(ctx.needs_input_grad)  # fwd, bwd, spec, *inputs
         for i, g in zip(spec.grad_inputs, results):
             grad_inputs[3 + i] = g

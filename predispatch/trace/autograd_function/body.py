@@ -22,7 +22,7 @@ from ..capture import history_nodes
 from ..functional_trace import functional_trace
 from ...ir.records import TraceRecord
 from ..recorder.session import recording
-from .subgraphs import FunctionBody, MutatedInput
+from .subgraphs import FunctionBody, RelaidInput
 
 
 class _Body(torch.nn.Module):
@@ -55,9 +55,8 @@ def capture_function_body(body: FunctionBody, record: TraceRecord) -> CapturedBo
             _torch.autocast_cache_enabled(False):  # as make_fx traces
         gm, signature, _views = functional_trace(module, body.fake_inputs, {},
                                                  keep=lambda: history_nodes(record), on_retrace=record.clear,
-                                                 record=record)
-    if signature.user_inputs_to_mutate:
-        raise MutatedInput()
+                                                 record=record, on_layout_change=_refuse_relaid)
+    body.updated[:] = _updates_last(gm, signature)
     for node, name in zip(placeholders(gm), body.names):
         _torch.rename_placeholder(node, name)
     constants = _lift_constants(gm)
@@ -67,6 +66,26 @@ def capture_function_body(body: FunctionBody, record: TraceRecord) -> CapturedBo
         output_specs=[OutputSpec(OutputKind.USER_OUTPUT, TensorArgument(getattr(o, "name", "")), None)
                       for o in outputs])
     return CapturedBody(gm, signature, module, constants)
+
+
+def _refuse_relaid(key: str, change) -> None:
+    raise RelaidInput(key)
+
+
+def _updates_last(gm: torch.fx.GraphModule, signature) -> list[int]:
+    """The new values of the inputs the body updates in place (the trace's
+    first outputs) moved after its own outputs: the positions of those
+    inputs, in the order of their values."""
+    updates = signature.user_inputs_to_mutate
+    if not updates:
+        return []
+    output = gm.graph.output_node()
+    values = list(output.args[0])
+    names = [n.name for n in placeholders(gm)]
+    positions = [names.index(updates[v.name]) for v in values[:len(updates)]]
+    output.args = ((*values[len(updates):], *values[:len(updates)]),)
+    gm.recompile()
+    return positions
 
 
 def _lift_constants(gm: torch.fx.GraphModule) -> list[torch.Tensor]:

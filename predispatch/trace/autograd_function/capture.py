@@ -21,11 +21,14 @@ regions, kept histories), with the running trace suspended:
 then would, and autograd drops those of inputs that do not require grad, as
 it does eager's. With ``set_materialize_grads(False)`` the backward is traced
 with a gradient for each differentiable output; at run time one not given is
-zeros. What cannot be captured soundly is refused (``ExportError`` naming the
-Function, its call and why): an output that is an input or a view of one,
-an input updated in place (``mark_dirty``), state the backward reads that is
-not fixed at export time, what the module's trace refuses (autograd run in
-the backward, data-dependent control flow).
+zeros. An input the Function returns or updates in place, in its forward or
+its backward, reaches the caller as eager's does (:mod:`.results`,
+:mod:`.updates`). What cannot be captured soundly is refused (``ExportError``
+naming the Function, its call and why): an input given another layout or
+storage in place, an update the program could not write where eager does
+(:mod:`.updates`), state the backward reads that is not fixed at export
+time, what the module's trace refuses (autograd run in the backward,
+data-dependent control flow).
 """
 from __future__ import annotations
 
@@ -49,7 +52,9 @@ from .ctx import (
 )
 from ...ir.autograd_function_op import AUTOGRAD_FUNCTION, FunctionSpec, output_values, placeholders
 from ...ir.regions import inline_region, regions
-from .subgraphs import MutatedInput, subgraph
+from .results import reach_the_caller, refuse_dirty_not_returned, returned_input
+from .subgraphs import RelaidInput, subgraph
+from .updates import place_forward_updates, refuse_unsound_updates
 from ..vmap import inside_vmap
 from ...errors import ExportError, exception_location, user_location
 from ..._torch.patching import patched, patches_suspended
@@ -110,6 +115,8 @@ class _Traced:
     outputs: tuple  # the forward's outputs: a tensor's position among the op's, or a constant
     single: bool  # the forward returned one value, not a tuple
     constants: list  # tensors made from data in the Function's code: the op's last inputs
+    tensor_outputs: int  # the Function's tensor outputs: the op's first (its updates follow)
+    returned: list  # its outputs that are its inputs or views of them (results.ReturnedInput)
 
 
 class _TensorAt(int):
@@ -141,6 +148,7 @@ def capture_call(cls, args: tuple, kwargs: dict):
     traced = _trace_call(cls, args, positions, tensors, where)
     constants = [_torch.traced_constant(c) for c in traced.constants]
     results = AUTOGRAD_FUNCTION(traced.fwd, traced.bwd, *tensors, *constants, **traced.spec.as_kwargs())
+    results = reach_the_caller(tensors, results, traced.tensor_outputs, traced.spec.updates, traced.returned)
     outputs = tuple(results[o] if isinstance(o, _TensorAt) else o for o in traced.outputs)
     return outputs[0] if traced.single else outputs
 
@@ -162,11 +170,12 @@ def _trace_call(cls, args, positions, tensors, where) -> _Traced:
             phase = "backward"
             bwd, grad_outputs, grad_inputs = _trace_backward(cls, args, positions, fwd, state,
                                                              needs_input_grad, where, cache)
-    except MutatedInput:
+        refuse_unsound_updates(tensors, fwd, state, name, where)
+    except RelaidInput:
         raise refused(name, where, (
-            f"its {phase} updates an input in place (an input of the forward, or a saved tensor "
-            "or a gradient in the backward): cannot be exported soundly; compute a new tensor "
-            "instead")) from None
+            f"its {phase} gives an input another layout or storage in place (transpose_, t_, "
+            "set_, ...; an input of the forward, or a saved tensor or a gradient in the "
+            "backward): cannot be exported soundly; compute a new tensor instead")) from None
     except Refused:
         raise
     except ExportError as e:  # what the module's trace refuses, refused in the Function
@@ -180,8 +189,10 @@ def _trace_call(cls, args, positions, tensors, where) -> _Traced:
         raise refused(name, where, f"its {phase} could not be traced into a graph: {first}") from e
     spec = FunctionSpec(name=name, num_outputs=state["num_outputs"],
                         non_differentiable=state["non_differentiable"], grad_outputs=grad_outputs,
-                        grad_inputs=grad_inputs, materialize_grads=state["materialize_grads"])
-    return _Traced(fwd, bwd, spec, state["outputs"], state["single"], state["constants"])
+                        grad_inputs=grad_inputs, materialize_grads=state["materialize_grads"],
+                        updates=state["updates"], backward_updates=state["backward_updates"])
+    return _Traced(fwd, bwd, spec, state["outputs"], state["single"], state["constants"],
+                   state["tensor_outputs"], state["returned"])
 
 
 def _forward_parameter_names(cls, count: int) -> list[str]:
@@ -208,14 +219,11 @@ def _trace_forward(cls, args, positions, inputs, needs_input_grad, where, cache)
             else:
                 out = cls.forward(ctx, *full)
         outs = out if isinstance(out, tuple) else (out,)
-        out_tensors, layout = [], []
+        out_tensors, layout, returned = [], [], []
         for o in outs:
             if isinstance(o, torch.Tensor):
-                if any(o is t or _torch.shares_storage(o, t) for t in tensors):
-                    raise refused(name, where, (
-                        "it returns one of its inputs or a view of one: cannot be exported "
-                        "soundly as one op (the program could not keep the alias); return a new "
-                        "tensor (e.g. x.clone())"))
+                if (r := returned_input(o, len(out_tensors), tensors, ctx._state["dirty"])) is not None:
+                    returned.append(r)
                 layout.append(_TensorAt(len(out_tensors)))
                 out_tensors.append(o)
             elif any(isinstance(leaf, torch.Tensor) for leaf in pytree.tree_leaves(o)):
@@ -224,6 +232,7 @@ def _trace_forward(cls, args, positions, inputs, needs_input_grad, where, cache)
                     "differentiate those; return them as elements of the output tuple"))
             else:
                 layout.append(o)
+        refuse_dirty_not_returned(ctx._state["dirty"], tensors, out_tensors, name, where)
         saved_slots = [t is None for t in ctx.saved_tensors]
         saved = [t for t in ctx.saved_tensors if t is not None]
         attributes = {}
@@ -238,15 +247,20 @@ def _trace_forward(cls, args, positions, inputs, needs_input_grad, where, cache)
             attributes[attr] = ([passed(leaf) or leaf for leaf in flat], treespec)
             saved += [how.carrier(leaf) for leaf in flat if (how := passed(leaf)) is not None]
         marked = ctx._state["non_differentiable"]
+        non_differentiable = [i for i, o in enumerate(out_tensors) if any(o is m for m in marked)]
+        # eager gives no history to a dirty input it returns non-differentiable: a plain update
+        returned = [dataclasses.replace(r, dirty=False) if r.output in non_differentiable else r for r in returned]
         state.update(
-            num_outputs=len(out_tensors), outputs=tuple(layout), single=not isinstance(out, tuple),
-            non_differentiable=[i for i, o in enumerate(out_tensors) if any(o is m for m in marked)],
+            tensor_outputs=len(out_tensors), returned=returned, outputs=tuple(layout),
+            single=not isinstance(out, tuple), non_differentiable=non_differentiable,
             materialize_grads=ctx._state["materialize_grads"], saved_slots=saved_slots,
             attributes=attributes)
         return (*out_tensors, *saved)
 
     names = _forward_parameter_names(cls, len(args))
-    fwd, state["constants"] = subgraph(forward, inputs, [names[p] for p in positions], cache)
+    traced = subgraph(forward, inputs, [names[p] for p in positions], cache)
+    fwd, state["constants"] = traced.gm, traced.constants
+    place_forward_updates(fwd, state, traced.updated)
     _inline_no_grad_regions(fwd)
     return fwd, state
 
@@ -260,7 +274,7 @@ def _trace_backward(cls, args, positions, fwd, state, needs_input_grad, where, c
                       and (v.is_floating_point() or v.is_complex())]
     # eager materializes zeros for every gradient not given; without, only
     # differentiable outputs can have one
-    grad_outputs = list(range(n_out)) if state["materialize_grads"] else differentiable
+    grad_outputs = list(range(state["tensor_outputs"])) if state["materialize_grads"] else differentiable
     grads = [torch.empty(outs[i].shape, dtype=outs[i].dtype, device=outs[i].device) for i in grad_outputs]
     saved = [torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device=v.device) for v in saved_vals]
     grad_inputs: list[int] = []
@@ -291,9 +305,12 @@ def _trace_backward(cls, args, positions, fwd, state, needs_input_grad, where, c
         return tuple(grads_out)
 
     names = _backward_names(backward_fn, grad_outputs, state["outputs"], fwd, n_out)
-    bwd, constants = subgraph(backward, [*grads, *saved], names, cache)
+    traced = subgraph(backward, [*grads, *saved], names, cache)
+    bwd = traced.gm
+    state["backward_updates"] = traced.updated
+    state["saved_updated"] = [k - len(grads) for k in traced.updated if k >= len(grads)]
     _pass_through(fwd, placeholders(bwd)[len(names):])
-    state["constants"] += constants
+    state["constants"] += traced.constants
     return bwd, grad_outputs, list(grad_inputs)
 
 

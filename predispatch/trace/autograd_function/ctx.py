@@ -39,7 +39,7 @@ class TracedCtx:
 
     def __init__(self, cls_name: str, needs_input_grad: tuple, where: str):
         self._state = {"name": cls_name, "where": where, "saved": (), "non_differentiable": (),
-                       "materialize_grads": True}
+                       "materialize_grads": True, "dirty": ()}
         self.needs_input_grad = needs_input_grad
 
     def save_for_backward(self, *tensors):
@@ -61,9 +61,9 @@ class TracedCtx:
         """For forward-mode AD only, which the program does not run."""
 
     def mark_dirty(self, *tensors):
-        raise refused(self._state["name"], self._state["where"], (
-            "it updates its input in place (ctx.mark_dirty): cannot be exported soundly as one "
-            "op; return a new tensor, and update the input outside the Function"))
+        """The inputs the forward updated in place and returns: the caller's
+        tensors themselves, with the Function's history (see :mod:`.results`)."""
+        self._state["dirty"] = tensors
 
     def user_attributes(self) -> dict:
         return {k: v for k, v in vars(self).items() if k not in ("_state", "needs_input_grad")}

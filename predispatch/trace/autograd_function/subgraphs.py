@@ -12,20 +12,34 @@ import contextlib
 import dataclasses
 
 
-class MutatedInput(Exception):
-    """A subgraph updates one of its inputs in place."""
+class RelaidInput(Exception):
+    """A subgraph gives one of its inputs another layout or storage in place
+    (``transpose_``, ``set_``): the program could not write it back as eager leaves it."""
 
 
 @dataclasses.dataclass(frozen=True)
 class FunctionBody:
     """A Function's forward or backward, the subject of a pipeline run: ``fn``
     traced on ``fake_inputs``, placeholders named ``names``; an autocast
-    block that does not say gets ``autocast_cache``."""
+    block that does not say gets ``autocast_cache``. The capture fills
+    ``updated``: the positions of the inputs ``fn`` updates in place, whose
+    new values are the graph's last outputs, in that order."""
 
     fn: object
     fake_inputs: list
     names: list
     autocast_cache: bool
+    updated: list = dataclasses.field(default_factory=list, compare=False)
+
+
+@dataclasses.dataclass(frozen=True)
+class Subgraph:
+    """A traced body: its graph module, its tensor constants (its last
+    inputs) and the inputs it updates in place (:attr:`FunctionBody.updated`)."""
+
+    gm: object
+    constants: list
+    updated: list
 
 
 _TRACERS: list = []  # the pipeline, as handed down for the span of an export (innermost last)
@@ -41,10 +55,11 @@ def subgraphs_traced_by(trace):
         _TRACERS.pop()
 
 
-def subgraph(fn, fake_inputs: list, names: list[str], autocast_cache: bool):
+def subgraph(fn, fake_inputs: list, names: list[str], autocast_cache: bool) -> Subgraph:
     """``fn(*fake_inputs)`` traced by the pipeline the export runs (capture,
-    history, dead code, writes, regions, G1's net): (the graph module, its
-    tensor constants, which it takes as its last inputs)."""
+    history, dead code, writes, regions, G1's net)."""
     if not _TRACERS:
         raise RuntimeError("internal: an autograd.Function met outside an export's pipeline")
-    return _TRACERS[-1](FunctionBody(fn, fake_inputs, names, autocast_cache))
+    body = FunctionBody(fn, fake_inputs, names, autocast_cache)
+    gm, constants = _TRACERS[-1](body)
+    return Subgraph(gm, constants, list(body.updated))
