@@ -514,11 +514,6 @@ def test_an_input_relaid_through_a_synthetic_base_in_grad_mode():
     _aliased(_relays_second_mutates_first, b[:2, :2], b[1:, 1:], grad_modes=(True,))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "history stage: under a no_grad caller, the write-back of an input seen through a synthetic base reads "
-    "keep_history_if_no_grad(old, new) with old its view before t_() (passes/history/keep.py "
-    "_read_later_where_history_shows exempts write-backs of placeholders only), so the caller's tensor "
-    "takes the untransposed history: the leaf's gradient through it is transposed"))
 def test_an_input_relaid_through_a_synthetic_base_under_no_grad():
     b = torch.randn(3, 3)
     assert_matches_eager(F(_relays_second_mutates_first), (b[:2, :2], b[1:, 1:]), inputs_with_history=True,

@@ -32,6 +32,9 @@ class Kind(enum.Enum):
     GRAD_VIEW = "grad-mode view replay"  # made in grad mode after the marker ``of``
     VIEW_REPLAY = "view replay"  # a replay of the view ``of`` as made (in grad mode)
     REGENERATED_VIEW = "regenerated view"  # as_strided of an update: eager regenerates it in any mode
+    # the nodes building a synthetic base of user inputs that share memory (zeros, each input's
+    # values scattered in): the caller's values, whose history they carry in any mode
+    SYNTHETIC_BASE = "synthetic base"
     # an in-place update, through a set_() target, of memory shared with ``node``
     # (``readers``: (op, argument position) reading it by then)
     SAVED_VALUE_UPDATE = "saved-value update"

@@ -329,7 +329,7 @@ def _synthetic_base(given_user: list, views: dict, first: int, record) -> torch.
     values (zeros where none reaches): AOTAutograd's synthetic base, made in
     the graph (each input a view of it, at its offset less the base's start). Where inputs overlap they hold the same values: the order of
     the writes does not matter. Its nodes are noted as the caller's views
-    among the inputs are: made in any grad mode (the caller made them)."""
+    among the inputs' are: made in any grad mode (the caller made them)."""
     group = [j for j, v in sorted(views.items()) if v.base is not None and v.of == first]
     distinct = [j for j in group if not any(given_user[k] is given_user[j] for k in group if k < j)]
     with _torch.torch_function_disabled():
@@ -341,7 +341,7 @@ def _synthetic_base(given_user: list, views: dict, first: int, record) -> torch.
         v = views[j]
         base = torch.as_strided_scatter(base, sources[j], v.size, v.stride, v.offset - start)
     for node in _torch.nodes_after(last):
-        record.note(Event(Kind.INPUT_VIEW, node))
+        record.note(Event(Kind.SYNTHETIC_BASE, node))
     return base
 
 

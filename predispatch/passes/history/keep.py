@@ -247,11 +247,13 @@ def _read_later_where_history_shows(facts: Facts, old, new, after) -> bool:
     history: a use inside a grad block (enable_grad, or a no_grad block that
     writes it again), or an output, unless ``old`` is a graph input and
     ``new`` its written-back value only (the write-back returns the tensor
-    itself, whose history is its own; one computed in the graph is not)?"""
+    itself, whose history is its own; one computed in the graph is not; so
+    for a caller's input seen as a view of another)?"""
     output = facts.graph.output_node()
+    callers = old.op == "placeholder" or facts.notes.has(old, Kind.INPUT_VIEW)
     for user in users_after(new, facts.position[after], facts.position):
         if user is output:
-            if old.op != "placeholder" or _is_user_output_only(facts, new):
+            if not callers or _is_user_output_only(facts, new):
                 return True
         elif facts.modes.get(user) is not None:
             return True

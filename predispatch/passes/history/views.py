@@ -25,8 +25,9 @@ from ...ir.ops import KEEP_HISTORY
 from ...ir.records import Kind
 from .facts import NO_HISTORY, Facts, chain, is_view
 
-# eager's view has its history in any mode: the caller's views among its inputs, the regenerated
-_ANY_MODE = (Kind.INPUT_VIEW, Kind.REGENERATED_VIEW)
+# eager's view has its history in any mode: the caller's views among its inputs (and the
+# synthetic base they are seen through), the regenerated
+_ANY_MODE = (Kind.INPUT_VIEW, Kind.SYNTHETIC_BASE, Kind.REGENERATED_VIEW)
 
 
 def replay_in_grad_mode(facts: Facts) -> None:

@@ -19,6 +19,7 @@ from ... import _torch
 from ...ir.records import Kind, write
 from . import marks
 from .state import TorchCall, TraceState
+from .observing import is_unobserved
 from .views import current_node
 
 
@@ -129,9 +130,13 @@ def _materialize_span_views(state: TraceState) -> None:
 def _note_views_at_entry(state: TraceState) -> None:
     """Views made in grad mode have history in eager. If one is replayed
     inside the span (its base was mutated there) and used after it, the
-    replay must keep that history: note each one's grad-mode value now."""
+    replay must keep that history: note each one's grad-mode value now. (Not
+    in a program's own write-back, exported again: the program it came from
+    had no such span.)"""
     state.views_at_entry = {}
-    for view in list(state.grad_views):
+    if is_unobserved():
+        return
+    for view in list(state.grad_views.values()):
         if (node := current_node(state, view)) is not None:
             state.views_at_entry[id(view)] = (view, node)
 

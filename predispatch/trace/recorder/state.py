@@ -63,7 +63,8 @@ class TraceState:
     views_at_entry: FirstValues = dataclasses.field(default_factory=dict)
 
     # -- views (views.py)
-    grad_views: weakref.WeakSet = dataclasses.field(default_factory=weakref.WeakSet)  # grad-mode views alive
+    # id -> a grad-mode view alive (by id: a set would compare two tensors with ==)
+    grad_views: weakref.WeakValueDictionary = dataclasses.field(default_factory=weakref.WeakValueDictionary)
     # grad-mode views of detached aliases: an update of the alias gives them its history
     detached_views: weakref.WeakSet = dataclasses.field(default_factory=weakref.WeakSet)
     any_no_grad_view: bool = False  # a view was made under no_grad: calls reading one mark its replays

@@ -108,7 +108,7 @@ def _note_lineage(state: TraceState, func, source: torch.Tensor, t: torch.Tensor
         marks.NO_GRAD_VIEW.set(t)
         state.any_no_grad_view = True
     if not (detached or no_grad):  # a view with eager autograd history
-        state.grad_views.add(t)
+        state.grad_views[id(t)] = t
         marks.MADE_AS.set(t, _torch.materialized_node(t))
         if state.after_a_grad_marker:
             marks.MADE_AFTER.set(t, _torch.last_node(_torch.current_tracer().graph))
@@ -131,7 +131,7 @@ def note_input_views(state: TraceState, inputs) -> None:
     """The user inputs traced as views of another (the caller made them): like
     views made in grad mode, each has its history whatever the mode it is
     read in, also where a no_grad span replays it (a write to its base)."""
-    state.grad_views.update(t for t in inputs if isinstance(t, _torch.FunctionalTensor) and marks.INPUT_VIEW.of(t))
+    state.grad_views.update({id(t): t for t in inputs if isinstance(t, _torch.FunctionalTensor) and marks.INPUT_VIEW.of(t)})
 
 
 def is_after_a_grad_marker(state: TraceState, call: TorchCall) -> bool:
