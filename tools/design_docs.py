@@ -101,8 +101,42 @@ def render_tree() -> str:
     return "\n".join(lines + ["```"]) + "\n"
 
 
+def render_history_steps() -> str:
+    """The history stage's steps, in order."""
+    from predispatch.passes.history import STEPS
+
+    return "".join(f"{i}. {step.name} (`{step.run.__module__.rsplit('.', 1)[-1]}.{step.run.__name__}`)\n"
+                   for i, step in enumerate(STEPS, 1))
+
+
+def render_history_kinds() -> str:
+    """The recorder's event kinds, with how the history stage keeps and refuses each."""
+    from predispatch.ir.records import Kind
+    from predispatch.passes.history.keep import KEEPERS
+    from predispatch.passes.history.refusals import REFUSALS
+
+    rows = ["| kind | kept by | refused by |", "|---|---|---|"]
+    for kind in Kind:
+        keeper = f"`{KEEPERS[kind].__name__}`" if kind in KEEPERS else ""
+        refused = ", ".join(r.name for r in REFUSALS if kind in r.kinds)
+        rows.append(f"| {kind.value} | {keeper} | {refused} |")
+    return "\n".join(rows) + "\n"
+
+
+def render_history_refusals() -> str:
+    """The history stage's refusal table: name, kinds, when checked."""
+    from predispatch.passes.history.refusals import REFUSALS
+
+    rows = ["| refusal | kinds | checked |", "|---|---|---|"]
+    for r in REFUSALS:
+        kinds = ", ".join(sorted(k.value for k in r.kinds))
+        rows.append(f"| {r.name} (`{r.applies.__name__}`) | {kinds} | {r.when} |")
+    return "\n".join(rows) + "\n"
+
+
 PACKAGE = Path(__file__).resolve().parent.parent / "predispatch"
-GENERATED = {"stages": render_stages, "tree": render_tree}
+GENERATED = {"stages": render_stages, "tree": render_tree, "history-steps": render_history_steps,
+             "history-kinds": render_history_kinds, "history-refusals": render_history_refusals}
 BLOCK = re.compile(r"<!-- generated: (?P<name>[\w-]+) -->\n.*?<!-- end generated -->\n", re.S)
 
 
