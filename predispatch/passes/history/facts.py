@@ -124,7 +124,7 @@ class Facts:
     replay_blocks: set = dataclasses.field(default_factory=set)
     _position: dict | None = None
     _modes: dict | None = None
-    _may_grad: dict = dataclasses.field(default_factory=dict)
+    _may_grad: dict = dataclasses.field(default_factory=dict)  # analyses by their key, while the graph holds
 
     @classmethod
     def of(cls, gm: torch.fx.GraphModule, signature, record: TraceRecord, module: torch.nn.Module) -> "Facts":
@@ -178,6 +178,12 @@ class Facts:
         if key not in self._may_grad:
             self._may_grad[key] = _may_require_grad(self, caller_on, leaves, inputs)
         return self._may_grad[key]
+
+    def differentiable(self) -> set:
+        """The nodes a gradient from an output can reach (see :func:`differentiable_ancestors`)."""
+        if "differentiable" not in self._may_grad:
+            self._may_grad["differentiable"] = differentiable_ancestors(self)
+        return self._may_grad["differentiable"]
 
     # -- the outputs
 

@@ -23,7 +23,7 @@ from ... import _torch
 from ...errors import ExportError, node_location
 from ...ir.ops import KEEP_HISTORY
 from ...ir.records import WRITES, Kind
-from .facts import Facts, chain, differentiable_ancestors, differentiated, history_origin, is_keep, is_view
+from .facts import Facts, chain, differentiated, history_origin, is_keep, is_view
 from .facts import reach, shape
 from .saved_for_backward import saves_its_input, saves_its_result
 
@@ -221,7 +221,7 @@ def update_of_a_saved_value(e, facts: Facts, context=None) -> dict | None:
     that made it, ``relu``; one that read it, ``mul``: per torch's derivative
     formulas), eager's backward silently uses the updated memory. (Differentiated:
     a gradient can reach it from an output other than a parameter's new value.)"""
-    may_grad, differentiable = facts.may_grad(), differentiable_ancestors(facts)
+    may_grad, differentiable = facts.may_grad(), facts.differentiable()
     value = e.node
     # the op that made the value saved it only if it was differentiated; one reading it saves it
     # for another operand's gradient too (mul(value, w): w's), whether or not the value requires grad
