@@ -37,6 +37,29 @@ metadata mutations (``t_``, ``transpose_``, ``unsqueeze_``, ``squeeze_``) and
 storage swaps (``set_``, under no_grad) of inputs and intermediates.
 Outputs may alias inputs, parameters or buffers.
 
+Some programs (:data:`FEATURE_SHARES`: a quarter, a fifth, a fifth drawn;
+about 15%, 10% and 10% show them, a third any) also draw, one statement in
+four, from :data:`FEATURES`:
+
+* **random state** — draws (``torch.randn``/``rand``, ``rand_like``,
+  ``bernoulli``, a dropout in training, ``normal_``/``uniform_``/``bernoulli_``
+  fills), from torch's generator or from a ``torch.Generator().manual_seed(k)``
+  made in the forward; ``torch.manual_seed(k)``; ``with
+  torch.random.fork_rng(...)`` blocks (often seeded first); ``s =
+  torch.get_rng_state()`` ... ``torch.set_rng_state(s)``; a generator's
+  ``get_state()`` / ``set_state(s)`` / ``manual_seed(k)``;
+* **bare switches** — ``torch.set_grad_enabled(b)`` called as a function,
+  ``torch._C._set_grad_enabled(b)``, ``prev = torch.is_grad_enabled()`` and
+  the switch back to ``prev``, at top level and inside blocks (a grad
+  block's exit restores the mode its entry found, an autocast block's or a
+  fork's does not; the mode left at the end is the caller's after the call);
+* **branches** — ``if`` on a tensor's value (``v.sum() > 0``,
+  ``v[0, 0].item() > 0.5``, ``v.mean().item() < 0``, ``(v > 0).any()``) with a
+  body, or ``a if <condition> else b``: such a program is exported with
+  ``data_dependent="specialize"`` and the oracle also runs it on other inputs.
+  A condition never reads drawn values (the export's real values are other
+  draws), and what a branch's body makes stays in it (it may not run).
+
 The generator keeps a small abstract state (shape, dtype, storage root,
 grad mode at creation, "saved for backward", "requires grad") to steer away
 from programs eager itself would refuse (an in-place op on a leaf that
@@ -833,7 +856,12 @@ class _Builder:
     def _switch(self, depth) -> Stmt | None:
         if self.in_branch:
             return None  # the mode after the branch would depend on the data
-        saved = self.in_scope("modes")
+        # a mode read is mostly passed back at its own nesting (the common pattern); from inside
+        # another block now and then (refused where that block sets the mode: the caller's is unknown)
+        here = self.scopes[-1]["modes"]
+        saved = here + [m for m in self.in_scope("modes") if m not in here]
+        if not here and self.draw(st.integers(0, 3)):
+            saved = []
         form = self.pick(["set", "set", "C", "save"] + (["restore"] if saved else []))
         call = "torch._C._set_grad_enabled" if form == "C" or self.draw(st.integers(0, 3)) == 0 \
             else "torch.set_grad_enabled"
