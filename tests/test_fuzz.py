@@ -36,9 +36,10 @@ from predispatch.testing.eager import assert_matches_eager  # noqa: E402
 from tools.fuzz.generator import FEATURES, Program, programs  # noqa: E402
 from tools.fuzz.layered import LayeredProgram, layered_programs  # noqa: E402
 from tools.fuzz.oracle import FAILURE, INVALID, check, check_other_inputs  # noqa: E402
+from tools.fuzz.run import save  # noqa: E402
 
 FOUND = Path(__file__).resolve().parent / "fuzz_regressions"
-HEADER = re.compile(r"# fuzz seed \d+: \S.*")
+HEADER = re.compile(r"# fuzz seed \d+( --only [\w ,]+)?: \S.*")
 OPEN = "# open:"
 
 CI_PROFILE = settings(
@@ -209,15 +210,17 @@ def test_a_program_not_checking_a_branch_fails_on_inputs_that_take_another():
 # --------------------------------------------------------------------------
 # The programs the fuzzer found, replayed from their data files.
 
-def _found():
-    for path in sorted(FOUND.glob("*.py")):
+def _found(folder: Path) -> list:
+    """A case per data file, a strict xfail where marked open."""
+    cases = []
+    for path in sorted(folder.glob("*.py")):
         mark = next((line for line in path.read_text().splitlines()[:2] if line.startswith(OPEN)), None)
         marks = [pytest.mark.xfail(strict=True, reason=mark[len(OPEN):].strip())] if mark else []
-        yield pytest.param(path, marks=marks, id=path.stem)
+        cases.append(pytest.param(path, marks=marks, id=path.stem))
+    return cases
 
 
-@pytest.mark.parametrize("path", list(_found()))
-def test_found_program_matches_eager_or_is_refused(path):
+def _replay(path: Path) -> None:
     text = path.read_text()
     assert HEADER.fullmatch(text.splitlines()[0]), f"{path.name}: first line not '# fuzz seed N: <what failed>'"
     program = (LayeredProgram if "class Layer(nn.Module)" in text else Program).from_source(text)
@@ -225,3 +228,19 @@ def test_found_program_matches_eager_or_is_refused(path):
     assert outcome.status != INVALID, f"{path.name}: eager raises on it now ({outcome.reason}): stale?"
     if outcome.status == FAILURE:
         raise AssertionError(f"{path.name}: {outcome.reason}\n{outcome.detail}")
+
+
+@pytest.mark.parametrize("path", _found(FOUND))
+def test_found_program_matches_eager_or_is_refused(path):
+    _replay(path)
+
+
+def test_a_saved_failure_is_a_data_file_replayed_as_an_open_bug(tmp_path):
+    source = ("class M(nn.Module):\n    def forward(self, x):\n        torch.set_grad_enabled(False)\n"
+              "        v0 = x * 2.0\n        if v0.sum() > 0:\n            v0.add_(1.0)\n        return v0\n")
+    program = Program.from_source(source)
+    [path] = save(str(tmp_path), 9999, {"mismatch: output": program})
+    [case] = _found(tmp_path)
+    assert path.read_text().startswith("# fuzz seed 9999: mismatch: output\n# open: ")
+    assert [m.name for m in case.marks] == ["xfail"] and case.marks[0].kwargs["strict"]
+    _replay(path)  # matches eager: an open bug fixed, its strict xfail would say so

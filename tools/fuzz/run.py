@@ -33,14 +33,18 @@ from .minimize import minimize
 from .oracle import FAILURE, INVALID, MATCHED, REJECTED, check
 
 
-def fuzz(n: int, seed_value: int, max_statements: int, progress=None):
-    """[(program, outcome)] for ``n`` programs drawn with ``seed_value``."""
+def fuzz(n: int, seed_value: int, max_statements: int, progress=None, features=None):
+    """[(program, outcome)] for ``n`` programs drawn with ``seed_value``
+    (with ``features``, each program may draw those of :data:`FEATURES`, and
+    no repeated layers)."""
     results = []
+    strategy = (any_programs(max_statements=max_statements) if features is None
+                else programs(max_statements=max_statements, features=features))
 
     @seed(seed_value)
     @settings(max_examples=n, phases=[Phase.generate], database=None, deadline=None,
               suppress_health_check=list(HealthCheck), report_multiple_bugs=False)
-    @given(any_programs(max_statements=max_statements))
+    @given(strategy)
     def one(program):
         results.append((program, check(program)))
         if progress is not None:
@@ -92,16 +96,18 @@ def shares(n: int, seed_value: int) -> None:
     print(f"any of them: {k}/{len(drawn)} ({100 * k / len(drawn):.1f}%)")
 
 
-def save(folder: str, seed_value: int, found: dict) -> list[pathlib.Path]:
+def save(folder: str, seed_value: int, found: dict, only: str | None = None) -> list[pathlib.Path]:
     """Each failure (``{reason: program}``) written to ``folder`` as a data
-    file: a header line (the seed, what failed), the open mark, the source."""
+    file: a header line (the seed, ``--only`` if given, what failed), the
+    open mark, the source."""
     out = pathlib.Path(folder)
     out.mkdir(parents=True, exist_ok=True)
     written = []
     for i, (reason, program) in enumerate(found.items()):
         slug = re.sub(r"[^a-z0-9]+", "_", reason.lower()).strip("_")[:48]
         path = out / f"seed{seed_value}_{i + 1}_{slug}.py"
-        path.write_text(f"# fuzz seed {seed_value}: {reason}\n# open: found by tools.fuzz.run, not diagnosed yet\n"
+        run = f"{seed_value} --only {only}" if only else f"{seed_value}"
+        path.write_text(f"# fuzz seed {run}: {reason}\n# open: found by tools.fuzz.run, not diagnosed yet\n"
                         + program.source)
         written.append(path)
     return written
@@ -174,6 +180,9 @@ def main(argv=None) -> int:
                         help="check the program in FILE (a printed failure) instead of fuzzing")
     parser.add_argument("--save", metavar="DIR",
                         help="write each kind of failure (minimal, with --minimize) to DIR as a data file, marked open")
+    parser.add_argument("--only", metavar="FEATURES",
+                        help=f"comma-separated, of {', '.join(FEATURES)}: every program may draw "
+                             "these (one statement in four), no other, and no repeated layers")
     parser.add_argument("--shares", type=int, metavar="N",
                         help="draw N programs and print the share showing each feature (no checks)")
     args = parser.parse_args(argv)
@@ -193,7 +202,13 @@ def main(argv=None) -> int:
             print(f"[{k}/{args.examples}] {time.time() - start:.0f}s{tag}", file=sys.stderr, flush=True)
 
     start = time.time()
-    results = fuzz(args.examples, args.seed, args.max_statements, progress)
+    features = None
+    if args.only:
+        features = [f.strip() for f in args.only.split(",")]
+        unknown = set(features) - set(FEATURES)
+        if unknown:
+            parser.error(f"--only: unknown {sorted(unknown)}; known: {list(FEATURES)}")
+    results = fuzz(args.examples, args.seed, args.max_statements, progress, features)
     elapsed = time.time() - start
 
     minimized = {}
@@ -209,7 +224,7 @@ def main(argv=None) -> int:
         for p, o in results:
             if o.status == FAILURE and o.reason not in found:
                 found[o.reason] = minimized.get(o.reason, p)
-        for path in save(args.save, args.seed, found):
+        for path in save(args.save, args.seed, found, args.only):
             print(f"written: {path}")
     return 1 if any(o.status == FAILURE for _, o in results) else 0
 
