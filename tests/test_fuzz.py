@@ -39,7 +39,7 @@ from tools.fuzz.oracle import FAILURE, INVALID, check, check_other_inputs  # noq
 from tools.fuzz.run import save  # noqa: E402
 
 FOUND = Path(__file__).resolve().parent / "fuzz_regressions"
-HEADER = re.compile(r"# fuzz seed \d+( --only [\w ,]+)?: \S.*")
+HEADER = re.compile(r"# fuzz seed \d+[^:]*: \S.*")  # the seed (its run's options, torch), what failed
 OPEN = "# open:"
 
 CI_PROFILE = settings(
@@ -222,7 +222,6 @@ def _found(folder: Path) -> list:
 
 def _replay(path: Path) -> None:
     text = path.read_text()
-    assert HEADER.fullmatch(text.splitlines()[0]), f"{path.name}: first line not '# fuzz seed N: <what failed>'"
     program = (LayeredProgram if "class Layer(nn.Module)" in text else Program).from_source(text)
     outcome = check(program)
     assert outcome.status != INVALID, f"{path.name}: eager raises on it now ({outcome.reason}): stale?"
@@ -233,6 +232,12 @@ def _replay(path: Path) -> None:
 @pytest.mark.parametrize("path", _found(FOUND))
 def test_found_program_matches_eager_or_is_refused(path):
     _replay(path)
+
+
+def test_found_programs_name_their_seed_and_failure():
+    for path in FOUND.glob("*.py"):
+        first = path.read_text().splitlines()[0]
+        assert HEADER.fullmatch(first), f"{path.name}: first line not '# fuzz seed N: <what failed>': {first}"
 
 
 def test_a_saved_failure_is_a_data_file_replayed_as_an_open_bug(tmp_path):

@@ -810,7 +810,8 @@ class _Builder:
             return Stmt(f"{name} = {fn}({a.expr})")
         if form == "bernoulli":
             self._drawn(name, a.shape, a.dtype, self.contiguous[a.expr])
-            return Stmt(f"{name} = torch.bernoulli({', '.join(x for x in (f'torch.full_like({a.expr}, 0.5)', kw) if x)})")
+            probabilities = f"torch.full_like({a.expr}, 0.5)"
+            return Stmt(f"{name} = torch.bernoulli({', '.join(x for x in (probabilities, kw) if x)})")
         self._fresh(name, a.shape, a.dtype, [a])  # dropout: differentiable, saves its mask only
         self.roots[name].random = True
         return Stmt(f"{name} = torch.nn.functional.dropout({a.expr}, 0.5, training=True)")

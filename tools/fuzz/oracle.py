@@ -166,6 +166,13 @@ def eager_path(module, args, inputs_require_grad: bool) -> list[tuple[int, int]]
     return lines
 
 
+def _fresh_program(ep):
+    """``ep.module()`` with a state of its own (``ep.module()`` shares ``ep``'s)."""
+    with warnings.catch_warnings():  # torch's treespec warns about itself when copied
+        warnings.simplefilter("ignore", FutureWarning)
+        return copy.deepcopy(ep.module())
+
+
 def _branch_lines(module, path) -> set[int]:
     filename = type(module).forward.__code__.co_filename
     return {n for n, _ in path if BRANCH_LINE.match(linecache.getline(filename, n))}
@@ -204,7 +211,7 @@ def check_other_inputs(module, args, ep, *, inputs_require_grad=True, rtol=None,
             continue
         if seen.flipped_raised + seen.flipped_matched >= most:
             continue
-        program = copy.deepcopy(ep.module())  # a state of its own (ep.module() shares ep's)
+        program = _fresh_program(ep)
         call_inputs, _ = fresh_inputs(inputs, None, inputs_require_grad)
         torch.manual_seed(0)
         try:
