@@ -37,6 +37,29 @@ metadata mutations (``t_``, ``transpose_``, ``unsqueeze_``, ``squeeze_``) and
 storage swaps (``set_``, under no_grad) of inputs and intermediates.
 Outputs may alias inputs, parameters or buffers.
 
+Some programs (:data:`FEATURE_SHARES`: a quarter, a fifth, a fifth drawn;
+about 15%, 10% and 10% show them, a third any) also draw, one statement in
+four, from :data:`FEATURES`:
+
+* **random state** — draws (``torch.randn``/``rand``, ``rand_like``,
+  ``bernoulli``, a dropout in training, ``normal_``/``uniform_``/``bernoulli_``
+  fills), from torch's generator or from a ``torch.Generator().manual_seed(k)``
+  made in the forward; ``torch.manual_seed(k)``; ``with
+  torch.random.fork_rng(...)`` blocks (often seeded first); ``s =
+  torch.get_rng_state()`` ... ``torch.set_rng_state(s)``; a generator's
+  ``get_state()`` / ``set_state(s)`` / ``manual_seed(k)``;
+* **bare switches** — ``torch.set_grad_enabled(b)`` called as a function,
+  ``torch._C._set_grad_enabled(b)``, ``prev = torch.is_grad_enabled()`` and
+  the switch back to ``prev``, at top level and inside blocks (a grad
+  block's exit restores the mode its entry found, an autocast block's or a
+  fork's does not; the mode left at the end is the caller's after the call);
+* **branches** — ``if`` on a tensor's value (``v.sum() > 0``,
+  ``v[0, 0].item() > 0.5``, ``v.mean().item() < 0``, ``(v > 0).any()``) with a
+  body, or ``a if <condition> else b``: such a program is exported with
+  ``data_dependent="specialize"`` and the oracle also runs it on other inputs.
+  A condition never reads drawn values (the export's real values are other
+  draws), and what a branch's body makes stays in it (it may not run).
+
 The generator keeps a small abstract state (shape, dtype, storage root,
 grad mode at creation, "saved for backward", "requires grad") to steer away
 from programs eager itself would refuse (an in-place op on a leaf that
@@ -86,6 +109,8 @@ class Stmt:
         if self.body is None:
             m = re.match(r"(v\d+) = ", self.text)
             return [m.group(1)] if m else []
+        if self.text.startswith("if "):
+            return []  # a branch may not run: what its body makes stays in it
         return [name for s in self.body for name in s.defined()]
 
     def lines(self, indent: int) -> list[str]:
@@ -180,6 +205,22 @@ class Program:
         return any("torch.bfloat16" in line for line in self.forward_lines)
 
     @property
+    def features(self) -> set[str]:
+        """The :data:`FEATURES` the forward shows."""
+        return {f for f, pattern in FEATURE_PATTERNS.items()
+                if any(re.match(pattern, line) for line in self.forward_lines)}
+
+    @property
+    def branches(self) -> bool:
+        """Does the forward branch on a tensor's value (exported with
+        ``data_dependent="specialize"``, checked on other inputs too)?"""
+        return "branches" in self.features
+
+    @property
+    def export_options(self) -> dict:
+        return {"data_dependent": "specialize"} if self.branches else {}
+
+    @property
     def tolerance(self) -> dict:
         if self.uses_autocast:
             return {"rtol": BF16_TOLERANCE, "atol": BF16_TOLERANCE}
@@ -215,14 +256,16 @@ class Program:
     def check_call(self) -> str:
         kw = [f"inputs_require_grad={self.inputs_require_grad}"]
         kw += [f"{k}={v}" for k, v in self.tolerance.items()]
-        return f"assert_matches_eager(M(), args, {', '.join(kw)})"
+        check = "assert_branches_checked" if self.branches else "assert_matches_eager"
+        return f"{check}(M(), args, {', '.join(kw)})"
 
     @property
     def source(self) -> str:
         """A pasteable test: imports, the module, its inputs, the check."""
         body = self.args_source + self.check_call()
-        return ("import torch\nimport torch.nn as nn\n"
-                "from predispatch.testing.eager import assert_matches_eager\n\n\n"
+        imports = ("from tools.fuzz.oracle import assert_branches_checked\n" if self.branches
+                   else "from predispatch.testing.eager import assert_matches_eager\n")
+        return ("import torch\nimport torch.nn as nn\n" + imports + "\n\n"
                 + self.module_source + "\n\ndef test_repro():\n"
                 + "".join("    " + line + "\n" for line in body.splitlines()))
 
@@ -279,7 +322,7 @@ class Program:
                 break
             if text == "pass":
                 continue
-            stmt = Stmt(text, [] if text.startswith("with ") else None)
+            stmt = Stmt(text, [] if text.startswith(("with ", "if ")) else None)
             stack[-1][1].append(stmt)
             if stmt.body is not None:
                 stack.append((indent + 4, stmt.body))
@@ -309,6 +352,7 @@ class Root:
     leaf_requires_grad: bool  # an in-place op with grad on is an eager error
     requires_grad: bool  # (estimated for an ambient grad mode on)
     saved: bool = False  # saved for backward: a later in-place breaks backward
+    random: bool = False  # its values come from a random draw (no branch reads them)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -351,21 +395,54 @@ def _numel(shape: tuple) -> int:
 
 
 SCALARS = ("2.0", "0.5", "-1.0", "1.0")
+SEEDS = (0, 1, 7, 42)
+
+# What a program may also draw, each in a share of the programs (percent;
+# hypothesis's draws are not uniform: run ``python -m tools.fuzz.run --shares``
+# for the share of programs that show each), and the statement kinds it adds.
+FEATURES = {
+    "random state": ["draw", "rng"],  # draws; seeds, forks, saved states, generators
+    "bare switches": ["switch"],  # torch.set_grad_enabled(b), torch._C._set_grad_enabled(b)
+    "branches": ["branch"],  # if on a tensor's value: data_dependent="specialize"
+}
+FEATURE_SHARES = {"random state": 25, "bare switches": 20, "branches": 20}
+FEATURE_STATEMENTS = 25  # percent of a program's statements drawn from its features
+FEATURE_PATTERNS = {  # a line of the forward that shows it
+    "random state": r".*(torch\.(rand|randn|rand_like|randn_like|bernoulli|manual_seed|get_rng_state|set_rng_state"
+                    r"|Generator)\b|fork_rng|dropout\(|\.(normal_|uniform_|bernoulli_)\(|\.(get|set)_state\()",
+    "bare switches": r"\s*(prev\d+ = torch\.is_grad_enabled\(\)|torch\.(_C\._)?set_grad_enabled\()",
+    "branches": r"\s*(if |v\d+ = .* if .* else )",
+}
+
+
+def _scope() -> dict[str, list]:
+    return {"states": [], "generators": [], "modes": []}
+
+
+def _shape_args(shape: tuple) -> str:
+    return ", ".join(map(str, shape)) if shape else "()"
 
 
 class _Builder:
     """Draws statements one by one against the abstract state."""
 
-    def __init__(self, draw, inputs, inputs_require_grad, max_statements, aliasing=None):
+    def __init__(self, draw, inputs, inputs_require_grad, max_statements, aliasing=None,
+                 features=frozenset()):
         self.draw = draw
         self.aliasing = aliasing or {}
         self.inputs_require_grad = inputs_require_grad
         self.budget = max_statements
-        self.modes: list[tuple[str, object]] = []  # ("grad", ON|OFF) | ("autocast", bool)
+        self.features = features  # of FEATURES: the statement kinds this program also draws
+        self.grad = AMBIENT  # the grad mode in force: blocks and bare switches set it
+        self.autocasts: list[bool] = []  # the autocast blocks open (enabled or not)
+        # names a block's body made that are not tensors: random states, generators, grad modes
+        self.scopes: list[dict[str, list]] = [_scope()]
+        self.in_branch = 0  # inside an ``if`` body: no switch, relayout or swap (it may not run)
         self.roots: dict[str, Root] = {}
         self.vars: list[Var] = []
         self.fresh = itertools.count()
         self.functions = itertools.count()
+        self.others = itertools.count()  # random states, generators, saved grad modes
         self.contiguous: dict[str, bool] = {}
         for name, shape in inputs:
             if name in self.aliasing:  # the same tensor as another input, or a view of it
@@ -388,16 +465,36 @@ class _Builder:
         return var
 
     def grad_mode(self) -> str:
-        for kind, value in reversed(self.modes):
-            if kind == "grad":
-                return value
-        return AMBIENT
+        return self.grad
 
     def autocast(self) -> bool:
-        for kind, value in reversed(self.modes):
-            if kind == "autocast":
-                return value
-        return False
+        return self.autocasts[-1] if self.autocasts else False
+
+    def random(self, v: Var) -> bool:
+        """Are ``v``'s values (as far as the state knows) drawn at random?"""
+        return self.roots[v.root].random or (v.storage in self.roots and self.roots[v.storage].random)
+
+    def in_scope(self, kind: str) -> list:
+        return [name for scope in self.scopes for name in scope[kind]]
+
+    def body(self, depth: int, mode=None) -> list[Stmt]:
+        """A block's body, drawn in the block's ``mode`` (("grad", ON|OFF),
+        ("autocast", bool) or None): a grad block's exit restores the grad
+        mode its entry found, a bare switch inside another block runs on
+        after it; what the body names (random states, ...) stays in it."""
+        grad, autocasts = self.grad, len(self.autocasts)
+        if mode is not None and mode[0] == "grad":
+            self.grad = mode[1]
+        elif mode is not None:
+            self.autocasts.append(mode[1])
+        self.scopes.append(_scope())
+        try:
+            return self.statements(depth + 1, 4)
+        finally:
+            self.scopes.pop()
+            del self.autocasts[autocasts:]
+            if mode is not None and mode[0] == "grad":
+                self.grad = grad
 
     def may_record(self) -> bool:
         return self.grad_mode() != OFF
@@ -429,6 +526,12 @@ class _Builder:
                 break
             self.budget -= 1
             out.append(self.statement(depth))
+        saved = self.scopes[-1]["states"]
+        if saved and self.draw(st.booleans()):  # a state saved here put back at the end, now and then
+            generators = self.in_scope("generators")
+            target = self.pick(["torch"] + generators)
+            call = "torch.set_rng_state" if target == "torch" else f"{target}.set_state"
+            out.append(Stmt(f"{call}({self.pick(saved)})"))
         return out
 
     def statement(self, depth: int) -> Stmt:
@@ -436,6 +539,10 @@ class _Builder:
                  "relayout", "swap"]
         if depth < 3:
             kinds += ["block", "block", "block"]
+        for feature in sorted(self.features):  # one statement in five or so, in a program that has it
+            if self.draw(st.integers(0, 99)) >= 100 - FEATURE_STATEMENTS:
+                kinds = [k for k in FEATURES[feature] if depth < 3 or k != "branch"] or kinds
+                break
         kind = self.pick(kinds)
         made = getattr(self, "_" + kind)(depth)
         return made if made is not None else self._op(depth)
@@ -451,11 +558,7 @@ class _Builder:
             ("with torch.inference_mode(False):", ("grad", ON)),  # grad on, even under no_grad
         ])
         as_function = self.draw(st.integers(0, 3)) == 3  # the decorator form, now and then
-        self.modes.append(mode)
-        try:
-            body = self.statements(depth + 1, 4)
-        finally:
-            self.modes.pop()
+        body = self.body(depth, mode)
         return Stmt(header, body, f"f{next(self.functions)}" if as_function else None)
 
     # ordinary ops: a fresh intermediate
@@ -522,7 +625,7 @@ class _Builder:
 
     def _fresh(self, name, shape, dtype, inputs) -> Var:
         requires = self.may_record() and any(self.requires(i) for i in inputs)
-        self.roots[name] = Root("tmp", False, requires)
+        self.roots[name] = Root("tmp", False, requires, random=any(self.random(i) for i in inputs))
         # elementwise results keep a strided input's layout (clone, x * 2 of x.t())
         contiguous = all(self.contiguous[i.expr] for i in inputs if i.shape == shape)
         return self._add(Var(name, shape, dtype, name), contiguous=contiguous)
@@ -588,6 +691,8 @@ class _Builder:
     def _after_mutation(self, t: Var, operand) -> None:
         if isinstance(operand, Var) and self.may_record() and self.requires(operand) and t.differentiable:
             self.roots[t.root].requires_grad = True
+        if isinstance(operand, Var) and self.random(operand):
+            self.roots[t.root].random = True
 
     def _targets(self):
         """Tensors an in-place op may write to; now and then (one in ten)
@@ -623,7 +728,7 @@ class _Builder:
         if a.dtype != "f32":
             return None
         name = self.new_name()
-        self.roots[name] = Root("tmp", True, True)
+        self.roots[name] = Root("tmp", True, True, random=self.random(a))
         # its own autograd root, in the memory of ``a`` (an operand must not overlap it partially)
         self._add(Var(name, a.shape, a.dtype, name, is_view=a.is_view, storage=a.memory),
                   contiguous=self.contiguous[a.expr])
@@ -637,6 +742,8 @@ class _Builder:
         """What a metadata mutation or set_ may change: an intermediate or an
         input, not a view (parameters and buffers keep their shapes: the
         statements using them assume them)."""
+        if self.in_branch:
+            return []  # a shape the branch may not give
         return [v for v in self._targets() if not v.is_view and v.expr == v.root  # not an alias
                 and self.roots[v.root].kind in ("tmp", "input")]
 
@@ -670,6 +777,130 @@ class _Builder:
                                                  storage=source.memory), self.contiguous[source.expr])
         return Stmt("with torch.no_grad():", [Stmt(f"{t.expr}.set_({source.expr})")])
 
+    # random state: draws, seeds, forks, saved states, generators made in the forward
+    def _drawn(self, name, shape, dtype, contiguous) -> Var:
+        self.roots[name] = Root("tmp", False, False, random=True)
+        return self._add(Var(name, shape, dtype, name), contiguous=contiguous)
+
+    def _draw(self, depth) -> Stmt | None:
+        """A random draw from torch's generator or one the forward made:
+        ``torch.randn``, ``rand_like``, ``bernoulli``, a dropout in training,
+        an in-place fill (``normal_``, ``uniform_``, ``bernoulli_``)."""
+        a = self.pick_var()
+        generators = self.in_scope("generators")
+        gen = self.pick(generators) if generators and self.draw(st.integers(0, 2)) else None
+        kw = f"generator={gen}" if gen else ""
+        form = self.pick(["fill", "randn", "rand_like", "bernoulli", "dropout"])
+        if form == "fill":
+            targets = self._targets()
+            if not targets:
+                return None
+            t = self.pick_var(targets)
+            fill, fill_args = self.pick([("normal_", ""), ("uniform_", "-1.0, 1.0"), ("bernoulli_", "0.5")])
+            self.roots[t.root].random = True
+            return Stmt(f"{t.expr}.{fill}({', '.join(x for x in (fill_args, kw) if x)})")
+        name = self.new_name()
+        if form == "randn":
+            fn = self.pick(["torch.randn", "torch.rand"])
+            self._drawn(name, a.shape, "f32", True)
+            return Stmt(f"{name} = {fn}({', '.join(x for x in (_shape_args(a.shape), kw) if x)})")
+        if form == "rand_like":
+            fn = self.pick(["torch.rand_like", "torch.randn_like"])
+            self._drawn(name, a.shape, a.dtype, self.contiguous[a.expr])
+            return Stmt(f"{name} = {fn}({a.expr})")
+        if form == "bernoulli":
+            self._drawn(name, a.shape, a.dtype, self.contiguous[a.expr])
+            probabilities = f"torch.full_like({a.expr}, 0.5)"
+            return Stmt(f"{name} = torch.bernoulli({', '.join(x for x in (probabilities, kw) if x)})")
+        self._fresh(name, a.shape, a.dtype, [a])  # dropout: differentiable, saves its mask only
+        self.roots[name].random = True
+        return Stmt(f"{name} = torch.nn.functional.dropout({a.expr}, 0.5, training=True)")
+
+    def _rng(self, depth) -> Stmt | None:
+        """torch's generator seeded, forked, saved and restored; a generator
+        made in the forward, its state read and set."""
+        states, generators = self.in_scope("states"), self.in_scope("generators")
+        forms = ["generator state", "generator seed"] if generators else []
+        forms += ["generator set state"] if generators and states else []
+        forms += ["restore", "restore"] if states else []
+        forms += ["save", "seed", "generator"] + (["fork", "fork"] if depth < 3 else [])
+        form = self.pick(forms)
+        if form == "seed":
+            return Stmt(f"torch.manual_seed({self.pick(SEEDS)})")
+        if form == "fork":
+            header = self.pick(["with torch.random.fork_rng(devices=[]):", "with torch.random.fork_rng():"])
+            seeded = self.draw(st.integers(0, 1)) == 1
+            body = self.body(depth)
+            if seeded:  # the common pattern: fixed draws in a fork
+                body.insert(0, Stmt(f"torch.manual_seed({self.pick(SEEDS)})"))
+            return Stmt(header, body)
+        if form in ("save", "generator state"):
+            name = f"state{next(self.others)}"
+            self.scopes[-1]["states"].append(name)
+            source = "torch.get_rng_state()" if form == "save" else f"{self.pick(generators)}.get_state()"
+            return Stmt(f"{name} = {source}")
+        if form == "restore":
+            return Stmt(f"torch.set_rng_state({self.pick(states)})")
+        if form == "generator":
+            return self.generator()
+        if form == "generator seed":
+            return Stmt(f"{self.pick(generators)}.manual_seed({self.pick(SEEDS)})")
+        return Stmt(f"{self.pick(generators)}.set_state({self.pick(states)})")
+
+    def generator(self) -> Stmt:
+        """A ``torch.Generator`` made (and seeded) in the forward."""
+        name = f"gen{next(self.others)}"
+        self.scopes[-1]["generators"].append(name)
+        return Stmt(f"{name} = torch.Generator().manual_seed({self.pick(SEEDS)})")
+
+    # bare grad-mode switches: the mode runs to the next switch or the enclosing grad block's end
+    def _switch(self, depth) -> Stmt | None:
+        if self.in_branch:
+            return None  # the mode after the branch would depend on the data
+        # a mode read is mostly passed back at its own nesting (the common pattern); from inside
+        # another block now and then (refused where that block sets the mode: the caller's is unknown)
+        here = self.scopes[-1]["modes"]
+        saved = here + [m for m in self.in_scope("modes") if m not in here]
+        if not here and self.draw(st.integers(0, 3)):
+            saved = []
+        form = self.pick(["set", "set", "C", "save"] + (["restore"] if saved else []))
+        call = "torch._C._set_grad_enabled" if form == "C" or self.draw(st.integers(0, 3)) == 0 \
+            else "torch.set_grad_enabled"
+        if form == "save":  # prev = torch.is_grad_enabled(); ...; torch.set_grad_enabled(prev)
+            name = f"prev{next(self.others)}"
+            self.scopes[-1]["modes"].append((name, self.grad))
+            return Stmt(f"{name} = torch.is_grad_enabled()")
+        if form == "restore":
+            name, self.grad = self.pick(saved)
+            return Stmt(f"{call}({name})")
+        value = self.pick([False, True])
+        self.grad = ON if value else OFF
+        return Stmt(f"{call}({value})")
+
+    # a branch on a tensor's value (exported with data_dependent="specialize")
+    def _branch(self, depth) -> Stmt | None:
+        candidates = [v for v in self.vars if not self.random(v)]  # the export's draws are not eager's
+        if not candidates:
+            return None
+        a = self.pick_var(candidates)
+        item = "{}" + (f"[{', '.join('0' * len(a.shape))}]" if a.shape else "") + ".item()"
+        condition = self.pick(["{}.sum() > 0", item + " > 0.5", "{}.mean().item() < 0", "({} > 0).any()"])
+        if self.draw(st.integers(0, 2)) == 2:  # a value chosen: v3 = v1 * 2.0 if v0.sum() > 0 else -v1
+            c = self.pick_var()
+            then, otherwise = self.pick([("{} * 2.0", "-{}"), ("{} + 1.0", "{} * 0.5"), ("-{}", "{}")])
+            name = self.new_name()
+            self._fresh(name, c.shape, c.dtype, [c])
+            return Stmt(f"{name} = {then.format(c.expr)} if {condition.format(a.expr)} else "
+                        f"{otherwise.format(c.expr)}")
+        vars_before = list(self.vars)
+        self.in_branch += 1
+        try:
+            body = self.body(depth)
+        finally:
+            self.in_branch -= 1
+            self.vars = vars_before  # what the body made may not exist after it
+        return Stmt(f"if {condition.format(a.expr)}:", body)
+
     def _ema(self, depth) -> Stmt | None:
         targets = self._targets()
         if not targets:
@@ -701,8 +932,13 @@ class _Builder:
 
 
 @st.composite
-def programs(draw, max_statements: int = 12) -> Program:
-    """A random ``Program`` (see the module docstring)."""
+def programs(draw, max_statements: int = 12, features=None) -> Program:
+    """A random ``Program`` (see the module docstring); ``features`` (of
+    :data:`FEATURES`) given, each program may draw those, and no other."""
+    if features is None:  # drawn first (a shrink turns them off): each in its share of the programs
+        features = [f for f, share in FEATURE_SHARES.items()
+                    if draw(st.sampled_from([False] * (100 - share) + [True] * share))]
+    features = frozenset(features)
     n_inputs = draw(st.integers(1, len(INPUTS)))
     inputs = list(INPUTS[:n_inputs])
     inputs_require_grad = draw(st.sampled_from([True, True, False]))
@@ -710,8 +946,11 @@ def programs(draw, max_statements: int = 12) -> Program:
     aliasing = draw(st.sampled_from([{}, {}, {}, {}, {"y": "x"}, {"z": "x[0]"}, {"z": "y[1]"},
                                      {"y": "x", "z": "x[2]"}]))
     aliasing = {k: v for k, v in aliasing.items() if k in dict(inputs) and v[0] in dict(inputs)}
-    b = _Builder(draw, inputs, inputs_require_grad, max_statements, aliasing)
-    stmts = b.statements(0, 8)
+    b = _Builder(draw, inputs, inputs_require_grad, max_statements, aliasing, features)
+    stmts = []
+    if "random state" in features and draw(st.booleans()):  # a sampler's generator, made first
+        stmts.append(b.generator())
+    stmts += b.statements(0, 8)
     n_out = draw(st.integers(0, 2))
     returns = [b.vars[-1].expr] + [b.pick_var().expr for _ in range(n_out)]
     return Program(stmts, returns, inputs, inputs_require_grad, aliasing)
