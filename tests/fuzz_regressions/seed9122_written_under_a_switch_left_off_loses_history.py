@@ -1,5 +1,4 @@
 # fuzz seed 9122 --only random state,bare switches,branches: which outputs require grad: eager [True], program [False] (grad_mode=True)
-# open: a bare switch to no_grad left in force at the forward's end, then an in-place write of a tensor with a history (v0 = self.lin.bias * 2.0): eager keeps v0's history (it requires grad), the program's v0 has none. Closed before the end (torch.set_grad_enabled(True) after the write) or as a with no_grad block it matches; v0.mul_(0.9) alone fails too. 2.13 and 2.15.
 import torch
 import torch.nn as nn
 from predispatch.testing.eager import assert_matches_eager

@@ -104,6 +104,8 @@ def _finish(state: TraceState, out):
     """At the forward's end, under the recorder: what it could not see until
     the forward returned. Returns the outputs as the trace returns them."""
     grad_blocks.refuse_unrestored_hidden_blocks(state)
+    if not torch.is_grad_enabled():  # a bare switch left grad mode off: the no_grad span ends
+        spans.end_no_grad_span(state)  # with the forward, before the outputs are read
     out = leaves.read_leaf_outputs(state, out)
     views.sync_no_grad_view_outputs(state, out)
     if torch.is_grad_enabled():

@@ -93,6 +93,27 @@ def end_grad_mode_segment(state: TraceState) -> None:
             state.record.note(write(Kind.CALLERS_MODE_WRITE, old, new, exit, eager_view=view, swapped=swapped))
 
 
+def end_no_grad_span(state: TraceState) -> None:
+    """At the forward's end under no_grad (a bare switch left grad mode off):
+    the values the span replaced, as a marker ending it would hand them on,
+    taking effect at the graph's last node."""
+    _materialize_span_views(state)
+    replaced = _replaced_in_span(state)
+    if replaced:
+        exit = _lasting_last_node(_torch.current_tracer().graph)
+        for old, new, view, swapped in replaced:
+            state.record.note(write(Kind.NO_GRAD_WRITE, old, new, exit, eager_view=view, swapped=swapped))
+
+
+def _lasting_last_node(graph: torch.fx.Graph) -> torch.fx.Node:
+    """The graph's last node that stays: not functionalization's set_() on the
+    trace's own constants, nor such a constant (both dropped after the trace)."""
+    node = _torch.last_node(graph)
+    while node.op == "get_attr" or getattr(node.target, "overloadpacket", None) is torch.ops.aten.set_:
+        node = node.prev
+    return node
+
+
 def before_marker(state: TraceState, was_enabled: bool, enabling: bool) -> list:
     """At a grad-mode marker, before it sets the mode (``enabling`` or not) on
     the one the trace had (``was_enabled``): the segment or span it ends.
