@@ -209,9 +209,11 @@ def _trace_once(tracing: _Tracing, layout: _FlatInputs) -> tuple:
             return _functionalized_call(flat, tracing, layout, mutated, built)
 
     # make_fx's own work around the module's call (making, tracking and reading the inputs and outputs:
-    # metadata reads, not the module's torch calls) with torch-function modes off, at ~250 us an input
+    # metadata reads, not the module's torch calls) with torch-function modes off, at ~250 us an input;
+    # the grad mode as it was: a bare switch left in force must not start a second trace in its mode
     with _torch.enable_python_dispatcher(), _torch.wrappers_sized_by_wrapped_storage(), \
-            _torch.torch_function_disabled(), _torch.placeholders_without_stack_traces():
+            _torch.torch_function_disabled(), _torch.placeholders_without_stack_traces(), \
+            torch.set_grad_enabled(torch.is_grad_enabled()):
         gm = _torch.make_fx(functionalized, record_module_stack=True, pre_dispatch=True)(*tracing.flat_args)
     return gm, mutated, built
 
