@@ -23,7 +23,7 @@ from ..random_state import generator_calls_as_ops
 from ..refusals import refusing_state_calls
 from ..stack_traces import stamping_stack_traces
 from ..vmap import tracing_vmap_as_plain_ops
-from ..translations import autocast_blocks_as_in_eager, buffer_reassignment_as_update, inference_mode_as_no_grad
+from ..translations import autocast_blocks_as_in_eager, buffer_rebinding_checked, inference_mode_as_no_grad, rebound_buffers, was_rebound
 from ..translations import scalar_tensors_formatted_as_in_eager
 from . import grad_blocks, leaves, spans, swaps, views
 from .functional_ops import before_functional_op
@@ -41,13 +41,14 @@ def recording(module: torch.nn.Module, record: TraceRecord, strip, reuse_layers:
 
     def recorded_forward(*args, **kwargs):
         state = TraceState(record, _cast_sources(module, args, kwargs), HostDraws())
-        rebound = []  # (submodule, buffer name) rebound to a tensor of another dtype
-        with _forward_recorded(module, state, eager_autocast_cache, reuse_layers, rebound) as reuse:
+        buffers = dict(module.named_buffers(remove_duplicate=False))  # what a rebinding replaces
+        with _forward_recorded(module, state, eager_autocast_cache, reuse_layers) as reuse:
             out = forward(*args, **kwargs)
             if reuse is not None:
                 reuse.check_stamped()
             out = _finish(state, out)
-        record.rebound_buffers = _rebound_buffers(module, rebound)
+        rebound = rebound_buffers(buffers, dict(module.named_buffers(remove_duplicate=False)), strip)
+        record.rebound_buffers = {f"buffer:{name}": t for name, t in rebound.items()}
         _note_mutation_kinds(record, module, _torch.pytree.tree_leaves((args, kwargs)), strip)
         return out
 
@@ -70,7 +71,7 @@ def _cast_sources(module: torch.nn.Module, args, kwargs) -> CastCache:
 
 
 @contextlib.contextmanager
-def _forward_recorded(module, state: TraceState, eager_autocast_cache: bool, reuse_layers: bool, rebound: list):
+def _forward_recorded(module, state: TraceState, eager_autocast_cache: bool, reuse_layers: bool):
     """Everything the forward runs under while it is recorded, entered in
     this order (left in the reverse one); yields the layer reuse (or None)."""
     recorder = Recorder(state)
@@ -89,7 +90,7 @@ def _forward_recorded(module, state: TraceState, eager_autocast_cache: bool, reu
         enter(refusing_host_randomness(state.draws))  # Python's and numpy's generators
         enter(scalar_tensors_formatted_as_in_eager())  # f"{t}" of a 0-dim tensor: its value
         enter(inference_mode_as_no_grad())
-        enter(buffer_reassignment_as_update(lambda m, name: rebound.append((m, name))))  # self.buf = new
+        enter(buffer_rebinding_checked())  # self.buf = new: refused where no write-back can follow
         enter(refusing_state_calls())
         enter(generator_calls_as_ops(state.generators))  # manual_seed, fork_rng, get/set_rng_state
         enter(tracing_vmap_as_plain_ops())  # torch.vmap: the trace below its batching
@@ -111,25 +112,14 @@ def _finish(state: TraceState, out):
     return out
 
 
-def _rebound_buffers(module: torch.nn.Module, rebound: list) -> dict:
-    """``"buffer:<fqn>"`` -> the tensor each rebound buffer holds as the forward returns."""
-    paths = {id(m): path for path, m in module.named_modules(remove_duplicate=False)}
-    found = {}
-    for m, name in rebound:
-        buffers = _torch.state_tables(m)[1]
-        if id(m) in paths and name in buffers:
-            found[f"buffer:{paths[id(m)]}{'.' if paths[id(m)] else ''}{name}"] = buffers[name]
-    return found
-
-
 def _note_mutation_kinds(record: TraceRecord, module, flat_inputs, strip) -> None:
     for name, t in module.named_parameters(remove_duplicate=False):
         if (kind := _torch.mutation_kind(t)) is not None:
             record.mutation_kinds[f"param:{strip(name)}"] = kind
     for name, t in module.named_buffers(remove_duplicate=False):
-        if f"buffer:{name}" in record.rebound_buffers:  # written back as the forward left it
-            continue
-        if (kind := _torch.mutation_kind(t)) is not None:
+        if f"buffer:{name}" in record.rebound_buffers or was_rebound(t):  # written back as the forward left it
+            record.mutation_kinds[f"buffer:{strip(name)}"] = "rebound"
+        elif (kind := _torch.mutation_kind(t)) is not None:
             record.mutation_kinds[f"buffer:{strip(name)}"] = kind
     for i, t in enumerate(flat_inputs):
         if isinstance(t, torch.Tensor) and (kind := _torch.mutation_kind(t)) is not None:

@@ -1,0 +1,99 @@
+"""Tensors a forward holds as module attributes (issue 40): buffers rebound,
+tensors that are not registered.
+
+A rebinding (``self.b = v``, ``register_buffer``, ``_buffers[name] = v``)
+gives the name a new tensor: the old one and its aliases keep their values,
+and ops that read the old one (and saved it for backward) see no write.
+Each module is compared with eager by ``assert_matches_eager`` (outputs and
+which require grad, gradients, buffers and inputs after, under grad mode on
+and off, re-export stable).
+"""
+import pytest
+import torch
+
+import predispatch
+from predispatch.ir.program_meta import program_meta
+from predispatch.testing.eager import assert_matches_eager
+
+# ---------------------------------------------------------------- rebinding a buffer
+
+_GLOBAL = torch.full((3,), 7.0)
+
+
+class RebindsTwice(torch.nn.Module):
+    """The issue's module: eager returns 10 and leaves ``buf`` at 6."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("buf", torch.ones(3))
+
+    def forward(self, x):
+        buf = self.buf
+        y = self.buf
+        self.buf = buf + 3
+        z = self.buf
+        self.buf = buf + 5
+        return x + y + z + (buf + 4)
+
+
+class Rebinds(torch.nn.Module):
+    """``old`` is read (and saved for backward by ``x[:3] * old``) before and
+    after ``buf`` is rebound in one of many ways."""
+
+    def __init__(self, how):
+        super().__init__()
+        self.register_buffer("buf", torch.ones(3))
+        self.how = how
+
+    def forward(self, x):
+        old = self.buf
+        y = x[:3] * old
+        if self.how == "setattr":
+            self.buf = old + 1
+        elif self.how == "register_buffer":
+            self.register_buffer("buf", old * 2)
+        elif self.how == "buffers_dict":
+            self._buffers["buf"] = old * 2
+        elif self.how == "another_shape":
+            self.buf = torch.cat([old, old])
+        elif self.how == "a_view_of_the_input":
+            self.buf = x[1:4]
+        elif self.how == "a_global":
+            self.buf = _GLOBAL
+        elif self.how == "and_back":
+            self.buf = old * 3
+            self.buf = old
+        elif self.how == "then_updated":
+            self.buf = old * 3
+            self.buf.add_(1)
+        elif self.how == "old_updated_after":  # eager's module holds the new tensor
+            self.buf = old * 3
+            old.add_(1)
+            return y.detach() + x[:3] + old + self.buf.sum()  # (``x * old`` saved old)
+        elif self.how == "under_no_grad":
+            with torch.no_grad():
+                self.buf = old + x[:3]
+        return y + x[:3] * old + self.buf.sum()
+
+
+def test_a_rebinding_leaves_the_old_tensor_and_its_aliases_as_they_were():
+    ep = assert_matches_eager(RebindsTwice(), (torch.zeros(3),))
+    module = ep.module()
+    assert torch.equal(module(torch.zeros(3)), torch.full((3,), 10.0))
+    assert torch.equal(module.buf, torch.full((3,), 6.0))
+
+
+@pytest.mark.parametrize("how", ["setattr", "register_buffer", "buffers_dict", "another_shape",
+                                 "a_view_of_the_input", "a_global", "and_back", "then_updated",
+                                 "old_updated_after", "under_no_grad"])
+def test_every_rebinding_of_a_buffer_matches_eager(how):
+    assert_matches_eager(Rebinds(how), (torch.randn(5),))
+
+
+def test_a_program_exported_again_rebinds_too():
+    """``ep.module()`` exported again: its write-back is a rebinding, not an
+    update of a tensor ``x * buf`` saved for backward."""
+    ep = assert_matches_eager(Rebinds("setattr"), (torch.randn(5),))
+    assert program_meta(ep)["write_back"] == {"buf": "rebound"}
+    again = assert_matches_eager(ep.module(), (torch.randn(5),))
+    assert program_meta(again)["write_back"] == {"buf": "rebound"}
