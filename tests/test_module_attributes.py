@@ -97,3 +97,61 @@ def test_a_program_exported_again_rebinds_too():
     assert program_meta(ep)["write_back"] == {"buf": "rebound"}
     again = assert_matches_eager(ep.module(), (torch.randn(5),))
     assert program_meta(again)["write_back"] == {"buf": "rebound"}
+
+
+# ---------------------------------------------------------------- rebound under autocast
+
+
+class CastsItsCacheToTheActivations(torch.nn.Module):
+    """wav2vec2-conformer's ``extend_pe``: the cache rebound to the dtype of
+    the hidden states, which autocast decides."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.register_buffer("pe", torch.arange(4.0))
+
+    def forward(self, x):
+        h = self.lin(x)
+        if self.pe.dtype != h.dtype:
+            self.pe = self.pe.to(h.dtype)
+        return h * self.pe
+
+
+def _bf16():
+    return torch.autocast("cpu", dtype=torch.bfloat16)
+
+
+def test_a_program_exported_under_autocast_is_called_under_it():
+    """Exported under the caller's autocast, the trace's dtypes are autocast's
+    (``pe`` rebound to bfloat16): under the same autocast the program matches
+    eager; called without it, where eager keeps ``pe`` in float32, it says so."""
+    with _bf16():
+        ep = assert_matches_eager(CastsItsCacheToTheActivations(), (torch.randn(2, 4),))
+    assert program_meta(ep)["ambient_autocast"] == {"cpu": "bfloat16"}
+    module = ep.module()
+    with pytest.raises(RuntimeError, match=r"exported under torch.autocast\('cpu', dtype=torch.bfloat16\).*"
+                                           r"Called under no autocast"):
+        module(torch.randn(2, 4))
+    assert module.pe.dtype == torch.float32  # nothing written
+
+
+def test_a_program_exported_without_autocast_checks_nothing():
+    ep = assert_matches_eager(CastsItsCacheToTheActivations(), (torch.randn(2, 4),))
+    assert "ambient_autocast" not in program_meta(ep)
+
+
+def test_wav2vec2_conformer_exported_under_autocast_in_train_mode():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.Wav2Vec2ConformerConfig(
+        hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+        conv_dim=(8, 8), conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=4,
+        num_conv_pos_embedding_groups=2, position_embeddings_type="relative", max_source_positions=64,
+        conformer_conv_depthwise_kernel_size=3, layerdrop=0.0, mask_time_prob=0.0, num_labels=2)
+    torch.manual_seed(0)
+    model = transformers.Wav2Vec2ConformerForSequenceClassification(config).train()
+    x = torch.randn(2, 160)
+    with _bf16():
+        ep = assert_matches_eager(model, (x,), inputs_require_grad=False)
+    with pytest.raises(RuntimeError, match="exported under torch.autocast"):
+        ep.module()(x)

@@ -54,6 +54,8 @@ class TraceRecord:
     unbacked_bindings: dict = dataclasses.field(default_factory=dict)
     # what those guards assume, each checked at run time (ir.assumptions.Assumption)
     assumptions: list = dataclasses.field(default_factory=list)
+    # device -> autocast dtype name, of the autocast the caller had on when the module was exported
+    ambient_autocast: dict = dataclasses.field(default_factory=dict)
 
     def clear(self) -> None:
         """Forget a trace made again (see :func:`predispatch.trace.functional_trace.functional_trace`)."""

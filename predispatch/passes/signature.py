@@ -4,7 +4,8 @@ Passes may replace output nodes: output specs follow them by position. The
 record (:mod:`predispatch.ir.program_meta`) says how each mutated parameter,
 buffer and input is written back (its mode, its layout and storage), which
 user inputs the trace saw as views of others, the backward autocast policy,
-the module order, the sharding layouts, and the data-dependent branches assumed: what ``ep.module()`` and the
+the module order, the sharding layouts, the data-dependent branches assumed
+and the autocast the export ran under: what ``ep.module()`` and the
 downstream tools read from the program.
 """
 from __future__ import annotations
@@ -35,6 +36,7 @@ def record_program_meta(captured, module: torch.nn.Module, autocast_policy, shar
            if sharding_layouts else {}),
         **({ASSUMPTIONS: [a.to_json() for a in captured.record.assumptions]}
            if captured.record.assumptions else {}),
+        **({"ambient_autocast": captured.record.ambient_autocast} if captured.record.ambient_autocast else {}),
     })
 
 

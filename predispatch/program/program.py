@@ -3,7 +3,8 @@
 ``PredispatchProgram`` is an ``ExportedProgram`` whose ``module()`` writes
 mutated parameters, buffers and inputs back the way eager mutated them
 (:mod:`predispatch.program.write_backs`), checks that a call's inputs share
-memory as the example inputs did where it matters, keeps the module's
+memory as the example inputs did where it matters, and that a program exported
+under autocast is called under it (:mod:`predispatch.program.ambient`), keeps the module's
 submodule order, and calls ops by their cheapest spelling
 (:mod:`predispatch.program.run_time_calls`). ``predispatch.load`` restores the
 class after ``torch.export.load``.
@@ -17,6 +18,7 @@ from .. import _torch
 from ..ir.meta_keys import SWITCH_REGION
 from ..ir.program_meta import program_meta
 from ..ir.regions import regions
+from .ambient import check_ambient_autocast_at_calls
 from .run_time_calls import use_run_time_calls
 from .write_backs import check_input_aliasing, fix_write_backs, mutated_user_inputs
 
@@ -94,6 +96,7 @@ class PredispatchProgram(ExportedProgram):
         mutated = mutated_user_inputs(self.graph_signature)
         if mutated:
             check_input_aliasing(unlifted, record.get("input_views", {}), mutated)
+        check_ambient_autocast_at_calls(unlifted, record.get("ambient_autocast"))
         restore_module_order(unlifted, program_meta(self).get("module_order", []))
         leave_grad_mode(unlifted, record.get("grad_mode_after"))
         use_run_time_calls(unlifted)

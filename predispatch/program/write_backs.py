@@ -12,7 +12,6 @@ from __future__ import annotations
 import torch
 
 from .. import _torch
-from ..errors import ExportError
 from ..ir.program_meta import program_meta
 from ..trace import input_aliasing
 from ..trace.translations import mark_rebound
@@ -103,10 +102,9 @@ def _rebound(target: torch.Tensor, value: torch.Tensor, layout: dict) -> torch.T
     """A buffer the forward rebound to a tensor of another dtype: ``target``
     takes ``value``'s dtype, memory and layout (``t.data = v`` keeps the
     buffer's identity, as the module holds it)."""
-    if _torch.is_traced(target):
-        raise ExportError(
-            "re-exporting a program that rebinds a buffer to a tensor of another dtype is not "
-            "supported: export the original module again")
+    if _torch.is_traced(target):  # the program is being exported again: the same rebinding
+        mark_rebound(target, value)
+        return target
     size, stride, offset = layout["size"], layout["stride"], layout["offset"]
     if size is not None and (tuple(value.stride()), value.storage_offset()) != (tuple(stride), offset):
         value = _laid_out(value, size, stride, offset)

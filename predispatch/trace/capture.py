@@ -153,6 +153,10 @@ def capture_module(module, args, kwargs, dynamic_shapes, policy: OpPolicy, recor
                                             _aten_stage(policy, record, specialize))
     if specialize:
         _torch.real_values_dropped(artifact.fake_mode, artifact.aten.gm)
+    # autocast the caller has on applies to the traced ops without a block in the graph: the
+    # program's dtypes (and the branches taken on them) hold only under it (program.ambient)
+    record.ambient_autocast = {d: str(torch.get_autocast_dtype(d)).removeprefix("torch.")
+                               for d in _torch.autocast_devices() if torch.is_autocast_enabled(d)}
     return Captured(artifact, record, args, kwargs, dynamic_shapes,
                     original_state_dict, verify_additional_inputs)
 

@@ -90,16 +90,24 @@ def rebound_buffers(before: dict, after: dict, strip=lambda name: name) -> dict:
     return found
 
 
-def mark_rebound(t: torch.Tensor) -> torch.Tensor:
+def mark_rebound(t: torch.Tensor, value: torch.Tensor | None = None) -> torch.Tensor:
     """A buffer a program rebinds, met again when ``ep.module()`` is exported:
-    its write-back is a rebinding too (see :mod:`predispatch.program.write_backs`)."""
+    its write-back is a rebinding too (see :mod:`predispatch.program.write_backs`),
+    to ``value`` where given (a tensor of another dtype, which no write can hold)."""
     if _torch.is_traced(t):
         t._predispatch_rebound = True
+        if value is not None:
+            t._predispatch_rebound_to = value
     return t
 
 
 def was_rebound(t: torch.Tensor) -> bool:
     return getattr(t, "_predispatch_rebound", False)
+
+
+def as_rebound(buffers: dict) -> dict:
+    """Each buffer (name -> tensor) as the tensor it was rebound to by :func:`mark_rebound`, if any."""
+    return {name: getattr(t, "_predispatch_rebound_to", t) for name, t in buffers.items()}
 
 
 def refuse_unsound_rebinding(name: str, old: torch.Tensor, value: torch.Tensor, where: str) -> None:

@@ -23,7 +23,8 @@ from ..random_state import generator_calls_as_ops
 from ..refusals import refusing_state_calls
 from ..stack_traces import stamping_stack_traces
 from ..vmap import tracing_vmap_as_plain_ops
-from ..translations import autocast_blocks_as_in_eager, buffer_rebinding_checked, inference_mode_as_no_grad, rebound_buffers, was_rebound
+from ..translations import as_rebound, autocast_blocks_as_in_eager, buffer_rebinding_checked, inference_mode_as_no_grad
+from ..translations import rebound_buffers, was_rebound
 from ..translations import scalar_tensors_formatted_as_in_eager
 from . import grad_blocks, leaves, spans, swaps, views
 from .functional_ops import before_functional_op
@@ -47,7 +48,7 @@ def recording(module: torch.nn.Module, record: TraceRecord, strip, reuse_layers:
             if reuse is not None:
                 reuse.check_stamped()
             out = _finish(state, out)
-        rebound = rebound_buffers(buffers, dict(module.named_buffers(remove_duplicate=False)), strip)
+        rebound = rebound_buffers(buffers, as_rebound(dict(module.named_buffers(remove_duplicate=False))), strip)
         record.rebound_buffers = {f"buffer:{name}": t for name, t in rebound.items()}
         _note_mutation_kinds(record, module, _torch.pytree.tree_leaves((args, kwargs)), strip)
         return out
