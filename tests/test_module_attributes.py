@@ -155,3 +155,85 @@ def test_wav2vec2_conformer_exported_under_autocast_in_train_mode():
         ep = assert_matches_eager(model, (x,), inputs_require_grad=False)
     with pytest.raises(RuntimeError, match="exported under torch.autocast"):
         ep.module()(x)
+
+
+# ---------------------------------------------------------------- tensors not registered
+
+
+class InADict(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.table = {"w": torch.nn.Parameter(torch.randn(3))}
+
+    def forward(self, x):
+        return x * self.table["w"]
+
+
+class PlainAttribute(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.scale = torch.randn(3, requires_grad=True)
+
+    def forward(self, x):
+        return x * self.scale
+
+
+class Scales(torch.nn.Module):
+    def __init__(self, t):
+        super().__init__()
+        self.t = t
+
+    def forward(self, x):
+        return x * self.t
+
+
+class SharedBySubmodules(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        t = torch.randn(3, requires_grad=True)
+        self.a, self.b = Scales(t), Scales(t)
+
+    def forward(self, x):
+        return self.a(x) + self.b(x)
+
+
+_GRAD_GLOBAL = torch.randn(3, requires_grad=True)
+
+
+class ReadsAGlobal(torch.nn.Module):
+    def forward(self, x):
+        return x * _GRAD_GLOBAL
+
+
+@pytest.mark.parametrize("module, name, code", [
+    (InADict(), "\"table['w']\"", 'x * self.table["w"]'),
+    (PlainAttribute(), "'scale'", "x * self.scale"),
+    (SharedBySubmodules(), "'a.t'", "x * self.t"),
+    (ReadsAGlobal(), "a tensor held outside the module's attributes", "x * _GRAD_GLOBAL"),
+], ids=["in_a_dict", "plain_attribute", "shared_by_submodules", "a_global"])
+def test_a_tensor_requiring_grad_that_is_not_registered_is_refused_naming_it(module, name, code):
+    """Eager's output requires grad and the tensor gets its gradient; a program
+    would hold it as a constant (torch.export detaches it): refused."""
+    with pytest.raises(predispatch.ExportError, match="neither a parameter, a buffer nor an input") as info:
+        predispatch.export_predispatch(module, (torch.randn(3),))
+    message = str(info.value)
+    assert name in message and code in message and "test_module_attributes.py" in message, message
+
+
+class UsesOneWithoutGradient(torch.nn.Module):
+    """Its shape, a comparison, a detached copy, a no_grad block: no gradient
+    eager would give it, so nothing to lose."""
+
+    def __init__(self):
+        super().__init__()
+        self.t = torch.randn(3, requires_grad=True)
+
+    def forward(self, x):
+        y = x * self.t.detach() + torch.zeros(self.t.shape) + (self.t > 0)
+        with torch.no_grad():
+            y = y + 0 * self.t.sum()
+        return y
+
+
+def test_a_tensor_requiring_grad_used_without_a_gradient_exports():
+    assert_matches_eager(UsesOneWithoutGradient(), (torch.randn(3),))

@@ -31,6 +31,7 @@ from .functional_ops import before_functional_op
 from .mode import Recorder
 from .observing import observing_ops
 from .state import TraceState
+from .unregistered import UnregisteredGradTensor, named_in
 
 
 @contextlib.contextmanager
@@ -43,11 +44,14 @@ def recording(module: torch.nn.Module, record: TraceRecord, strip, reuse_layers:
     def recorded_forward(*args, **kwargs):
         state = TraceState(record, _cast_sources(module, args, kwargs), HostDraws())
         buffers = dict(module.named_buffers(remove_duplicate=False))  # what a rebinding replaces
-        with _forward_recorded(module, state, eager_autocast_cache, reuse_layers) as reuse:
-            out = forward(*args, **kwargs)
-            if reuse is not None:
-                reuse.check_stamped()
-            out = _finish(state, out)
+        try:
+            with _forward_recorded(module, state, eager_autocast_cache, reuse_layers) as reuse:
+                out = forward(*args, **kwargs)
+                if reuse is not None:
+                    reuse.check_stamped()
+                out = _finish(state, out)
+        except UnregisteredGradTensor as e:
+            raise named_in(module, e, strip) from None
         rebound = rebound_buffers(buffers, as_rebound(dict(module.named_buffers(remove_duplicate=False))), strip)
         record.rebound_buffers = {f"buffer:{name}": t for name, t in rebound.items()}
         _note_mutation_kinds(record, module, _torch.pytree.tree_leaves((args, kwargs)), strip)

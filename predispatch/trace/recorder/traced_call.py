@@ -4,7 +4,8 @@ Any other torch call: run as traced, with what it reads and makes noted.
 Before it, the casts eager's autocast cache would hold are looked up
 (:mod:`predispatch.trace.autocast_cache`); it runs marking the view replays
 it causes (when it reads a view made under no_grad) and reading through
-their ops the tensors :mod:`.leaves` names; after it, a custom op's alias is
+their ops the tensors :mod:`.leaves` names (a tensor requiring grad that the
+trace does not hold is refused: :mod:`.unregistered`); after it, a custom op's alias is
 refused, the cast cache followed, the views it made noted, and a tensor it
 made to require grad (``requires_grad=True``) marked."""
 from __future__ import annotations
@@ -16,6 +17,7 @@ from ...ir import ops
 from . import leaves, views
 from .custom_ops import alias_annotations_explained, refuse_hidden_alias
 from .state import TorchCall, TraceState
+from .unregistered import refuse_unregistered_grad_tensors
 
 # predispatch's own reads through an op: not read through again
 _OWN_READS = (ops.REQUIRES_GRAD, ops.KEEP_HISTORY)
@@ -31,6 +33,7 @@ def call_as_traced(state: TraceState, call: TorchCall):
     mark = _torch.last_node(_torch.current_tracer().graph) if cast_reads else None
     with alias_annotations_explained(func):
         out = _run(state, call)
+    refuse_unregistered_grad_tensors(func, args, kwargs, out)
     refuse_hidden_alias(func, args, kwargs, out)
     state.casts.after(cast_reads, out, mark)
     views.note_views(state, func, args, out)
