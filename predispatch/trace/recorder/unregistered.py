@@ -43,8 +43,8 @@ def refuse_unregistered_grad_tensors(func, args, kwargs, out) -> None:
             isinstance(o, torch.Tensor) and (o.is_floating_point() or o.is_complex())
             for o in _torch.pytree.tree_leaves(out)):
         return
-    for a in _torch.pytree.tree_leaves((args, kwargs)):
-        if isinstance(a, torch.Tensor) and a.requires_grad and not _torch.is_traced(a):
+    for a in _torch.pytree.tree_leaves((args, kwargs)):  # a real tensor: not one the trace made
+        if isinstance(a, torch.Tensor) and a.requires_grad and not _torch.is_traced(a) and not _torch.is_fake(a):
             raise UnregisteredGradTensor(a, user_location())
 
 
