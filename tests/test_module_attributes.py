@@ -237,3 +237,65 @@ class UsesOneWithoutGradient(torch.nn.Module):
 
 def test_a_tensor_requiring_grad_used_without_a_gradient_exports():
     assert_matches_eager(UsesOneWithoutGradient(), (torch.randn(3),))
+
+
+# ---------------------------------------------------------------- plain tensor attributes
+
+_CONSTANT = torch.arange(3.0)
+
+
+class UpdatesWhatItComputesFromAConstant(torch.nn.Module):
+    """``self.c`` is a plain tensor attribute (a constant to the program);
+    what an op computes from it is a fresh intermediate, updated freely."""
+
+    def __init__(self, how):
+        super().__init__()
+        self.c = torch.ones(3, 2)
+        self.how = how
+
+    def forward(self, x):
+        if self.how == "the_issue":
+            t = self.c[:, 0] + 2
+            t.sub_(1)
+            return x + t
+        if self.how == "through_a_view":
+            t = self.c * 1
+            t[0].mul_(3)
+            return x + t.sum(1)
+        if self.how == "a_global":
+            t = _CONSTANT * 2
+            t.add_(x)
+            return t
+        if self.how == "under_no_grad":
+            with torch.no_grad():
+                t = self.c.sum(1)
+                t.add_(1)
+            return x * t
+        t = self.c.t().contiguous()  # a copy of a view of the constant
+        t.add_(1)
+        return x.sum() * t
+
+
+@pytest.mark.parametrize("how", ["the_issue", "through_a_view", "a_global", "under_no_grad", "copy_of_a_view"])
+def test_an_update_of_a_value_computed_from_a_constant_exports(how):
+    assert_matches_eager(UpdatesWhatItComputesFromAConstant(how), (torch.randn(3),))
+
+
+class UpdatesAnAliasOfAConstant(torch.nn.Module):
+    def __init__(self, how):
+        super().__init__()
+        self.c = torch.ones(3, 2)
+        self.how = how
+
+    def forward(self, x):
+        alias = {"view": lambda: self.c.view(6), "row": lambda: self.c[0], "detach": lambda: self.c.detach(),
+                 "float": lambda: self.c.float()}[self.how]()
+        alias.add_(1)  # eager updates self.c: nowhere to write it back
+        return x * 2
+
+
+@pytest.mark.parametrize("how", ["view", "row", "detach", "float"])
+def test_an_update_of_an_alias_of_a_constant_stays_refused(how):
+    with pytest.raises(predispatch.ExportError, match=r"neither a parameter, a buffer nor an input.*") as info:
+        predispatch.export_predispatch(UpdatesAnAliasOfAConstant(how), (torch.randn(3),))
+    assert "alias.add_(1)" in str(info.value)

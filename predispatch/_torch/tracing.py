@@ -187,6 +187,11 @@ def fake_mode_of(t: torch.Tensor):
     return inner.fake_mode if isinstance(inner, FakeTensor) else detect_fake_mode()
 
 
+def is_fake(t) -> bool:
+    """A fake tensor: a value the trace computed, or a constant it converted (not a real tensor)."""
+    return isinstance(t, FakeTensor)
+
+
 def torch_function_off():
     """No torch-function handling at all (modes and subclasses alike) for the
     calls made meanwhile: a torch-function mode's own bookkeeping calls."""

@@ -5,7 +5,8 @@ Before it, the casts eager's autocast cache would hold are looked up
 (:mod:`predispatch.trace.autocast_cache`); it runs marking the view replays
 it causes (when it reads a view made under no_grad) and reading through
 their ops the tensors :mod:`.leaves` names (a tensor requiring grad that the
-trace does not hold is refused: :mod:`.unregistered`); after it, a custom op's alias is
+trace does not hold is refused: :mod:`.unregistered`; what it makes from
+constants alone is traced: :mod:`.constants`); after it, a custom op's alias is
 refused, the cast cache followed, the views it made noted, and a tensor it
 made to require grad (``requires_grad=True``) marked."""
 from __future__ import annotations
@@ -15,6 +16,7 @@ import functools
 from ... import _torch
 from ...ir import ops
 from . import leaves, views
+from .constants import traced_if_fresh
 from .custom_ops import alias_annotations_explained, refuse_hidden_alias
 from .state import TorchCall, TraceState
 from .unregistered import refuse_unregistered_grad_tensors
@@ -32,7 +34,7 @@ def call_as_traced(state: TraceState, call: TorchCall):
     cast_reads = state.casts.reads(args, kwargs, functools.partial(views.current_node, state))
     mark = _torch.last_node(_torch.current_tracer().graph) if cast_reads else None
     with alias_annotations_explained(func):
-        out = _run(state, call)
+        out = traced_if_fresh(func, args, kwargs, _run(state, call))
     refuse_unregistered_grad_tensors(func, args, kwargs, out)
     refuse_hidden_alias(func, args, kwargs, out)
     state.casts.after(cast_reads, out, mark)
