@@ -187,6 +187,7 @@ from .export import (  # noqa: E402,F401
 from .data_dependence import (  # noqa: E402,F401
     ASSERT_SCALAR,
     forget_real_values,
+    kept_as_they_are,
     real_values_dropped,
     real_values_propagated,
     real_values_propagating,

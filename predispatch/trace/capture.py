@@ -24,6 +24,7 @@ from .. import _torch
 from ..errors import ExportError, exception_location
 from .functional_trace import functional_trace
 from ..policies.op_policy import OpPolicy
+from ..ir.assumptions import is_run_time_message
 from ..ir.records import TraceRecord
 from .recorder.session import recording
 
@@ -96,8 +97,12 @@ def _aten_stage(policy: OpPolicy, record: TraceRecord, specialize: bool):
             stack.enter_context(_torch.decompose_by(policy.should_decompose))
             with _torch.module_stacks_renamed_once() as hold_module_stacks:
                 gm, graph_signature = transform(trace)(stack, mod, fake_args, kwargs=fake_kwargs)
-        if specialize:
+        # a program exported again: its checks of the example's branches are its own ops, not
+        # torch's to write again beside them (G7: passes/assumptions.py drops torch's copies)
+        runs_its_own_checks = _torch.kept_as_they_are(gm, is_run_time_message)
+        if specialize or runs_its_own_checks:
             record.unbacked_bindings = {n: s for n in gm.graph.nodes if (s := _torch.unbacked_symbols_bound(n))}
+        if specialize:
             record.specialized_guards = _torch.specialized_guards(gm)
 
         if produce_guards_callback is not None:
