@@ -169,6 +169,7 @@ from .export import (  # noqa: E402,F401
     graph_input_names,
     graph_output_names,
     GraphSignature,
+    is_output_leaf,
     lazy_codegen,
     lazy_graph_module,
     module_stacks_renamed_once,

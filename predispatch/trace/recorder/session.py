@@ -19,6 +19,7 @@ from ..autograd_function.capture import capturing_autograd_functions
 from ..grad_mode_reads import noting_grad_mode_reads
 from ..host_random import HostDraws, refusing_host_randomness
 from ..layer_reuse import LayerReuse, note_no_reuse, reuse_enabled
+from ..outputs import checked_outputs
 from ..random_state import generator_calls_as_ops
 from ..refusals import refusing_state_calls
 from ..stack_traces import stamping_stack_traces
@@ -57,13 +58,30 @@ def recording(module: torch.nn.Module, record: TraceRecord, strip, reuse_layers:
         _note_mutation_kinds(record, module, _torch.pytree.tree_leaves((args, kwargs)), strip)
         return out
 
-    had_own_forward = "forward" in module.__dict__
-    module.forward = recorded_forward
+    # torch.export's wrapper flattens what the user's module (its _export_root) returns: checked before
+    root = getattr(module, "_export_root", None)
+    with _forward_replaced(module, recorded_forward), \
+            _forward_replaced(root, _outputs_checked(root)) if root is not None else contextlib.nullcontext():
+        yield
+
+
+def _outputs_checked(module: torch.nn.Module):
+    forward = module.forward
+
+    def checked_forward(*args, **kwargs):
+        return checked_outputs(module, forward(*args, **kwargs))
+    return checked_forward
+
+
+@contextlib.contextmanager
+def _forward_replaced(module: torch.nn.Module, forward):
+    had_own_forward, own = "forward" in module.__dict__, module.__dict__.get("forward")
+    module.forward = forward
     try:
         yield
     finally:
         if had_own_forward:
-            module.forward = forward
+            module.forward = own
         else:
             del module.forward
 
