@@ -11,7 +11,7 @@ downstream tools read from the program.
 from __future__ import annotations
 
 import torch
-from torch.export.graph_signature import OutputSpec, TensorArgument
+from torch.export.graph_signature import OutputSpec, SymBoolArgument, SymFloatArgument, SymIntArgument, TensorArgument
 
 from .. import _torch
 from ..errors import ExportError
@@ -40,6 +40,10 @@ def record_program_meta(captured, module: torch.nn.Module, autocast_policy, shar
     })
 
 
+# an output the graph names by its node (a SymInt computed in a region is the region's getitem too)
+_NAMED_ARGUMENTS = (TensorArgument, SymIntArgument, SymFloatArgument, SymBoolArgument)
+
+
 def sync_output_names(captured: Captured) -> None:
     """Passes may replace output nodes; output specs follow them by position.
     Two mutated inputs with one new value (``x.set_(v); z.set_(v)``) get a
@@ -49,8 +53,8 @@ def sync_output_names(captured: Captured) -> None:
     outputs = captured.gm.graph.output_node().args[0]
     sig = captured.signature
     sig.output_specs[:] = [
-        OutputSpec(s.kind, TensorArgument(node.name), s.target)
-        if isinstance(s.arg, TensorArgument) else s
+        OutputSpec(s.kind, type(s.arg)(node.name), s.target)
+        if isinstance(s.arg, _NAMED_ARGUMENTS) and isinstance(node, torch.fx.Node) else s
         for s, node in zip(sig.output_specs, outputs)]
 
 
