@@ -429,3 +429,50 @@ def test_a_transformers_cache_output_says_use_cache_false():
     with pytest.raises(predispatch.ExportError, match=r"is a transformers\.cache_utils\.DynamicCache, which a "
                                                       r"program cannot return.*pass use_cache=False"):
         predispatch.export_predispatch(model, (torch.randint(0, 32, (1, 5)),))
+
+
+# ---------------------------------------------------------------- said once, in user terms
+
+
+class _WrongWidth(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(5, 3)
+
+    def forward(self, x):
+        return self.lin(x)
+
+
+def test_a_shape_error_is_an_export_error_without_torch_s_log_on_stderr():
+    """torch's fake tensor logger would print the failed kernel's traceback at
+    ERROR level on stderr before the ExportError, which says it already."""
+    import logging
+
+    class Records(logging.Handler):
+        def __init__(self):
+            super().__init__(logging.DEBUG)
+            self.seen = []
+
+        def emit(self, record):
+            self.seen.append(record)
+
+    records, logger = Records(), logging.getLogger("torch._subclasses.fake_tensor")
+    logger.addHandler(records)
+    try:
+        with pytest.raises(predispatch.ExportError, match=r"same reduction dim") as info:
+            predispatch.export_predispatch(_WrongWidth(), (torch.randn(2, 4),))
+    finally:
+        logger.removeHandler(records)
+    assert f"{__file__}:{line_of(_WrongWidth.forward, 'self.lin(x)')}" in str(info.value)
+    assert not [r for r in records.seen if r.levelno >= logging.ERROR], [r.getMessage() for r in records.seen]
+
+
+def test_loading_a_file_that_is_not_a_saved_program_says_so(tmp_path):
+    text, state = tmp_path / "notes.pt2", tmp_path / "weights.pt"
+    text.write_text("not a program")
+    torch.save({"w": torch.ones(2)}, state)
+    with pytest.raises(ValueError, match=r"notes\.pt2'\): the file is not a program saved with "
+                                         r"torch\.export\.save \(that is a zip archive; this file is not one\)"):
+        predispatch.load(text)
+    with pytest.raises(ValueError, match=r"weights\.pt'\): the file is not a program .* it is a torch\.save file"):
+        predispatch.load(state)

@@ -123,6 +123,7 @@ from .tracing import (  # noqa: E402,F401
     enable_python_dispatcher,
     fake_mode_of,
     FAKE_TENSOR_LOGGER,
+    fake_tensor_log_quiet,
     is_fake,
     FakeTensorMode,
     free_unbacked_symbols,

@@ -513,6 +513,23 @@ def bound_to_receiver(forward, module: torch.nn.Module, caller) -> object:
 FAKE_TENSOR_LOGGER = "torch._subclasses.fake_tensor"  # the logger that prints a shape error's traceback
 
 
+@contextlib.contextmanager
+def fake_tensor_log_quiet():
+    """A shape error in the model (a Linear given the wrong width) fails a
+    fake kernel: torch's fake tensor logger prints the kernel's traceback at
+    ERROR level before the exception, which the export reports itself (an
+    ExportError naming the call and the line, the original chained)."""
+    import logging
+
+    logger = logging.getLogger(FAKE_TENSOR_LOGGER)
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
 def placeholders_without_stack_traces():
     """make_fx's placeholders made without a captured Python stack each: the
     tracer keeps only the frames of a ``forward`` (none while it makes the

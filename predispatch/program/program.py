@@ -11,6 +11,9 @@ class after ``torch.export.load``.
 """
 from __future__ import annotations
 
+import os
+import zipfile
+
 import torch
 from torch.export import ExportedProgram
 
@@ -142,5 +145,25 @@ def load(path, **kwargs) -> PredispatchProgram:
     :class:`PredispatchProgram`, whose ``module()`` writes them back as eager
     did and leaves the caller in that mode. Importing predispatch also
     registers ``predispatch::keep_history``, which loading needs.
+
+    A file that is not such a program (not a zip archive, or one without
+    ``torch.export.save``'s archive format: ``torch.save``'s) raises
+    ``ValueError`` saying so.
     """
+    _refuse_what_is_not_a_saved_program(path)
     return as_predispatch_program(torch.export.load(path, **kwargs))
+
+
+def _refuse_what_is_not_a_saved_program(path) -> None:
+    """torch.export.load would raise zipfile's BadZipFile, or log a traceback
+    and raise a RuntimeError that points at it."""
+    if not isinstance(path, (str, os.PathLike)) or not os.path.isfile(path):
+        return  # a buffer, or a missing file (FileNotFoundError says it)
+    what = f"predispatch.load({str(path)!r}): the file is not a program saved with torch.export.save"
+    if not zipfile.is_zipfile(path):
+        raise ValueError(f"{what} (that is a zip archive; this file is not one)")
+    with zipfile.ZipFile(path) as archive:
+        names = archive.namelist()
+    if not any(name.rsplit("/", 1)[-1] == "archive_format" for name in names):
+        kind = "a torch.save file" if any(name.endswith("data.pkl") for name in names) else "another zip archive"
+        raise ValueError(f"{what} (its archive holds no program: it is {kind})")

@@ -151,7 +151,7 @@ def capture_module(module, args, kwargs, dynamic_shapes, policy: OpPolicy, recor
     original_state_dict = _torch.original_state_dict(module)
     _torch.clear_fake_dispatch_cache()  # one export's entries are not another's (see there)
     specialize = data_dependent == "specialize"
-    with (_data_dependence_as_export_error(specialize),
+    with (_data_dependence_as_export_error(specialize), _torch.fake_tensor_log_quiet(),
           _functionalization_errors_as_export_errors(), _garbage_collection_paused(),
           _torch.real_values_propagated() if specialize else contextlib.nullcontext()):
         artifact = _torch.non_strict_export(module, args, kwargs, dynamic_shapes, orig_in_spec,
