@@ -8,6 +8,8 @@ Each module is compared with eager by ``assert_matches_eager`` (outputs and
 which require grad, gradients, buffers and inputs after, under grad mode on
 and off, re-export stable).
 """
+import copy
+
 import pytest
 import torch
 
@@ -136,9 +138,25 @@ def test_a_program_exported_under_autocast_is_called_under_it():
     assert module.pe.dtype == torch.float32  # nothing written
 
 
-def test_a_program_exported_without_autocast_checks_nothing():
+class ReadsNoDtype(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.lin(x).relu()
+
+
+def test_a_program_that_reads_no_dtype_runs_under_any_autocast():
+    """Exported without autocast, or under it with no dtype read: nothing is
+    checked, and outside autocast the program computes as eager does."""
     ep = assert_matches_eager(CastsItsCacheToTheActivations(), (torch.randn(2, 4),))
     assert "ambient_autocast" not in program_meta(ep)
+    module = ReadsNoDtype()
+    with _bf16():
+        ep = predispatch.export_predispatch(copy.deepcopy(module), (torch.randn(2, 4),))
+    assert "ambient_autocast" not in program_meta(ep)
+    assert_matches_eager(module, (torch.randn(2, 4),), export=lambda *a, **k: ep, check_reexport=False)
 
 
 def test_wav2vec2_conformer_exported_under_autocast_in_train_mode():

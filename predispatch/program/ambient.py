@@ -1,12 +1,14 @@
 """The autocast a program was exported under, checked at each call.
 
 Autocast the caller has on while a module is exported applies to the traced
-ops below the trace: the graph holds the ops, not the casts, yet every dtype
-the trace saw (and every Python decision made on one: a buffer rebound to
-``x.dtype``, a ``.to()`` skipped) is autocast's. Such a program computes what
-eager computes only under that same autocast; ``ep.module()`` says so when
-called under another, rather than return another result (or fail on a
-dtype mismatch deep inside).
+ops below the trace: the graph holds the ops, not the casts, so at run time
+they follow the caller's autocast as eager's do. But a Python decision the
+forward made on a dtype autocast gave (a buffer rebound to ``x.dtype``, a
+``.to()`` taken or skipped) is baked in: where the forward read a dtype
+under that autocast, the program computes what eager computes only under it,
+and ``ep.module()`` says so when called under another, rather than return
+another result (or fail on a dtype mismatch deep inside). A forward that
+reads no dtype is not checked.
 """
 from __future__ import annotations
 
@@ -29,9 +31,9 @@ def check_ambient_autocast(exported: dict) -> None:
     now = current_autocast()
     if now != exported:
         raise RuntimeError(
-            f"this program was exported under {_described(exported)}, which applied to its ops "
-            "without being recorded: its dtypes (and any branch the module took on one, such as a "
-            f"buffer rebound to an activation's dtype) are that autocast's. Called under "
+            f"this program was exported under {_described(exported)}, and its forward read a "
+            "dtype autocast gave (a branch on it, a cast to it, such as a buffer rebound to an "
+            f"activation's dtype): the program took that autocast's decision. Called under "
             f"{_described(now)}, it would compute otherwise than eager; call it under the same "
             "autocast, or export the module outside autocast (an autocast block inside the "
             "module's forward is a region the program runs under at every call)")

@@ -25,6 +25,7 @@ from ..errors import ExportError, exception_location
 from .functional_trace import functional_trace
 from ..policies.op_policy import OpPolicy
 from ..ir.assumptions import is_run_time_message
+from ..ir.program_meta import program_meta
 from ..ir.records import TraceRecord
 from .recorder.session import recording
 
@@ -158,12 +159,20 @@ def capture_module(module, args, kwargs, dynamic_shapes, policy: OpPolicy, recor
                                             _aten_stage(policy, record, specialize))
     if specialize:
         _torch.real_values_dropped(artifact.fake_mode, artifact.aten.gm)
-    # autocast the caller has on applies to the traced ops without a block in the graph: the
-    # program's dtypes (and the branches taken on them) hold only under it (program.ambient)
-    record.ambient_autocast = {d: str(torch.get_autocast_dtype(d)).removeprefix("torch.")
-                               for d in _torch.autocast_devices() if torch.is_autocast_enabled(d)}
+    # autocast the caller has on applies to the traced ops without a block in the graph: where the
+    # forward read a dtype under it (a branch on it, a cast to it), the program holds only under
+    # it (program/ambient.py)
+    if record.reads_dtype_under_autocast or _checks_ambient_autocast(module):  # (a program exported again)
+        record.ambient_autocast = {d: str(torch.get_autocast_dtype(d)).removeprefix("torch.")
+                                   for d in _torch.autocast_devices() if torch.is_autocast_enabled(d)}
     return Captured(artifact, record, args, kwargs, dynamic_shapes,
                     original_state_dict, verify_additional_inputs)
+
+
+def _checks_ambient_autocast(module: torch.nn.Module) -> bool:
+    """``ep.module()`` of a program that checks the caller's autocast: its
+    forward's dtype reads happened in the first export."""
+    return isinstance(module, torch.fx.GraphModule) and bool(program_meta(module).get("ambient_autocast"))
 
 
 @contextlib.contextmanager

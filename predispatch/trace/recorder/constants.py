@@ -18,9 +18,23 @@ from ... import _torch
 _ALIASES = frozenset({torch.Tensor.detach, torch.detach, torch.ops.aten.alias, torch.ops.aten.alias.default})
 
 
-def traced_if_fresh(func, args, kwargs, out):
-    """``out`` with each new tensor an op made from constants alone wrapped for the trace."""
-    read = _constants_read(args, kwargs)
+def untraced_tensors(args, kwargs) -> list:
+    """The tensors among a call's arguments (in lists and tuples too) that the
+    trace does not hold: constants (real tensors) and what ops made of them
+    alone, left bare (their aliases). Empty for nearly every call."""
+    found, todo = [], [*args, *kwargs.values()]
+    while todo:
+        a = todo.pop()
+        if isinstance(a, (list, tuple)):
+            todo.extend(a)
+        elif isinstance(a, torch.Tensor) and not _torch.is_traced(a):
+            found.append(a)
+    return found
+
+
+def traced_if_fresh(func, read: list, out):
+    """``out`` with each new tensor an op made from constants alone (``read``:
+    its arguments the trace does not hold) wrapped for the trace."""
     if func in _ALIASES or not read or not _torch.functionalizing():  # (not a kernel's inner call)
         return out
     leaves, spec = _torch.pytree.tree_flatten(out)
@@ -28,13 +42,6 @@ def traced_if_fresh(func, args, kwargs, out):
     if not any(fresh):
         return out
     return _torch.pytree.tree_unflatten([_torch.to_functional(o) if f else o for o, f in zip(leaves, fresh)], spec)
-
-
-def _constants_read(args, kwargs) -> list:
-    """The tensors among the call's arguments the trace does not hold: constants
-    (real tensors) and what ops made of them alone, left bare (their aliases)."""
-    return [a for a in _torch.pytree.tree_leaves((args, kwargs))
-            if isinstance(a, torch.Tensor) and not _torch.is_traced(a)]
 
 
 def _fresh(o, read: list) -> bool:

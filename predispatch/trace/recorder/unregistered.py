@@ -35,17 +35,17 @@ def message(tensor: torch.Tensor, where: str, name: str | None) -> str:
 _NO_GRADIENT = frozenset({torch.Tensor.detach, torch.detach, torch.Tensor.detach_})
 
 
-def refuse_unregistered_grad_tensors(func, args, kwargs, out) -> None:
-    """``func(*args, **kwargs)`` gave ``out``: refused where it read such a
-    tensor in grad mode and made a tensor a gradient could flow through
-    (not a size, a comparison's mask, a detached copy)."""
-    if not torch.is_grad_enabled() or func in _NO_GRADIENT or not any(
+def refuse_unregistered_grad_tensors(func, untraced: list, out) -> None:
+    """``func`` read the tensors ``untraced`` (its arguments the trace does not
+    hold) and gave ``out``: refused where one is a real tensor requiring grad,
+    in grad mode, and ``out`` a tensor a gradient could flow through (not a
+    size, a comparison's mask, a detached copy)."""
+    grad_tensors = [a for a in untraced if a.requires_grad and not _torch.is_fake(a)]
+    if not grad_tensors or not torch.is_grad_enabled() or func in _NO_GRADIENT or not any(
             isinstance(o, torch.Tensor) and (o.is_floating_point() or o.is_complex())
             for o in _torch.pytree.tree_leaves(out)):
         return
-    for a in _torch.pytree.tree_leaves((args, kwargs)):  # a real tensor: not one the trace made
-        if isinstance(a, torch.Tensor) and a.requires_grad and not _torch.is_traced(a) and not _torch.is_fake(a):
-            raise UnregisteredGradTensor(a, user_location())
+    raise UnregisteredGradTensor(grad_tensors[0], user_location())
 
 
 def named_in(module: torch.nn.Module, e: UnregisteredGradTensor, strip=lambda name: name) -> ExportError:
