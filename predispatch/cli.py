@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import argparse
 import collections
-import contextlib
 import importlib.machinery
 import importlib.util
-import logging
 import os
 import sys
 from pathlib import Path
@@ -92,19 +90,6 @@ def _check_save_path(path: str) -> None:
         raise CliError(f"--save {path}: no such directory {Path(path).parent}")
 
 
-@contextlib.contextmanager
-def _quiet_fake_tensor_log():
-    """A shape error is reported as one line; torch's fake tensor logger would
-    also print its traceback on stderr."""
-    logger = logging.getLogger(_torch.FAKE_TENSOR_LOGGER)
-    level = logger.level
-    logger.setLevel(logging.CRITICAL)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
-
-
 def _unpack(result, func_name):
     import torch
 
@@ -157,7 +142,7 @@ def export_command(opts) -> int:
             raise CliError("--dynamic-batch supports positional inputs only")
     policy = predispatch.OpPolicy.default()
     try:
-        with _quiet_fake_tensor_log():
+        with _torch.fake_tensor_log_quiet():
             ep = predispatch.export_predispatch(
                 module, args, kwargs, dynamic_shapes=dynamic_shapes, op_policy=policy,
                 backward_pass_autocast=opts.backward_pass_autocast,

@@ -88,9 +88,13 @@ def _capture(work: Work) -> None:
 
 
 def _assumptions(work: Work) -> None:
-    if work.record.specialized_guards:
-        r = work.record
-        r.assumptions = assumptions.check_assumptions(work.captured.gm, r.specialized_guards, r.unbacked_bindings)
+    r = work.record
+    carried = assumptions.carried_assumptions(work.subject.module) if work.exports_a_module else []
+    made = assumptions.check_assumptions(work.captured.gm, r.specialized_guards, r.unbacked_bindings) \
+        if r.specialized_guards else []
+    if carried:
+        assumptions.drop_regenerated_checks(work.captured.gm, r.unbacked_bindings)
+    r.assumptions = [*carried, *(a for a in made if a not in carried)]
 
 
 def _history(work: Work) -> None:

@@ -154,10 +154,27 @@ CONSTRUCTS = [
 def test_specialized_branch_matches_eager_and_checks_it(module_class, example, same, other, code):
     torch.manual_seed(0)
     module = module_class()
-    ep = assert_matches_eager(module, example, check_reexport=False, **SPECIALIZE)
+    # G7: re-exported, the same graph (issue 40; NonzeroLoop: see the next test)
+    ep = assert_matches_eager(module, example, check_reexport=module_class is not NonzeroLoop, **SPECIALIZE)
     assert assumptions(ep) and all(_line_of(module_class, code) in a.where for a in assumptions(ep))
     _matches_with(ep, module, same)
     _takes_another_branch(ep, other, module_class, code)
+    again = predispatch.export_predispatch(ep.module(), example, **SPECIALIZE)
+    assert assumptions(again)[:len(assumptions(ep))] == assumptions(ep)
+    _matches_with(again, module, same)
+    _takes_another_branch(again, other, module_class, code)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "issue 40, open: exported again, select.int(x, 0, item) of the loop's index (an unbacked "
+    "value nonzero bounded in the first trace) guards the index's bounds, which the real values "
+    "decide: four more checks per index, each an assumption located in the generated code"))
+def test_a_nonzero_loop_exported_again_is_the_same_graph():
+    from predispatch.program.printing import format_program
+
+    ep = predispatch.export_predispatch(NonzeroLoop(), (torch.randn(3, 4), MASK), **SPECIALIZE)
+    again = predispatch.export_predispatch(ep.module(), (torch.randn(3, 4), MASK), **SPECIALIZE)
+    assert format_program(again) == format_program(ep)
 
 
 @pytest.mark.parametrize("module_class, example, code", [(c[0], c[1], c[4]) for c in CONSTRUCTS],
@@ -235,7 +252,7 @@ def forward(b_calls: f32[], x: f32[3, 4]):
     add = aten.add.Tensor(b_calls, 1)
     sum = aten.sum.default(x)
     item = aten.item.default(sum)
-    gt = gt(item, 0)
+    gt = gt(item, 0.0)
     _assert_scalar = aten._assert_scalar.default(gt, "data-dependent branch: this call's data takes another branch than the example the program was exported with (data_dependent='specialize') took at test_data_dependent.py in forward: `if x.sum().item() > 0:` took zuf0 > 0.0 == True (u0, u1, ...: values read from tensors there)")
     sin = aten.sin.default(x)
     add_1 = aten.add.Tensor(sin, add)
@@ -285,7 +302,7 @@ def one_thread():
 def test_detr(one_thread):
     """``if not torch.isfinite(hidden_states).all():`` in each encoder layer."""
     model = _detr()
-    ep = assert_matches_eager(model, (), _pixels(0), check_reexport=False, **SPECIALIZE)
+    ep = assert_matches_eager(model, (), _pixels(0), **SPECIALIZE)
     assert [a.code for a in assumptions(ep)] == ["if not torch.isfinite(hidden_states).all():"]
     assert_matches_eager(model, (), _pixels(1), export=lambda *a, **k: ep, check_reexport=False)
     with pytest.raises(RuntimeError, match=r"modeling_detr.py:\d+ in forward: `if not torch.isfinite"):
@@ -310,7 +327,7 @@ def test_ibert(one_thread):
     """Its quantization modules assert their running ranges hold no NaN and
     branch on whether they are near zero (buffers updated in train mode)."""
     model = _ibert()
-    ep = assert_matches_eager(model, (), _tokens(0), check_reexport=False, **SPECIALIZE)
+    ep = assert_matches_eager(model, (), _tokens(0), **SPECIALIZE)
     assert {a.code for a in assumptions(ep)} >= {
         "assert x_max.isnan().sum() == 0 and x_min.isnan().sum() == 0, (",
         "if self.x_min.min() > -1.1e-5 and self.x_max.max() < 1.1e-5:"}

@@ -1,5 +1,6 @@
 """Modules that cannot be exported soundly raise ExportError naming the
 construct and the user's source line; bad options raise ValueError."""
+import dataclasses
 import inspect
 
 import pytest
@@ -373,3 +374,105 @@ def test_a_kept_custom_op_returning_an_alias_is_refused():
         predispatch.export_predispatch(_UsesALiar(), (torch.zeros(2),), op_policy=keep)
     assert f"{__file__}:{line_of(_UsesALiar.forward, 'maybe_same(x)')}" in str(info.value)
     assert_matches_eager(_UsesALiar(), (torch.zeros(2),), inputs_require_grad=False)
+
+
+# ---------------------------------------------------------------- outputs a program cannot return
+
+
+class _Box:
+    def __init__(self, t):
+        self.t = t
+
+
+@dataclasses.dataclass
+class _Pair:
+    first: torch.Tensor
+    second: torch.Tensor
+
+
+class _Returns(torch.nn.Module):
+    def __init__(self, how):
+        super().__init__()
+        self.how = how
+
+    def forward(self, x):
+        if self.how == "a plain class":
+            return _Box(x * 2)
+        if self.how == "nested":
+            return {"a": [x, _Box(x)]}
+        return _Pair(x * 2, {"inner": _Pair(x + 1, x.sin())})
+
+
+@pytest.mark.parametrize("how, where", [("a plain class", "the output of"), ("nested", "the output['a'][1] of")])
+def test_an_output_torch_cannot_flatten_is_named_with_its_type_and_what_to_do(how, where):
+    with pytest.raises(predispatch.ExportError) as info:
+        predispatch.export_predispatch(_Returns(how), (torch.randn(3),))
+    message = str(info.value)
+    assert f"{where} _Returns.forward ({__file__}:" in message, message
+    assert "test_errors._Box, which a program cannot return" in message
+    assert "return those instead" in message and "internal" not in message
+
+
+def test_a_dataclass_output_is_returned_as_the_dataclass():
+    """Registered as torch.export.register_dataclass would (nested too)."""
+    from predispatch.testing.eager import assert_matches_eager
+
+    ep = assert_matches_eager(_Returns("dataclass"), (torch.randn(3),))
+    out = ep.module()(torch.randn(3))
+    assert isinstance(out, _Pair) and isinstance(out.second["inner"], _Pair)
+
+
+def test_a_transformers_cache_output_says_use_cache_false():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(n_embd=16, n_layer=1, n_head=2, vocab_size=32, n_positions=16)
+    model = transformers.GPT2LMHeadModel(config).eval()
+    with pytest.raises(predispatch.ExportError, match=r"is a transformers\.cache_utils\.DynamicCache, which a "
+                                                      r"program cannot return.*pass use_cache=False"):
+        predispatch.export_predispatch(model, (torch.randint(0, 32, (1, 5)),))
+
+
+# ---------------------------------------------------------------- said once, in user terms
+
+
+class _WrongWidth(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(5, 3)
+
+    def forward(self, x):
+        return self.lin(x)
+
+
+def test_a_shape_error_is_an_export_error_without_torch_s_log_on_stderr():
+    """torch's fake tensor logger would print the failed kernel's traceback at
+    ERROR level on stderr before the ExportError, which says it already."""
+    import logging
+
+    class Records(logging.Handler):
+        def __init__(self):
+            super().__init__(logging.DEBUG)
+            self.seen = []
+
+        def emit(self, record):
+            self.seen.append(record)
+
+    records, logger = Records(), logging.getLogger("torch._subclasses.fake_tensor")
+    logger.addHandler(records)
+    try:
+        with pytest.raises(predispatch.ExportError, match=r"same reduction dim") as info:
+            predispatch.export_predispatch(_WrongWidth(), (torch.randn(2, 4),))
+    finally:
+        logger.removeHandler(records)
+    assert f"{__file__}:{line_of(_WrongWidth.forward, 'self.lin(x)')}" in str(info.value)
+    assert not [r for r in records.seen if r.levelno >= logging.ERROR], [r.getMessage() for r in records.seen]
+
+
+def test_loading_a_file_that_is_not_a_saved_program_says_so(tmp_path):
+    text, state = tmp_path / "notes.pt2", tmp_path / "weights.pt"
+    text.write_text("not a program")
+    torch.save({"w": torch.ones(2)}, state)
+    with pytest.raises(ValueError, match=r"notes\.pt2'\): the file is not a program saved with "
+                                         r"torch\.export\.save \(that is a zip archive; this file is not one\)"):
+        predispatch.load(text)
+    with pytest.raises(ValueError, match=r"weights\.pt'\): the file is not a program .* it is a torch\.save file"):
+        predispatch.load(state)

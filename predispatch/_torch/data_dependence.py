@@ -23,6 +23,21 @@ from .patching import patched
 # torch's run-time check of a symbolic condition, in graphs: ``_assert_scalar(cond, message)``
 ASSERT_SCALAR = torch.ops.aten._assert_scalar.default
 
+
+
+def kept_as_they_are(gm: torch.fx.GraphModule, keep) -> bool:
+    """The ``_assert_scalar`` nodes ``keep(message)`` names are checks the
+    module made itself (a program exported again runs its own): torch's
+    runtime-assert pass keeps them as a ``torch._check`` the user wrote.
+    Whether there were any."""
+    kept = False
+    for node in gm.graph.find_nodes(op="call_function", target=ASSERT_SCALAR):
+        if len(node.args) > 1 and isinstance(node.args[1], str) and keep(node.args[1]):
+            node.meta["_fx_runtime_assert_preserve"] = True
+            kept = True
+    return kept
+
+
 # the message the shape environment gives a guard it decided by a real value
 _SPECIALIZED = "propagate_real_tensors: "
 

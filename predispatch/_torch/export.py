@@ -216,3 +216,15 @@ def backend_decompositions_ignored():
 def program_with(ep, gm: torch.fx.GraphModule, signature):
     """A copy of ``ep`` holding ``gm`` and ``signature`` (the rest of the program as it was)."""
     return ep._update(gm, signature)
+
+
+def is_output_leaf(x) -> bool:
+    """Can a program return ``x`` as one of its flat outputs (a tensor, a
+    number, None, a string, a symbolic size...), as AOTAutograd checks them?"""
+    from torch._functorch._aot_autograd.utils import KNOWN_TYPES
+
+    try:
+        from torch._library.opaque_object import is_opaque_value
+    except ImportError:  # a release without opaque values
+        return isinstance(x, tuple(KNOWN_TYPES))
+    return isinstance(x, tuple(KNOWN_TYPES)) or is_opaque_value(x)

@@ -127,6 +127,14 @@ def apply_pending_updates(t: FunctionalTensor) -> None:
     torch._sync(t)
 
 
+def functionalizing() -> bool:
+    """Is a call seen now one functionalization will see (not one its own
+    kernels make below it, on the tensors it unwrapped)?"""
+    from torch.utils._python_dispatch import _detect_infra_mode
+
+    return _detect_infra_mode(torch._C._TorchDispatchModeKey.FUNCTIONAL) is not None
+
+
 def functional_mode() -> FunctionalTensorMode:
     return FunctionalTensorMode(pre_dispatch=True, export=True, _allow_token_discovery=True)
 

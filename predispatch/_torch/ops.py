@@ -224,6 +224,15 @@ def control_flow_ops_module():
     return torch._higher_order_ops
 
 
+def is_uncaptured_control_flow(e: BaseException) -> bool:
+    """Is ``e`` torch's failure to capture a control-flow operator's branches
+    or body (``torch.cond``, ``while_loop``, ``map``, ``scan`` called
+    outside torch.compile trace them with dynamo)?"""
+    from torch._dynamo.exc import UncapturedHigherOrderOpError
+
+    return isinstance(e, UncapturedHigherOrderOpError)
+
+
 def op_name_parts(op: OpOverload) -> tuple[str, str, str]:
     """(namespace, op name, overload name) of an op overload: ("aten", "mul", "Tensor")."""
     return op.namespace, op._opname, op._overloadname

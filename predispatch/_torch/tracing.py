@@ -187,6 +187,11 @@ def fake_mode_of(t: torch.Tensor):
     return inner.fake_mode if isinstance(inner, FakeTensor) else detect_fake_mode()
 
 
+def is_fake(t) -> bool:
+    """A fake tensor: a value the trace computed, or a constant it converted (not a real tensor)."""
+    return isinstance(t, FakeTensor)
+
+
 def torch_function_off():
     """No torch-function handling at all (modes and subclasses alike) for the
     calls made meanwhile: a torch-function mode's own bookkeeping calls."""
@@ -512,6 +517,23 @@ def bound_to_receiver(forward, module: torch.nn.Module, caller) -> object:
 
 
 FAKE_TENSOR_LOGGER = "torch._subclasses.fake_tensor"  # the logger that prints a shape error's traceback
+
+
+@contextlib.contextmanager
+def fake_tensor_log_quiet():
+    """A shape error in the model (a Linear given the wrong width) fails a
+    fake kernel: torch's fake tensor logger prints the kernel's traceback at
+    ERROR level before the exception, which the export reports itself (an
+    ExportError naming the call and the line, the original chained)."""
+    import logging
+
+    logger = logging.getLogger(FAKE_TENSOR_LOGGER)
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def placeholders_without_stack_traces():

@@ -37,9 +37,17 @@ class Assumption:
         return cls(**data)
 
 
+_MESSAGE_START = "data-dependent branch: "
+
+
+def is_run_time_message(message: str) -> bool:
+    """A check :func:`run_time_message` wrote (met again when ``ep.module()`` is exported)."""
+    return message.startswith(_MESSAGE_START)
+
+
 def run_time_message(assumptions: list[Assumption]) -> str:
     """What a program says when a call's data would take another branch."""
-    return ("data-dependent branch: this call's data takes another branch than the example the program "
+    return (_MESSAGE_START + "this call's data takes another branch than the example the program "
             "was exported with (data_dependent='specialize') took at "
             + "; and at ".join(a.describe() for a in assumptions)
             + " (u0, u1, ...: values read from tensors there)")

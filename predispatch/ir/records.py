@@ -99,6 +99,11 @@ class TraceRecord:
     unbacked_bindings: dict = dataclasses.field(default_factory=dict)
     # what those guards assume, each checked at run time (ir.assumptions.Assumption)
     assumptions: list = dataclasses.field(default_factory=list)
+    # the forward read a tensor's dtype in Python while autocast was on (a decision autocast may make)
+    reads_dtype_under_autocast: bool = False
+    # device -> autocast dtype name, of the autocast the caller had on when the module was exported,
+    # where the forward read a dtype under it (the program checks it at each call)
+    ambient_autocast: dict = dataclasses.field(default_factory=dict)
 
     def note(self, event: Event) -> None:
         self.events.append(event)

@@ -14,7 +14,7 @@ import torch
 
 from .. import _torch
 from ..errors import ExportError, innermost_user_frame
-from ..ir.assumptions import Assumption, run_time_message
+from ..ir.assumptions import Assumption, assumptions, is_run_time_message, run_time_message
 
 
 def check_assumptions(gm: torch.fx.GraphModule, guards: list, bindings: dict) -> list[Assumption]:
@@ -56,8 +56,24 @@ def _name_checks(gm: torch.fx.GraphModule, made: list, bindings: dict) -> set:
         about = [a for a, syms in made if syms & symbols]
         if about:
             node.args = (node.args[0], run_time_message(about), *node.args[2:])
+            _as_traced(node.args[0])
             checked.update(about)
     return checked
+
+
+def _as_traced(condition) -> None:
+    """A check's arithmetic as running it records it again: an int literal
+    beside a SymFloat is the float the symbolic op makes of it (``item > 0``
+    of a float is ``gt(item, 0.0)``), so the program exported again is the
+    same graph (G7)."""
+    todo = [condition]
+    while todo:
+        node = todo.pop()
+        if not isinstance(node, torch.fx.Node) or isinstance(node.meta.get("val"), torch.Tensor):
+            continue
+        if any(isinstance(a, torch.fx.Node) and isinstance(a.meta.get("val"), torch.SymFloat) for a in node.args):
+            node.args = tuple(float(a) if type(a) is int else a for a in node.args)
+        todo.extend(node.all_input_nodes)
 
 
 def _symbols_read(node, read: dict) -> frozenset:
@@ -72,3 +88,43 @@ def _symbols_read(node, read: dict) -> frozenset:
         else:
             read[node] = frozenset().union(*(_symbols_read(n, read) for n in node.all_input_nodes))
     return read[node]
+
+
+def carried_assumptions(module: torch.nn.Module) -> list[Assumption]:
+    """A program exported again (``ep.module()``): the branches its own checks
+    assume, which the new program runs as they are (see
+    :func:`predispatch._torch.kept_as_they_are`)."""
+    return assumptions(module) if isinstance(module, torch.fx.GraphModule) else []
+
+
+def drop_regenerated_checks(gm: torch.fx.GraphModule, bindings: dict) -> None:
+    """A program exported again runs its own checks (ops of its graph); torch's
+    runtime-assert pass writes its own beside them for the same values. The
+    first export named every check reading a value a branch decided as ours
+    (:func:`check_assumptions`), so each of torch's that reads a value one of
+    ours reads is such a copy: dropped, with what only it read (G7)."""
+    read, checks = dict(bindings), list(gm.graph.find_nodes(op="call_function", target=_torch.ASSERT_SCALAR))
+    ours = [n for n in checks if _message(n) is not None and is_run_time_message(_message(n))]
+    decided = frozenset().union(*(_symbols_read(n.args[0], read) for n in ours))
+    for node in checks:
+        if node not in ours and decided and _symbols_read(node.args[0], read) & decided:
+            condition = node.args[0]
+            gm.graph.erase_node(node)
+            _erase_unused(gm.graph, condition)
+    gm.recompile()
+
+
+def _message(node: torch.fx.Node) -> str | None:
+    return node.args[1] if len(node.args) > 1 and isinstance(node.args[1], str) else None
+
+
+def _erase_unused(graph: torch.fx.Graph, node) -> None:
+    """``node`` and the symbolic arithmetic only it read, where nothing else reads them."""
+    todo = [node]
+    while todo:
+        n = todo.pop()
+        if isinstance(n, torch.fx.Node) and not n.users and n.op == "call_function" \
+                and not isinstance(n.meta.get("val"), torch.Tensor):
+            inputs = n.all_input_nodes
+            graph.erase_node(n)
+            todo.extend(inputs)

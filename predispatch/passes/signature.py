@@ -4,13 +4,14 @@ Passes may replace output nodes: output specs follow them by position. The
 record (:mod:`predispatch.ir.program_meta`) says how each mutated parameter,
 buffer and input is written back (its mode, its layout and storage), which
 user inputs the trace saw as views of others, the backward autocast policy,
-the module order, the sharding layouts, and the data-dependent branches assumed: what ``ep.module()`` and the
+the module order, the sharding layouts, the data-dependent branches assumed
+and the autocast the export ran under: what ``ep.module()`` and the
 downstream tools read from the program.
 """
 from __future__ import annotations
 
 import torch
-from torch.export.graph_signature import OutputSpec, TensorArgument
+from torch.export.graph_signature import OutputSpec, SymBoolArgument, SymFloatArgument, SymIntArgument, TensorArgument
 
 from .. import _torch
 from ..errors import ExportError
@@ -35,7 +36,12 @@ def record_program_meta(captured, module: torch.nn.Module, autocast_policy, shar
            if sharding_layouts else {}),
         **({ASSUMPTIONS: [a.to_json() for a in captured.record.assumptions]}
            if captured.record.assumptions else {}),
+        **({"ambient_autocast": captured.record.ambient_autocast} if captured.record.ambient_autocast else {}),
     })
+
+
+# an output the graph names by its node (a SymInt computed in a region is the region's getitem too)
+_NAMED_ARGUMENTS = (TensorArgument, SymIntArgument, SymFloatArgument, SymBoolArgument)
 
 
 def sync_output_names(captured: Captured) -> None:
@@ -47,8 +53,8 @@ def sync_output_names(captured: Captured) -> None:
     outputs = captured.gm.graph.output_node().args[0]
     sig = captured.signature
     sig.output_specs[:] = [
-        OutputSpec(s.kind, TensorArgument(node.name), s.target)
-        if isinstance(s.arg, TensorArgument) else s
+        OutputSpec(s.kind, type(s.arg)(node.name), s.target)
+        if isinstance(s.arg, _NAMED_ARGUMENTS) and isinstance(node, torch.fx.Node) else s
         for s, node in zip(sig.output_specs, outputs)]
 
 

@@ -180,6 +180,9 @@ def format_program(ep_or_gm) -> str:
         after = program_meta(ep_or_gm).get("grad_mode_after")
         if after is not None:  # a bare switch in force at the forward's end
             parts.append(f"leaves the caller in grad mode: {'on' if after else 'off'}")
+        ambient = program_meta(ep_or_gm).get("ambient_autocast")
+        if ambient:  # the caller's autocast at export, which each call checks
+            parts.append("exported under autocast: " + ", ".join(f"{d} {t}" for d, t in sorted(ambient.items())))
         parts += _format_assumptions(ep_or_gm)
     return "\n".join(parts) + "\n"
 

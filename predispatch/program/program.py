@@ -3,7 +3,8 @@
 ``PredispatchProgram`` is an ``ExportedProgram`` whose ``module()`` writes
 mutated parameters, buffers and inputs back the way eager mutated them
 (:mod:`predispatch.program.write_backs`), checks that a call's inputs share
-memory as the example inputs did where it matters, keeps the module's
+memory as the example inputs did where it matters, and that a program exported
+under autocast is called under it (:mod:`predispatch.program.ambient`), keeps the module's
 submodule order, and calls ops by their cheapest spelling
 (:mod:`predispatch.program.run_time_calls`). ``predispatch.load`` restores the
 class after ``torch.export.load``.
@@ -11,6 +12,8 @@ class after ``torch.export.load``.
 from __future__ import annotations
 
 import contextlib
+import os
+import zipfile
 
 import torch
 from torch.export import ExportedProgram
@@ -19,6 +22,7 @@ from .. import _torch
 from ..ir.meta_keys import SWITCH_REGION
 from ..ir.program_meta import program_meta
 from ..ir.regions import regions
+from .ambient import check_ambient_autocast_at_calls
 from .run_time_calls import use_run_time_calls
 from .write_backs import check_input_aliasing, fix_write_backs, mutated_user_inputs
 
@@ -96,6 +100,7 @@ class PredispatchProgram(ExportedProgram):
         mutated = mutated_user_inputs(self.graph_signature)
         if mutated:
             check_input_aliasing(unlifted, record.get("input_views", {}), mutated)
+        check_ambient_autocast_at_calls(unlifted, record.get("ambient_autocast"))
         restore_module_order(unlifted, program_meta(self).get("module_order", []))
         leave_grad_mode(unlifted, record.get("grad_mode_after"))
         use_run_time_calls(unlifted)
@@ -167,5 +172,25 @@ def load(path, **kwargs) -> PredispatchProgram:
     :class:`PredispatchProgram`, whose ``module()`` writes them back as eager
     did and leaves the caller in that mode. Importing predispatch also
     registers ``predispatch::keep_history``, which loading needs.
+
+    A file that is not such a program (not a zip archive, or one without
+    ``torch.export.save``'s archive format: ``torch.save``'s) raises
+    ``ValueError`` saying so.
     """
+    _refuse_what_is_not_a_saved_program(path)
     return as_predispatch_program(torch.export.load(path, **kwargs))
+
+
+def _refuse_what_is_not_a_saved_program(path) -> None:
+    """torch.export.load would raise zipfile's BadZipFile, or log a traceback
+    and raise a RuntimeError that points at it."""
+    if not isinstance(path, (str, os.PathLike)) or not os.path.isfile(path):
+        return  # a buffer, or a missing file (FileNotFoundError says it)
+    what = f"predispatch.load({str(path)!r}): the file is not a program saved with torch.export.save"
+    if not zipfile.is_zipfile(path):
+        raise ValueError(f"{what} (that is a zip archive; this file is not one)")
+    with zipfile.ZipFile(path) as archive:
+        names = archive.namelist()
+    if not any(name.rsplit("/", 1)[-1] == "archive_format" for name in names):
+        kind = "a torch.save file" if any(name.endswith("data.pkl") for name in names) else "another zip archive"
+        raise ValueError(f"{what} (its archive holds no program: it is {kind})")

@@ -14,14 +14,16 @@ import contextlib
 import torch
 
 from .. import _torch
-from ..errors import ExportError
 from ..ir.program_meta import program_meta
 from ..trace import input_aliasing
+from ..trace.translations import mark_rebound
 from ..trace.recorder import unobserved
 
 
 def write_back_with_grad(target: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
     if _torch.is_traced(target):  # the program is being exported again
+        if not _torch.is_traced(value):  # a constant (a buffer rebound to one): written as it is
+            value = _torch.to_functional(value)
         _torch.functional_write(target, value, hidden=False)
         return target
     if target.is_leaf and target.requires_grad:
@@ -53,8 +55,11 @@ def write_back_hidden_from_autograd(target: torch.Tensor, value: torch.Tensor) -
             return target.copy_(value)
 
 
+# "rebound": a buffer the forward rebound (``self.b = v``), which eager's module
+# holds as the new tensor: written like a mutation in the caller's mode, with
+# every op of the call reading the old tensor reading a snapshot of it
 _WRITE_BACK = {"grad": write_back_with_grad, "no_grad": write_back_under_no_grad,
-               "hidden": write_back_hidden_from_autograd}
+               "hidden": write_back_hidden_from_autograd, "rebound": write_back_with_grad}
 
 
 def write_back_layout(target: torch.Tensor, value: torch.Tensor, source, layout: dict,
@@ -121,10 +126,9 @@ def _rebound(target: torch.Tensor, value: torch.Tensor, layout: dict) -> torch.T
     """A buffer the forward rebound to a tensor of another dtype: ``target``
     takes ``value``'s dtype, memory and layout (``t.data = v`` keeps the
     buffer's identity, as the module holds it)."""
-    if _torch.is_traced(target):
-        raise ExportError(
-            "re-exporting a program that rebinds a buffer to a tensor of another dtype is not "
-            "supported: export the original module again")
+    if _torch.is_traced(target):  # the program is being exported again: the same rebinding
+        mark_rebound(target, value)
+        return target
     size, stride, offset = layout["size"], layout["stride"], layout["offset"]
     if size is not None and (tuple(value.stride()), value.storage_offset()) != (tuple(stride), offset):
         value = _laid_out(value, size, stride, offset)
@@ -151,7 +155,7 @@ def _grow_storage(t: torch.Tensor, size, stride, offset) -> None:
 
 
 for _write_back in (*_WRITE_BACK.values(), write_back_layout,  # dead-code elimination keeps them
-                    input_aliasing.check_inputs_alias_as_exported):
+                    input_aliasing.check_inputs_alias_as_exported, mark_rebound):
     _torch.mark_side_effectful(_write_back)
 
 
@@ -186,7 +190,22 @@ def _snapshot_reads(graph: torch.fx.Graph, target: torch.fx.Node, value: torch.f
     Other readers (reads before the mutation, in eager order) see the real
     tensor, so the version check fails exactly where eager's would."""
     computing = _ancestors(value) | {value}
-    readers = [u for u in target.users if u in computing]
+    _read_through_snapshot(graph, target, [u for u in target.users if u in computing])
+
+
+def _snapshot_all_reads(graph: torch.fx.Graph, write: torch.fx.Node) -> None:
+    """A rebound buffer: eager never wrote the old tensor, so no read of it in
+    the call may see the write-back (a version error in backward, or, after a
+    swap of storage, another value); and a program exported again from
+    ``ep.module()`` rebinds it too (:func:`predispatch.trace.translations.mark_rebound`)."""
+    target = write.args[0]
+    with graph.inserting_before(write):
+        graph.call_function(mark_rebound, (target,))
+    _read_through_snapshot(graph, target, [u for u in target.users if u.target is not mark_rebound
+                                           and u is not write])
+
+
+def _read_through_snapshot(graph: torch.fx.Graph, target: torch.fx.Node, readers: list) -> None:
     if not readers:
         return
     first = next(n for n in graph.nodes if n in readers)  # after every placeholder (unflatten)
@@ -218,6 +237,8 @@ def fix_write_backs(gm: torch.fx.GraphModule | torch.fx.Graph, modes: dict[str, 
             mode = modes.get(name)
             if mode == "grad":
                 _snapshot_reads(graph, *node.args)
+            elif mode == "rebound":
+                _snapshot_all_reads(graph, node)
             if name in layouts:
                 relaid.append((node, layouts[name], mode))
                 continue

@@ -24,6 +24,8 @@ from .. import _torch
 from ..errors import ExportError, exception_location
 from .functional_trace import functional_trace
 from ..policies.op_policy import OpPolicy
+from ..ir.assumptions import is_run_time_message
+from ..ir.program_meta import program_meta
 from ..ir.records import WRITES, TraceRecord
 from .recorder.session import recording
 
@@ -96,8 +98,12 @@ def _aten_stage(policy: OpPolicy, record: TraceRecord, specialize: bool):
             stack.enter_context(_torch.decompose_by(policy.should_decompose))
             with _torch.module_stacks_renamed_once() as hold_module_stacks:
                 gm, graph_signature = transform(trace)(stack, mod, fake_args, kwargs=fake_kwargs)
-        if specialize:
+        # a program exported again: its checks of the example's branches are its own ops, not
+        # torch's to write again beside them (G7: passes/assumptions.py drops torch's copies)
+        runs_its_own_checks = _torch.kept_as_they_are(gm, is_run_time_message)
+        if specialize or runs_its_own_checks:
             record.unbacked_bindings = {n: s for n in gm.graph.nodes if (s := _torch.unbacked_symbols_bound(n))}
+        if specialize:
             record.specialized_guards = _torch.specialized_guards(gm)
 
         if produce_guards_callback is not None:
@@ -146,15 +152,27 @@ def capture_module(module, args, kwargs, dynamic_shapes, policy: OpPolicy, recor
     original_state_dict = _torch.original_state_dict(module)
     _torch.clear_fake_dispatch_cache()  # one export's entries are not another's (see there)
     specialize = data_dependent == "specialize"
-    with (_data_dependence_as_export_error(specialize),
+    with (_data_dependence_as_export_error(specialize), _torch.fake_tensor_log_quiet(),
           _functionalization_errors_as_export_errors(), _garbage_collection_paused(),
           _torch.real_values_propagated() if specialize else contextlib.nullcontext()):
         artifact = _torch.non_strict_export(module, args, kwargs, dynamic_shapes, orig_in_spec,
                                             _aten_stage(policy, record, specialize))
     if specialize:
         _torch.real_values_dropped(artifact.fake_mode, artifact.aten.gm)
+    # autocast the caller has on applies to the traced ops without a block in the graph: where the
+    # forward read a dtype under it (a branch on it, a cast to it), the program holds only under
+    # it (program/ambient.py)
+    if record.reads_dtype_under_autocast or _checks_ambient_autocast(module):  # (a program exported again)
+        record.ambient_autocast = {d: str(torch.get_autocast_dtype(d)).removeprefix("torch.")
+                                   for d in _torch.autocast_devices() if torch.is_autocast_enabled(d)}
     return Captured(artifact, record, args, kwargs, dynamic_shapes,
                     original_state_dict, verify_additional_inputs)
+
+
+def _checks_ambient_autocast(module: torch.nn.Module) -> bool:
+    """``ep.module()`` of a program that checks the caller's autocast: its
+    forward's dtype reads happened in the first export."""
+    return isinstance(module, torch.fx.GraphModule) and bool(program_meta(module).get("ambient_autocast"))
 
 
 @contextlib.contextmanager

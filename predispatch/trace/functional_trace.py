@@ -115,9 +115,9 @@ def functional_trace(mod: torch.nn.Module, args, kwargs, keep=frozenset, on_layo
     LayoutChange)`` hears of each input whose layout or storage changed (keys
     as ``"param:<name>"``, ``"buffer:<name>"``, ``"input:<flat index>"``);
     ``on_retrace()`` of a second trace (inputs overlapping in memory, one mutated);
-    ``rebound()`` names the buffers the forward rebound to a tensor of another
-    dtype (keys as above), each written back as that tensor. ``record``: the
-    recorder's TraceRecord, where the user inputs traced as views of another are noted."""
+    ``rebound()`` names the buffers the forward rebound (keys as above), each
+    written back as the tensor it holds at the end. ``record``: the recorder's
+    TraceRecord, where the user inputs traced as views of another are noted."""
     named_parameters = dict(mod.named_parameters(remove_duplicate=False))
     named_buffers = dict(mod.named_buffers(remove_duplicate=False))
     tracing, layout, in_spec, out_spec = _flat_call(mod, args, kwargs or {}, named_parameters, named_buffers,
@@ -377,11 +377,12 @@ def _write_backs(inputs: _CallInputs, starts: _InputStarts, on_layout_change,
     written = []
     for i, f in _written_back_once(inputs):
         key = inputs.layout.key(i)
-        if key in rebound:
+        if key in rebound:  # rebound: written back as the tensor the name holds now
             f = rebound[key]
-            _torch.apply_pending_updates(f)
-            change = _rebound_layout(i, f, starts, made, inputs.layout.key)
-            if on_layout_change is not None:
+            if _torch.is_traced(f):  # else a constant (a global): its value is written
+                _torch.apply_pending_updates(f)
+            change = _rebound_layout(i, f, inputs.given[i], starts, made, inputs.layout.key)
+            if change is not None and on_layout_change is not None:
                 on_layout_change(key, change)
             written.append((i, _torch.from_functional(f)))
             continue
@@ -418,11 +419,20 @@ def _cover_views_relaid(inputs: _CallInputs, starts: _InputStarts, made: dict, o
     return relaid
 
 
-def _rebound_layout(i: int, value, starts: _InputStarts, made: dict, key_of) -> LayoutChange:
-    """A buffer rebound to ``value`` of another dtype: ``value``'s layout on
-    memory the forward made (a view of an input's memory in another dtype
-    is refused: the program would reinterpret that input's bytes)."""
+def _rebound_layout(i: int, value, given, starts: _InputStarts, made: dict, key_of) -> LayoutChange | None:
+    """A buffer rebound to ``value``: None where a plain write of its data
+    leaves the buffer as eager's (the same layout, on memory of its own or
+    the forward's), else where ``value`` keeps its elements, and its dtype
+    where it changed (a view of an input's memory in another dtype is
+    refused: the program would reinterpret that input's bytes)."""
+    if not _torch.is_traced(value):
+        return None
     change = _layout_change(i, value, starts, made, key_of)
+    if value.dtype == given.dtype:
+        start = 0 if change.storage == "own" else given.storage_offset()  # "own": counted from its start
+        same = change.storage in ("own", "value") and (change.size, change.stride, change.offset) == (
+            tuple(given.size()), tuple(given.stride()), start)
+        return None if same else change
     if change.storage != "value":
         raise ExportError(
             f"buffer {key_of(i).partition(':')[2].removeprefix('_export_root.')!r} rebound to a "

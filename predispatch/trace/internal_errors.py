@@ -23,6 +23,7 @@ import types
 
 from .. import _torch
 from ..errors import ExportError, exception_location, is_library_file
+from .refusals import CONTROL_FLOW_CALL
 
 
 @contextlib.contextmanager
@@ -37,6 +38,9 @@ def internal_errors_as_export_errors(stage: str = "capture"):
         if not _raised_in_library(e):
             raise
         construct = raising_construct(e) or type(e).__name__
+        if _torch.is_uncaptured_control_flow(e):  # however the operator was reached (imported before the export)
+            raise ExportError(f"{construct} at {exception_location(e)} cannot be exported soundly: "
+                              f"{CONTROL_FLOW_CALL}") from e
         what = "torch failed while tracing it" if stage == "capture" else f"the {stage} stage failed on it"
         raise ExportError(
             f"{construct} at {exception_location(e)} cannot be exported: {what} "

@@ -30,7 +30,7 @@ _AUTOGRAD_CALL = ("autograd run inside the traced code (a gradient, a hook on th
                   "differentiate by hand, or recompute with torch.utils.checkpoint)")
 _TRANSFORM_CALL = ("a torch.func transform inside the forward: the functional pre-dispatch "
                    "trace cannot capture it")
-_CONTROL_FLOW_CALL = ("a control-flow operator: its branches or body are traced by dynamo, "
+CONTROL_FLOW_CALL = ("a control-flow operator: its branches or body are traced by dynamo, "
                       "which cannot trace through the exporter's recording (torch.export.export "
                       "keeps it, without functional regions)")
 _REFUSED_CALLS = {
@@ -47,8 +47,8 @@ _REFUSED_CALLS = {
         "set_autocast_enabled", "set_autocast_dtype", "set_autocast_cpu_enabled",
         "set_autocast_cpu_dtype", "set_autocast_gpu_dtype", "set_autocast_cache_enabled")},
     **{(module, "seed"): _RNG_CALL for module in (torch, torch.random)},
-    (torch, "cond"): _CONTROL_FLOW_CALL,
-    **{(_torch.control_flow_ops_module(), name): _CONTROL_FLOW_CALL
+    (torch, "cond"): CONTROL_FLOW_CALL,
+    **{(_torch.control_flow_ops_module(), name): CONTROL_FLOW_CALL
        for name in ("cond", "while_loop", "scan", "map", "associative_scan")},
 }
 

@@ -3,7 +3,7 @@
 Each is a context manager wrapping, for the traced forward (see
 :mod:`predispatch._torch.patching`), what the construct calls, so that the trace
 records what eager does: an inference-mode block as a no_grad block, a
-rebound buffer as a buffer update or a storage swap, an autocast block with eager's cast-cache
+rebound buffer as a rebinding the program writes back, an autocast block with eager's cast-cache
 flag and (given no dtype) the dtype current at run time. (What no graph can
 hold is refused in :mod:`predispatch.trace.refusals`.)
 """
@@ -57,63 +57,90 @@ def inference_mode_as_no_grad():
         _INFERENCE_MODES[:] = saved
 
 
-def buffer_reassignment_as_update(note_rebound=lambda module, name: None):
-    """``self.b = value`` for a registered buffer rebinds the attribute:
-    functionalization sees no mutation, and the program would never update
-    the buffer. While tracing, a value of the buffer's shape, dtype and
-    device is ``self.b.copy_(value)``, a buffer mutation like any other
-    (eager's module holds the new value after the call either way); one of
-    another shape is a storage swap, ``self.b.set_(value)`` under no_grad
-    (a cache extended: wav2vec2-conformer's relative positions); one of
-    another dtype is rebound as in eager (later reads see ``value``) and
-    ``note_rebound(module, name)`` hears of it: the program writes the
-    buffer back as the forward left it (see
-    :func:`predispatch.trace.functional_trace.functional_trace`). Refused:
-    another device, and a new shape or dtype with a history autograd would
-    follow through the buffer (the program's buffers hold values, not
-    histories)."""
+def buffer_rebinding_checked():
+    """``self.b = value`` for a registered buffer rebinds the attribute, as in
+    eager: the name holds ``value`` from then on, while the old tensor and its
+    aliases keep their values (a rebinding writes into nothing). The program
+    writes the buffer back as the forward left it (see
+    :func:`rebound_buffers`). Refused here, naming the line: another device,
+    and a new shape or dtype with a history autograd would follow through the
+    buffer (the program's buffers hold values, not histories)."""
     def setting(setattr_):
         def call(self, name, value):
             old = self.__dict__.get("_buffers", {}).get(name)
-            if old is None or not isinstance(value, torch.Tensor) or value is old:
-                return setattr_(self, name, value)
-            if (old.shape, old.dtype, old.device) == (value.shape, value.dtype, value.device):
-                return old.copy_(value)
-            _refuse_unswappable(name, old, value)
-            if old.dtype == value.dtype:
-                with torch.no_grad():
-                    return old.set_(value)
-            _refuse_reinterpreted(name, old, value)
-            setattr_(self, name, value)
-            note_rebound(self, name)
+            if old is not None and isinstance(value, torch.Tensor) and value is not old:
+                refuse_unsound_rebinding(name, old, value, user_location())
+            return setattr_(self, name, value)
         return call
     return patched(torch.nn.Module, "__setattr__", setting)
 
 
-def _refuse_reinterpreted(name: str, old: torch.Tensor, value: torch.Tensor) -> None:
+def rebound_buffers(before: dict, after: dict, strip=lambda name: name) -> dict:
+    """The buffers (name -> tensor, as the forward started and as it left
+    them) that the forward rebound, by any means (``self.b = v``,
+    ``register_buffer``, ``_buffers[name] = v``) -> the tensor each holds
+    now; one rebound back to its own tensor is not. (``strip``: a name as
+    the user knows it, for a refusal.)"""
+    found = {}
+    for name, value in after.items():
+        old = before.get(name)
+        if old is not None and value is not None and value is not old:
+            refuse_unsound_rebinding(strip(name), old, value, "the forward's end")
+            found[name] = value
+    return found
+
+
+def mark_rebound(t: torch.Tensor, value: torch.Tensor | None = None) -> torch.Tensor:
+    """A buffer a program rebinds, met again when ``ep.module()`` is exported:
+    its write-back is a rebinding too (see :mod:`predispatch.program.write_backs`),
+    to ``value`` where given (a tensor of another dtype, which no write can hold)."""
+    if _torch.is_traced(t):
+        t._predispatch_rebound = True
+        if value is not None:
+            t._predispatch_rebound_to = value
+    return t
+
+
+def was_rebound(t: torch.Tensor) -> bool:
+    return getattr(t, "_predispatch_rebound", False)
+
+
+def as_rebound(buffers: dict) -> dict:
+    """Each buffer (name -> tensor) as the tensor it was rebound to by :func:`mark_rebound`, if any."""
+    return {name: getattr(t, "_predispatch_rebound_to", t) for name, t in buffers.items()}
+
+
+def refuse_unsound_rebinding(name: str, old: torch.Tensor, value: torch.Tensor, where: str) -> None:
+    if (old.shape, old.dtype, old.device) != (value.shape, value.dtype, value.device):
+        _refuse_unswappable(name, old, value, where)
+    if old.dtype != value.dtype:
+        _refuse_reinterpreted(name, old, value, where)
+
+
+def _refuse_reinterpreted(name: str, old: torch.Tensor, value: torch.Tensor, where: str) -> None:
     """A rebound buffer's new dtype over its own bytes (``self.b = self.b.view(torch.int32)``)."""
     if _torch.is_traced(value) and _torch.storage_of(value) == _torch.storage_of(old):
         raise ExportError(
-            f"reassigning buffer {name!r} at {user_location()} with a view of its own memory as "
+            f"reassigning buffer {name!r} at {where} with a view of its own memory as "
             f"another dtype ({value.dtype}) cannot be exported soundly: the program would write "
             "the new values back, not reinterpret the buffer's bytes; assign a copy (.clone())")
 
 
-def _refuse_unswappable(name: str, old: torch.Tensor, value: torch.Tensor) -> None:
+def _refuse_unswappable(name: str, old: torch.Tensor, value: torch.Tensor, where: str) -> None:
     if not _torch.is_traced(value):
         raise ExportError(
-            f"reassigning buffer {name!r} at {user_location()} with a tensor of another shape or "
+            f"reassigning buffer {name!r} at {where} with a tensor of another shape or "
             f"dtype ({tuple(value.shape)}, {value.dtype}) that the traced forward did not make (a "
             "global, a closure's tensor) cannot be exported soundly: the program would not hold "
             "it; compute it in the forward, or register it as a buffer")
     if old.device != value.device:
         raise ExportError(
-            f"reassigning buffer {name!r} at {user_location()} with a tensor on another device "
+            f"reassigning buffer {name!r} at {where} with a tensor on another device "
             f"({value.device}, the buffer is on {old.device}) cannot be exported soundly: the "
             "program's buffers stay on their device; move the module instead")
     if _torch.requires_grad_in_trace(value) and not _torch.requires_grad_in_trace(old):
         raise ExportError(
-            f"reassigning buffer {name!r} at {user_location()} with a tensor of another shape or "
+            f"reassigning buffer {name!r} at {where} with a tensor of another shape or "
             f"dtype ({tuple(value.shape)}, {value.dtype}) that requires grad cannot be exported "
             "soundly: the program writes the buffer's new value back, not its autograd history, "
             "which later reads of the buffer would differentiate through; assign a detached "

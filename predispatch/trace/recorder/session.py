@@ -19,17 +19,20 @@ from ..autograd_function.capture import capturing_autograd_functions
 from ..grad_mode_reads import noting_grad_mode_reads
 from ..host_random import HostDraws, refusing_host_randomness
 from ..layer_reuse import LayerReuse, note_no_reuse, reuse_enabled
+from ..outputs import checked_outputs
 from ..random_state import generator_calls_as_ops
 from ..refusals import refusing_state_calls
 from ..stack_traces import stamping_stack_traces
 from ..vmap import tracing_vmap_as_plain_ops
-from ..translations import autocast_blocks_as_in_eager, buffer_reassignment_as_update, inference_mode_as_no_grad
+from ..translations import as_rebound, autocast_blocks_as_in_eager, buffer_rebinding_checked, inference_mode_as_no_grad
+from ..translations import rebound_buffers, was_rebound
 from ..translations import scalar_tensors_formatted_as_in_eager
 from . import grad_blocks, leaves, spans, swaps, views
 from .functional_ops import before_functional_op
 from .mode import Recorder
 from .observing import observing_ops
 from .state import TraceState
+from .unregistered import UnregisteredGradTensor, named_in
 
 
 @contextlib.contextmanager
@@ -43,23 +46,44 @@ def recording(module: torch.nn.Module, record: TraceRecord, strip, reuse_layers:
         state = TraceState(record, _cast_sources(module, args, kwargs), HostDraws())
         views.note_input_views(state, _torch.pytree.tree_leaves((args, kwargs)))
         state.graph_inputs = _graph_input_keys(module, _torch.pytree.tree_leaves((args, kwargs)), strip)
-        rebound = []  # (submodule, buffer name) rebound to a tensor of another dtype
-        with _forward_recorded(module, state, eager_autocast_cache, reuse_layers, rebound) as reuse:
-            out = forward(*args, **kwargs)
-            if reuse is not None:
-                reuse.check_stamped()
-            out = _finish(state, out)
-        record.rebound_buffers = _rebound_buffers(module, rebound)
+        buffers = dict(module.named_buffers(remove_duplicate=False))  # what a rebinding replaces
+        try:
+            with _forward_recorded(module, state, eager_autocast_cache, reuse_layers) as reuse:
+                out = forward(*args, **kwargs)
+                if reuse is not None:
+                    reuse.check_stamped()
+                out = _finish(state, out)
+        except UnregisteredGradTensor as e:
+            raise named_in(module, e, strip) from None
+        rebound = rebound_buffers(buffers, as_rebound(dict(module.named_buffers(remove_duplicate=False))), strip)
+        record.rebound_buffers = {f"buffer:{name}": t for name, t in rebound.items()}
         _note_mutation_kinds(record, module, _torch.pytree.tree_leaves((args, kwargs)), strip)
         return out
 
-    had_own_forward = "forward" in module.__dict__
-    module.forward = recorded_forward
+    # torch.export's wrapper flattens what the user's module (its _export_root) returns: checked before
+    root = getattr(module, "_export_root", None)
+    with _forward_replaced(module, recorded_forward), \
+            _forward_replaced(root, _outputs_checked(root)) if root is not None else contextlib.nullcontext():
+        yield
+
+
+def _outputs_checked(module: torch.nn.Module):
+    forward = module.forward
+
+    def checked_forward(*args, **kwargs):
+        return checked_outputs(module, forward(*args, **kwargs))
+    return checked_forward
+
+
+@contextlib.contextmanager
+def _forward_replaced(module: torch.nn.Module, forward):
+    had_own_forward, own = "forward" in module.__dict__, module.__dict__.get("forward")
+    module.forward = forward
     try:
         yield
     finally:
         if had_own_forward:
-            module.forward = forward
+            module.forward = own
         else:
             del module.forward
 
@@ -72,7 +96,7 @@ def _cast_sources(module: torch.nn.Module, args, kwargs) -> CastCache:
 
 
 @contextlib.contextmanager
-def _forward_recorded(module, state: TraceState, eager_autocast_cache: bool, reuse_layers: bool, rebound: list):
+def _forward_recorded(module, state: TraceState, eager_autocast_cache: bool, reuse_layers: bool):
     """Everything the forward runs under while it is recorded, entered in
     this order (left in the reverse one); yields the layer reuse (or None)."""
     recorder = Recorder(state)
@@ -91,7 +115,7 @@ def _forward_recorded(module, state: TraceState, eager_autocast_cache: bool, reu
         enter(refusing_host_randomness(state.draws))  # Python's and numpy's generators
         enter(scalar_tensors_formatted_as_in_eager())  # f"{t}" of a 0-dim tensor: its value
         enter(inference_mode_as_no_grad())
-        enter(buffer_reassignment_as_update(lambda m, name: rebound.append((m, name))))  # self.buf = new
+        enter(buffer_rebinding_checked())  # self.buf = new: refused where no write-back can follow
         enter(refusing_state_calls())
         enter(generator_calls_as_ops(state.generators))  # manual_seed, fork_rng, get/set_rng_state
         enter(tracing_vmap_as_plain_ops())  # torch.vmap: the trace below its batching
@@ -115,17 +139,6 @@ def _finish(state: TraceState, out):
     return out
 
 
-def _rebound_buffers(module: torch.nn.Module, rebound: list) -> dict:
-    """``"buffer:<fqn>"`` -> the tensor each rebound buffer holds as the forward returns."""
-    paths = {id(m): path for path, m in module.named_modules(remove_duplicate=False)}
-    found = {}
-    for m, name in rebound:
-        buffers = _torch.state_tables(m)[1]
-        if id(m) in paths and name in buffers:
-            found[f"buffer:{paths[id(m)]}{'.' if paths[id(m)] else ''}{name}"] = buffers[name]
-    return found
-
-
 def _graph_input_keys(module, flat_inputs, strip) -> dict:
     """id of each parameter, buffer and input -> its key in the record (one
     given twice, or tied: its first, as it is written back)."""
@@ -145,9 +158,9 @@ def _note_mutation_kinds(record: TraceRecord, module, flat_inputs, strip) -> Non
         if (kind := _torch.mutation_kind(t)) is not None:
             record.mutation_kinds[f"param:{strip(name)}"] = kind
     for name, t in module.named_buffers(remove_duplicate=False):
-        if f"buffer:{name}" in record.rebound_buffers:  # written back as the forward left it
-            continue
-        if (kind := _torch.mutation_kind(t)) is not None:
+        if f"buffer:{name}" in record.rebound_buffers or was_rebound(t):  # written back as the forward left it
+            record.mutation_kinds[f"buffer:{strip(name)}"] = "rebound"
+        elif (kind := _torch.mutation_kind(t)) is not None:
             record.mutation_kinds[f"buffer:{strip(name)}"] = kind
     for i, t in enumerate(flat_inputs):
         if isinstance(t, torch.Tensor) and (kind := _torch.mutation_kind(t)) is not None:

@@ -1,0 +1,51 @@
+"""The forward's outputs: what a program can return, dataclasses registered, the rest refused.
+
+A program returns its outputs flat, with their pytree structure: tensors,
+numbers, None and strings in tuples, lists, dicts and registered types. A
+dataclass of tensors is registered as torch.export's ``register_dataclass``
+would (``ep.module()`` returns the dataclass); any other type (a plain class,
+transformers' ``DynamicCache``) is refused naming where in the output it
+is, its type and what to return instead, rather than torch's flattening
+error from deep inside the trace.
+"""
+from __future__ import annotations
+
+import dataclasses
+import inspect
+
+import torch
+
+from .. import _torch
+from ..errors import ExportError
+
+
+def checked_outputs(module: torch.nn.Module, out):
+    """``out`` (the forward's result), once every dataclass in it is
+    registered; raises ExportError for a value no program can return."""
+    registered = set()
+    while True:
+        leaves, _ = _torch.pytree.tree_flatten_with_path(out)
+        path, bad = next(((p, x) for p, x in leaves if not _torch.is_output_leaf(x)), (None, None))
+        if path is None:
+            return out
+        cls = type(bad)
+        if dataclasses.is_dataclass(bad) and cls not in registered:
+            torch.export.register_dataclass(cls, serialized_type_name=f"{cls.__module__}.{cls.__qualname__}")
+            registered.add(cls)
+            continue
+        raise ExportError(_unflattenable(module, _torch.pytree.keystr(path), cls))
+
+
+def _unflattenable(module: torch.nn.Module, where: str, cls: type) -> str:
+    forward = inspect.unwrap(type(module).forward)  # the model's own code, not a decorator's
+    try:
+        line = f"{inspect.getsourcefile(forward)}:{inspect.getsourcelines(forward)[1]}"
+    except (OSError, TypeError):
+        line = "unknown location"
+    hint = ("; a transformers model returns its cache with use_cache=True: pass use_cache=False "
+            "(or set model.config.use_cache = False)"
+            if cls.__module__.startswith("transformers.") and cls.__name__.endswith("Cache") else "")
+    return (f"the output{where or ''} of {type(module).__qualname__}.forward ({line}) is a "
+            f"{cls.__module__}.{cls.__qualname__}, which a program cannot return: its outputs are "
+            "tensors, numbers, None or strings in tuples, lists, dicts, dataclasses or types "
+            "registered with torch.utils._pytree.register_pytree_node; return those instead" + hint)
