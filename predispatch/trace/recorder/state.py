@@ -39,7 +39,7 @@ class TraceState:
     lineage lives on the view, :mod:`.marks`, so it goes when the view goes)."""
 
     # -- what the trace hands on, and what it follows
-    record: TraceRecord  # what the later stages read (replacements, needed nodes, ...)
+    record: TraceRecord  # what the later stages read (its events, needed nodes, ...)
     casts: CastCache  # eager autocast's cast cache, followed
     draws: HostDraws | None = None  # host random draws: one passed to torch is read
     # torch.Generator objects made in the forward, their states as graph values (generators.py)
