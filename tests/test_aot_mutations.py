@@ -882,17 +882,6 @@ def _runs_of(name, kinds=("history", "plain"), calls=("grad", "no_grad")):
 
 # The failing runs, by cause: (reason, run ids). Each fix flips its runs (strict xfails).
 OPEN: list[tuple[str, list[str]]] = [
-    ("an input updated, then returned as a view, called under no_grad with an input that requires grad: eager's "
-     "output is a view of the input, requiring grad; the program's a view of its updated copy that does not", [
-        "input_mutation_and_output_view-history-no_grad",
-        "input_mutation_and_output_view-history-inference_mode",
-        "input_output_view_mutate_multiple-history-no_grad",
-        "input_output_view_metadata_mutate_multiple-history-no_grad",
-        "input_data_and_metadata_mutation-history-no_grad",
-        "input_mutation_aliases_and_output_alias-history-no_grad",
-        "input_aliased_with_mutation_output_alias-history-no_grad",
-        "input_mutation_aliases_bases_out_of_order-history-no_grad",
-    ]),
 ]
 
 

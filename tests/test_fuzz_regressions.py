@@ -3312,3 +3312,37 @@ def test_a_view_of_a_callers_mode_view_replayed_in_a_grad_block_keeps_its_histor
 def test_an_input_set_to_a_parameter_then_written_in_grad_mode_is_refused_in_the_issues_program():
     with pytest.raises(predispatch.ExportError, match=r"y.mul_\(v2\) of a parameter, buffer or input that set_\(\)"):
         predispatch.export_predispatch(IssueProgramWritingAParameterThroughAnInputSetToIt(), inputs((3, 4), (3, 4)))
+
+
+# 111. (seed 9110, issue 38) An input seen through a cover (f(y, y[1])) is
+# written (z.mul_), then the cover is swapped onto a view of its own memory
+# (y.set_(z[0])): the program wrote the group's memory back through the
+# cover's new 0-d layout only, so three of z's four doubled elements kept
+# their old values in the caller's memory. Fixed: a cover written and then
+# relaid on its memory is written back as its memory as the call started,
+# then relaid (LayoutChange.as_started); so too through the cover itself,
+# and relaid by t_().
+
+class ViewInputWrittenThenCoverSwappedOntoIt(nn.Module):
+    def __init__(self, how):
+        super().__init__()
+        self.register_buffer("n", torch.zeros(()))
+        self.how = how
+
+    def forward(self, y, z):
+        v0 = z[0]
+        if self.how == "through_the_cover":
+            y[1, 1:].mul_(2.0)  # through the cover, where z sees it
+        else:
+            z.mul_(2.0)
+        if self.how == "t_":
+            y.t_()
+        else:
+            y.set_(v0)
+        return self.n
+
+
+@pytest.mark.parametrize("how", ["seed", "through_the_cover", "t_"])
+def test_a_cover_swapped_onto_its_view_input_writes_back_all_it_wrote(how):
+    y = inputs((3, 4))[0]
+    assert_sound(ViewInputWrittenThenCoverSwappedOntoIt(how), (y, y[1]), inputs_require_grad=False)

@@ -88,6 +88,9 @@ class TraceRecord:
     layouts: dict[str, dict] = dataclasses.field(default_factory=dict)
     # user inputs (flat position) traced as views of another (input_aliasing.View)
     input_views: dict = dataclasses.field(default_factory=dict)
+    # user outputs (flat position) eager returns as views of an input the forward wrote
+    # -> functional_trace.OutputView.to_json(), "of" keyed as in mutation_kinds
+    output_views: dict = dataclasses.field(default_factory=dict)
     # the grad mode the forward leaves its caller in, a bare switch's (None: the caller's own)
     grad_mode_after: bool | None = None
     # "buffer:<fqn>" -> the tensor the forward rebound it to, of another dtype (its traced value)

@@ -3,9 +3,10 @@
 Passes may replace output nodes: output specs follow them by position. The
 record (:mod:`predispatch.ir.program_meta`) says how each mutated parameter,
 buffer and input is written back (its mode, its layout and storage), which
-user inputs the trace saw as views of others, the backward autocast policy,
-the module order, the sharding layouts, the data-dependent branches assumed
-and the autocast the export ran under: what ``ep.module()`` and the
+user inputs the trace saw as views of others, the user outputs eager returns as
+views of an input the forward wrote, the backward autocast policy, the module
+order, the sharding layouts, the data-dependent branches assumed and the
+autocast the export ran under: what ``ep.module()`` and the
 downstream tools read from the program.
 """
 from __future__ import annotations
@@ -29,6 +30,7 @@ def record_program_meta(captured, module: torch.nn.Module, autocast_policy, shar
         "write_back": write_back_modes(captured),
         "layouts": layout_changes(captured),
         "input_views": input_aliasing.to_json(captured.record.input_views),
+        **({"output_views": views} if (views := output_views(captured)) else {}),
         "autocast_policy": autocast_policy.to_json(),
         "module_order": module_order(module),
         **({"grad_mode_after": grad_mode_after} if grad_mode_after is not None else {}),
@@ -109,6 +111,16 @@ def layout_changes(captured: Captured) -> dict[str, dict]:
     targets, names = _mutation_targets(captured), _state_and_input_names(captured)
     return {targets[key]: {**change, "source": names.get(change["source"])}
             for key, change in captured.record.layouts.items() if key in targets}
+
+
+def output_views(captured: Captured) -> dict[str, dict]:
+    """User output (its flat position, as a string) -> the view of a
+    parameter, buffer or input ``ep.module()`` makes it again as
+    (:class:`predispatch.trace.functional_trace.OutputView` as JSON), the
+    tensor it views named as a write-back target."""
+    names = _state_and_input_names(captured)
+    return {str(index): {**view, "of": names[view["of"]]}
+            for index, view in sorted(captured.record.output_views.items()) if view["of"] in names}
 
 
 def _state_and_input_names(captured: Captured) -> dict[str, str]:

@@ -23,8 +23,9 @@ from ..ir.meta_keys import SWITCH_REGION
 from ..ir.program_meta import program_meta
 from ..ir.regions import regions
 from .ambient import check_ambient_autocast_at_calls
+from .output_views import make_output_views
 from .run_time_calls import use_run_time_calls
-from .write_backs import check_input_aliasing, fix_write_backs, mutated_user_inputs
+from .write_backs import check_input_aliasing, copy_target_name, fix_write_backs, mutated_user_inputs
 
 
 def restore_module_order(unlifted: torch.nn.Module, order: list[str]) -> None:
@@ -97,6 +98,7 @@ class PredispatchProgram(ExportedProgram):
         unlifted = super().module(check_guards=check_guards)
         record = program_meta(self)
         fix_write_backs(unlifted, record.get("write_back", {}), layouts=record.get("layouts", {}))
+        make_output_views(unlifted, record.get("output_views", {}), copy_target_name)
         mutated = mutated_user_inputs(self.graph_signature)
         if mutated:
             check_input_aliasing(unlifted, record.get("input_views", {}), mutated)

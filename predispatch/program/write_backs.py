@@ -17,6 +17,7 @@ from .. import _torch
 from ..ir.program_meta import program_meta
 from ..trace import input_aliasing
 from ..trace.translations import mark_rebound
+from ..trace.functional_trace import note_written_as_started
 from ..trace.recorder import unobserved
 
 
@@ -72,6 +73,11 @@ def write_back_layout(target: torch.Tensor, value: torch.Tensor, source, layout:
     before); or on the storage the forward made, ``value``'s."""
     if layout.get("dtype") is not None:
         return _rebound(target, value, layout)
+    if layout.get("as_started"):  # its memory as the call started, written through its views: then relaid
+        _WRITE_BACK[mode or "grad"](target, value)
+        if _torch.is_traced(target):
+            return _relaid_as_started_in_trace(target, value, layout)
+        mode = None
     if _torch.is_traced(target):  # the program is being exported again: the same change
         with unobserved(), torch.no_grad():
             return target.set_(value)
@@ -100,6 +106,16 @@ def write_back_layout(target: torch.Tensor, value: torch.Tensor, source, layout:
         # accumulator of its new shape
         target.set_(target.untyped_storage(), offset, size, stride)
     return _WRITE_BACK[mode](target, value) if mode is not None else target
+
+
+def _relaid_as_started_in_trace(target: torch.Tensor, value: torch.Tensor, layout: dict) -> torch.Tensor:
+    """The program exported again: ``target``, written ``value`` (its memory
+    as the call started), relaid on it as eager left it; the trace writes it
+    back as ``value`` again (the same graph)."""
+    note_written_as_started(target, value)
+    with unobserved(), torch.no_grad():
+        return target.set_(target.as_strided(layout["size"], layout["stride"],
+                                             target.storage_offset() + layout["offset"]))
 
 
 def _relaid_with_history(target: torch.Tensor, layout: dict, size, stride, offset: int) -> bool:
@@ -171,7 +187,8 @@ def read_before_mutation(target: torch.Tensor) -> torch.Tensor:
     return target.clone()
 
 
-def _copy_target_name(node: torch.fx.Node) -> str:
+def copy_target_name(node: torch.fx.Node) -> str:
+    """The name of the input, parameter or buffer ``node`` reads, as the record names it."""
     return node.target if node.op == "get_attr" else node.name
 
 
@@ -221,7 +238,7 @@ def _read_through_snapshot(graph: torch.fx.Graph, target: torch.fx.Node, readers
 
 
 def fix_write_backs(gm: torch.fx.GraphModule | torch.fx.Graph, modes: dict[str, str],
-                    target_name=_copy_target_name, layouts: dict | None = None) -> None:
+                    target_name=copy_target_name, layouts: dict | None = None) -> None:
     """Swap the ``copy_`` write-backs torch writes (``ep.module()``'s unlift,
     ``torch.export.unflatten``) for the mode's function; ``target_name``: the
     mutated state's name (as in the output specs) from the copy's target node.

@@ -82,7 +82,9 @@ def _aten_stage(policy: OpPolicy, record: TraceRecord, specialize: bool):
                     wrapped, args, kwargs, keep=lambda: history_nodes(record),
                     on_layout_change=lambda key, change: record.layouts.__setitem__(
                         _strip_key(key), {**change.to_json(), "source": change.source and _strip_key(change.source)}),
-                    on_retrace=record.clear, rebound=lambda: record.rebound_buffers, record=record)
+                    on_retrace=record.clear, rebound=lambda: record.rebound_buffers, record=record,
+                    on_output_view=lambda index, view: record.output_views.__setitem__(
+                        index, {**view.to_json(), "of": _strip_key(view.of)}))
                 hold_module_stacks(gm)
                 return gm, signature
 

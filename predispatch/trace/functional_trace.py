@@ -15,7 +15,9 @@ and again with overlapping user inputs seen through the base of their group
 was mutated (:func:`_traced`); dead code dropped; the signature. Inside the
 trace, the functionalized call (:func:`_functionalized_call`): the inputs
 wrapped, the forward, the refusals of covers moved or relaid, the
-write-backs.
+write-backs, and the outputs that are inputs (returned as the caller's
+tensors) or, in eager, views of inputs the forward wrote (:class:`OutputView`,
+made again by ``ep.module()``).
 """
 from __future__ import annotations
 
@@ -27,8 +29,10 @@ import torch
 
 from .. import _torch
 from ..errors import ExportError
+from ..ir.blocks import grad_modes
 from ..ir.records import Event, Kind
 from . import eager_layout, input_aliasing, layer_reuse, recorder
+from .recorder import marks
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,6 +52,33 @@ class LayoutChange:
     stride: tuple | None
     offset: int | None
     dtype: str | None = None  # a buffer rebound to a tensor of another dtype: that dtype
+    # an input others are seen through, written and then relaid on its own memory: its value
+    # is its memory as the call started, written back before the relayout
+    as_started: bool = False
+
+    def to_json(self) -> dict:
+        return {k: v for k, v in dataclasses.asdict(self).items() if k != "as_started" or v}
+
+
+@dataclasses.dataclass(frozen=True)
+class OutputView:
+    """A user output that eager returns as a view of a parameter, buffer or
+    input (``of``, keyed as :class:`LayoutChange`'s ``source``) whose memory
+    the forward wrote: the program's value is a view of its own updated
+    copy, so ``ep.module()`` makes the view again from the caller's tensor,
+    after the write-backs (:mod:`predispatch.program.output_views`). Its
+    ``size`` and ``stride``, its storage offset counted from where that
+    tensor starts as the call leaves it (``offset``), and the grad mode
+    eager made it in (``mode``): "no_grad" (no history), "grad" (blocks
+    that set grad on), the "caller"'s (a view of its chain made outside
+    every grad block), or "detached" (a view of a ``detach()``: no history
+    in any mode)."""
+
+    of: str
+    size: tuple
+    stride: tuple
+    offset: int
+    mode: str
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -108,7 +139,7 @@ class _Tracing:
 
 
 def functional_trace(mod: torch.nn.Module, args, kwargs, keep=frozenset, on_layout_change=None,
-                     on_retrace=None, rebound=dict, record=None):
+                     on_retrace=None, rebound=dict, record=None, on_output_view=None):
     """(graph module, aot-style GraphSignature, the user inputs seen as views
     of others: see :mod:`predispatch.trace.input_aliasing`) of ``mod(*args, **kwargs)``.
     Dead code goes, except the nodes ``keep()`` names. ``on_layout_change(key,
@@ -117,13 +148,18 @@ def functional_trace(mod: torch.nn.Module, args, kwargs, keep=frozenset, on_layo
     ``on_retrace()`` of a second trace (inputs overlapping in memory, one mutated);
     ``rebound()`` names the buffers the forward rebound (keys as above), each
     written back as the tensor it holds at the end. ``record``: the recorder's
-    TraceRecord, where the user inputs traced as views of another are noted."""
+    TraceRecord, where the user inputs traced as views of another are noted.
+    ``on_output_view(index, OutputView)`` hears of each user output (by its
+    flat position) that eager returns as a view of an input the forward wrote."""
     named_parameters = dict(mod.named_parameters(remove_duplicate=False))
     named_buffers = dict(mod.named_buffers(remove_duplicate=False))
     tracing, layout, in_spec, out_spec = _flat_call(mod, args, kwargs or {}, named_parameters, named_buffers,
                                                     on_layout_change, on_retrace)
     tracing = dataclasses.replace(tracing, rebound=rebound, record=record)
-    gm, mutated, layout = _traced(tracing, layout)
+    gm, mutated, layout, out_views = _traced(tracing, layout)
+    if on_output_view is not None:
+        for index, view in _made_in_modes(gm, out_views).items():
+            on_output_view(index, view)
     _drop_storage_swaps_of_constants(gm)
     _drop_dead_code(gm, keep())
     return (gm, _signature(gm, named_parameters, named_buffers, mutated, in_spec, out_spec.spec),
@@ -148,22 +184,23 @@ def _flat_call(mod, args, kwargs: dict, named_parameters: dict, named_buffers: d
 
 def _traced(tracing: _Tracing, layout: _FlatInputs) -> tuple:
     """(graph module, the flat positions of the inputs written back, the
-    layout it was traced with): traced again with overlapping user inputs
+    layout it was traced with, the outputs eager returns as views of inputs
+    written: see :func:`_output_views`): traced again with overlapping user inputs
     seen through the base of their group, where the first trace mutated
     one; but for the synthetic bases a program exported again builds
     itself (its example inputs aliasing as the program's did), which the
     trace does not build a second time: the same graph (G7)."""
-    gm, mutated, built = _trace(tracing, layout)
+    gm, mutated, built, out_views = _trace(tracing, layout)
     overlapping = _overlapping_inputs(layout, tracing.flat_args, mutated)
     layout = dataclasses.replace(layout, built={
         j: v for j, v in overlapping.items() if v.base is not None and built.get(j) == v})
     views = {j: v for j, v in overlapping.items() if j not in layout.built}
     if not views:
-        return gm, mutated, layout
+        return gm, mutated, layout, out_views
     tracing.note_retrace()
     layout = dataclasses.replace(layout, views=views)
-    gm, mutated, _ = _trace(tracing, layout)
-    return gm, mutated, layout
+    gm, mutated, _, out_views = _trace(tracing, layout)
+    return gm, mutated, layout, out_views
 
 
 def _overlapping_inputs(layout: _FlatInputs, flat_args: list, mutated: list[int]) -> dict:
@@ -198,15 +235,17 @@ def _trace_once(tracing: _Tracing, layout: _FlatInputs) -> tuple:
     """One make_fx trace of the functionalized call: (graph module, the flat
     positions of the inputs written back, in the order of their new values,
     the user inputs a program exported again sees through synthetic bases
-    it builds itself: see :func:`predispatch.trace.input_aliasing.views_built_by_program`)."""
+    it builds itself: see :func:`predispatch.trace.input_aliasing.views_built_by_program`,
+    the outputs eager returns as views of inputs written: :func:`_output_views`)."""
     mutated: list[int] = []
     built: dict = {}
+    out_views: dict = {}
 
     @functools.wraps(tracing.flat_fn)  # carries the module: make_fx records nn_module_stack and stack traces
     def functionalized(*flat):
         # make_fx made and tracked the inputs with torch-function modes off (below): on for the module
         with _torch.torch_function_enabled():
-            return _functionalized_call(flat, tracing, layout, mutated, built)
+            return _functionalized_call(flat, tracing, layout, (mutated, built, out_views))
 
     # make_fx's own work around the module's call (making, tracking and reading the inputs and outputs:
     # metadata reads, not the module's torch calls) with torch-function modes off, at ~250 us an input;
@@ -215,7 +254,7 @@ def _trace_once(tracing: _Tracing, layout: _FlatInputs) -> tuple:
             _torch.torch_function_disabled(), _torch.placeholders_without_stack_traces(), \
             torch.set_grad_enabled(torch.is_grad_enabled()):
         gm = _torch.make_fx(functionalized, record_module_stack=True, pre_dispatch=True)(*tracing.flat_args)
-    return gm, mutated, built
+    return gm, mutated, built, out_views
 
 
 # ---------------------------------------------------------------- the functionalized call
@@ -256,15 +295,20 @@ class _InputStarts:
     storages: list
     offsets: list
     eager: eager_layout.Start
+    # flat position of an input others are seen through (a cover) -> an alias of it as it started
+    covers: dict = dataclasses.field(default_factory=dict)
+    # the flat positions of the covers written back as they started (see _written_as_started)
+    written_as_started: set = dataclasses.field(default_factory=set)
 
 
-def _functionalized_call(flat: tuple, tracing: _Tracing, layout: _FlatInputs, mutated: list[int],
-                         built: dict) -> tuple:
+def _functionalized_call(flat: tuple, tracing: _Tracing, layout: _FlatInputs, found: tuple) -> tuple:
     """The module's flat call on FunctionalTensors: the new values of the
-    inputs it wrote (their flat positions appended to ``mutated``; to
-    ``built``, the inputs a program exported again sees through synthetic
-    bases it builds), then its outputs (a user input seen through another
-    and returned as it is: the caller's tensor, as in eager)."""
+    inputs it wrote, then its outputs (a user input seen through another
+    and returned as it is: the caller's tensor, as in eager). What it
+    finds goes in ``found``: (the flat positions of the inputs written, in
+    order; the inputs a program exported again sees through synthetic
+    bases it builds; the outputs eager returns as views of inputs written)."""
+    mutated, built, out_views = found
     with _torch.functional_mode():
         inputs = _functional_inputs(flat, layout, tracing.record)
         starts = _input_starts(inputs)
@@ -273,8 +317,9 @@ def _functionalized_call(flat: tuple, tracing: _Tracing, layout: _FlatInputs, mu
     _refuse_moved_covers(inputs)
     written = _write_backs(inputs, starts, tracing.on_layout_change, tracing.rebound(), tracing.record)
     mutated.extend(i for i, _ in written)
-    as_given = _views_returned_as_given(inputs, built)
+    as_given = _views_returned_as_given(inputs, built, starts.written_as_started)
     _refuse_returned_views_of_relaid_covers(inputs, as_given, outputs)
+    out_views.update(_output_views(inputs, starts, outputs, as_given))
     return (*[value for _, value in written],
             *[as_given[id(o)] if id(o) in as_given else _torch.from_functional(o) for o in outputs])
 
@@ -351,10 +396,13 @@ def _input_starts(inputs: _CallInputs) -> _InputStarts:
     functional = inputs.functional
     # an input seen through a synthetic base starts in eager's storage where the base does, and further
     shifts = {inputs.layout.n_state + j: v.base[0] for j, v in inputs.layout.views.items() if v.base is not None}
+    covers = sorted({inputs.layout.n_state + v.of for v in inputs.views_apart().values()})
     with _torch.torch_function_disabled():
         storages = [_torch.storage_of(f) for f in functional]
         offsets = [_torch.storage_offset(f) for f in functional]
-        return _InputStarts(storages, offsets, eager_layout.shadow_inputs(functional, shifts))
+        # each cover's memory as it started: dead code unless written back so (_written_as_started)
+        started = {i: torch.ops.aten.alias.default(functional[i]) for i in covers}
+        return _InputStarts(storages, offsets, eager_layout.shadow_inputs(functional, shifts), started)
 
 
 def _refuse_moved_covers(inputs: _CallInputs) -> None:
@@ -389,10 +437,42 @@ def _write_backs(inputs: _CallInputs, starts: _InputStarts, on_layout_change,
         _torch.apply_pending_updates(f)
         relaid = _torch.has_metadata_mutation(f) or _torch.storage_changed(f)
         if relaid and on_layout_change is not None:
-            on_layout_change(key, _layout_change(i, f, starts, made, inputs.layout.key))
+            f, change = _written_as_started(i, f, _layout_change(i, f, starts, made, inputs.layout.key), starts)
+            on_layout_change(key, change)
         if relaid or _torch.has_data_mutation(f):
             written.append((i, _torch.from_functional(f)))
     return written + _cover_views_relaid(inputs, starts, made, on_layout_change, record)
+
+
+_WRITTEN_AS_STARTED = "_predispatch_written_as_started"
+
+
+def note_written_as_started(target: torch.Tensor, value: torch.Tensor) -> None:
+    """A program exported again writes ``value`` to ``target``, a traced
+    input, as its memory as the call started, then relays it: the trace
+    writes it back as ``value`` (:func:`_written_as_started`; the same graph, G7)."""
+    setattr(target, _WRITTEN_AS_STARTED, value)
+
+
+def _written_as_started(i: int, f, change: LayoutChange, starts: _InputStarts) -> tuple:
+    """(the value written back, its layout change) of input ``i`` (``f``
+    after the forward): an input other inputs are seen through (a cover),
+    its memory written (through it or them) and then relaid on it (``t_()``,
+    ``y.set_(y[1][0])``), is written back as its memory as the call started
+    (everything written through the group), then relaid: its new layout
+    may reach only part of it. Where the new layout is symbolic or reaches
+    past that memory (grown), as before: its value, in its new layout."""
+    start = getattr(f, _WRITTEN_AS_STARTED, None)
+    start = starts.covers.get(i) if start is None else start
+    if start is None or change.storage != "own" or change.size is None or not _torch.has_data_mutation(f):
+        return f, change
+    started = _torch.storage_extent(tuple(start.size()), tuple(start.stride()), 0)
+    if not isinstance(started, int) or change.offset < 0 or (
+            _torch.storage_extent(change.size, change.stride, change.offset) > started):
+        return f, change
+    _torch.apply_pending_updates(start)
+    starts.written_as_started.add(i)
+    return start, dataclasses.replace(change, as_started=True)
 
 
 def _cover_views_relaid(inputs: _CallInputs, starts: _InputStarts, made: dict, on_layout_change, record) -> list:
@@ -455,14 +535,120 @@ def _written_back_once(inputs: _CallInputs):
             yield i, f
 
 
-def _views_returned_as_given(inputs: _CallInputs, built: dict) -> dict:
+def _views_returned_as_given(inputs: _CallInputs, built: dict, as_started=()) -> dict:
     """id of each user input seen through another or a synthetic base (also
     one the module, a program exported again, builds: ``built``) and not
-    relaid -> the caller's tensor, which the call returns where it returns
-    the input as it is."""
+    relaid, and of each input written back as it started, then relaid
+    (``as_started``, flat positions: its value is not the one written back)
+    -> the caller's tensor, which the call returns where it returns the
+    input as it is (after the write-backs, laid out as eager left it)."""
     user, given_user = inputs.user(), inputs.given_user()
     seen = (*inputs.views_apart(), *inputs.of_synthetic_bases(), *built)
-    return {id(user[j]): given_user[j] for j in seen if not _torch.has_metadata_mutation(user[j])}
+    return {**{id(user[j]): given_user[j] for j in seen if not _torch.has_metadata_mutation(user[j])},
+            **{id(inputs.functional[i]): inputs.given[i] for i in as_started}}
+
+
+_RETURNED_AS_VIEW = "_predispatch_returned_as_view_of"
+
+
+def note_output_view(value: torch.Tensor, target: torch.Tensor, view: dict) -> None:
+    """A program exported again: ``value``, an output its ``module()`` makes
+    again as ``view`` (:meth:`OutputView.to_json`) of ``target``, a traced
+    input, is returned as it is, marked: the trace finds the same view
+    (:func:`_output_views`) and the graph keeps the program's value (G7)."""
+    setattr(value, _RETURNED_AS_VIEW, (target, view))
+
+
+def _output_views(inputs: _CallInputs, starts: _InputStarts, outputs, as_given: dict) -> dict:
+    """Flat output position -> (:class:`OutputView`, the nodes of the views
+    of its chain made in grad mode, whose blocks tell its mode) of each output
+    that eager returns as a view of an input whose memory the forward wrote
+    (the program's value is a view of its own copy), or that a program
+    exported again makes so (:func:`note_output_view`). An input returned
+    as it is: ``as_given``, or torch's write-back returns it."""
+    first: dict = {}
+    for i, f in enumerate(inputs.functional):
+        first.setdefault(id(f), i)
+    found = {}
+    for n, o in enumerate(outputs):
+        if not isinstance(o, _torch.FunctionalTensor) or id(o) in first or id(o) in as_given:
+            continue
+        target, view = getattr(o, _RETURNED_AS_VIEW, (None, None))
+        if id(target) in first:
+            found[n] = (OutputView(inputs.layout.key(first[id(target)]), tuple(view["size"]),
+                                   tuple(view["stride"]), view["offset"], view["mode"]), ())
+        elif (seen := _eager_view_of_input(inputs, starts, o, first)) is not None:
+            found[n] = seen
+    return found
+
+
+def _eager_view_of_input(inputs: _CallInputs, starts: _InputStarts, o, first: dict) -> tuple | None:
+    """(:class:`OutputView`, the nodes of its chain's views made in grad
+    mode: see :func:`_made_in`) where ``o`` is, in eager, a view of a
+    parameter, buffer or input (the first its view chain reaches) whose
+    memory the forward wrote, on that memory still and of its dtype, with
+    a layout eager's shadows know; else None (a view of memory a ``set_()``
+    gave, a symbolic layout: the program's value, as before)."""
+    seen = _viewed_input(o, first)
+    if seen is None:
+        return None
+    i, f = seen
+    if _torch.storage_changed(f) or not _torch.has_data_mutation(f) or f.dtype != o.dtype:
+        return None
+    mine, theirs = eager_layout.of(o), eager_layout.of(f)
+    if mine is None or theirs is None or not mine[3] == theirs[3] == starts.eager.storages[i]:
+        return None
+    mode, made = _made_in(o, f)
+    if mode is None:
+        return None
+    return OutputView(inputs.layout.key(i), mine[0], mine[1], mine[2] - theirs[2], mode), made
+
+
+def _viewed_input(o, first: dict) -> tuple | None:
+    """(flat position, FunctionalTensor) of the first input ``o``'s view
+    chain reaches; None where it reaches none, or passes a tensor given
+    other memory (``set_()``), made to require grad, or with a history of
+    its own (a detached alias written in grad mode)."""
+    t = o
+    while id(t) not in first:
+        if marks.SWAPPED.of(t) or marks.LEAF.of(t) or marks.OWN_HISTORY.on(t):
+            return None
+        t = marks.SOURCE.of(t)
+        if t is None:
+            return None
+    return first[id(t)], t
+
+
+def _made_in(view, source) -> tuple:
+    """(the grad mode eager made ``view`` of ``source`` in, as
+    :class:`OutputView` says it, or None where the recorder did not see it
+    made; the nodes of the views of its chain made in grad mode, whose
+    blocks say which). A view of a view made under no_grad has no history
+    (nor one of a ``detach()``), whatever the mode it is made in; one made
+    in grad mode of a view made in the caller's mode has none under a
+    no_grad caller: the chain's views made in grad mode decide together."""
+    if marks.DETACHED.of(view):
+        return "detached", ()
+    if marks.NO_GRAD_VIEW.of(view):
+        return "no_grad", ()
+    made, t = [], view
+    while t is not source:
+        if marks.MADE_AS.of(t) is None:
+            return None, ()
+        made.append(marks.MADE_AS.of(t))
+        t = marks.SOURCE.of(t)
+    return "grad", tuple(made)
+
+
+def _made_in_modes(gm: torch.fx.GraphModule, out_views: dict) -> dict[int, OutputView]:
+    """:func:`_output_views`' finds, each view made in grad mode told as made
+    in blocks that set grad on ("grad") or, where a view of its chain was
+    made outside every grad block, in the "caller"'s mode (which the
+    program's caller sets)."""
+    modes = grad_modes(gm.graph) if any(made for _, made in out_views.values()) else {}
+    return {n: view if not made else dataclasses.replace(
+                view, mode="caller" if any(modes.get(node) is None for node in made) else "grad")
+            for n, (view, made) in out_views.items()}
 
 
 def _refuse_returned_views_of_relaid_covers(inputs: _CallInputs, as_given: dict, outputs) -> None:
