@@ -1,5 +1,4 @@
 # fuzz seed 9110: mismatch: input after the call
-# open: z = y[1] written (z.mul_), then y swapped onto z[0], memory of its own storage (y.set_(v0)): the program writes back through y's new 0-d layout only (as_strided(where, [], [], 4)), so z's other three elements keep their old values where eager doubles them; the swap keeps y's storage, so trace/functional_trace.py's _refuse_moved_covers (storage_changed) does not refuse it either. 2.13 and 2.15.
 import torch
 import torch.nn as nn
 from predispatch.testing.eager import assert_matches_eager
