@@ -187,6 +187,7 @@ from .export import (  # noqa: E402,F401
 )
 from .data_dependence import (  # noqa: E402,F401
     ASSERT_SCALAR,
+    checks_guard,
     forget_real_values,
     real_values_dropped,
     real_values_propagated,
