@@ -145,6 +145,16 @@ class MeanDecidedFalse(torch.nn.Module):
         return self.lin.bias + 1.0 if x.mean().item() < 0 else self.lin(x) * 0.5
 
 
+class AtMostOneFound(torch.nn.Module):
+    """A size bounded under 2: torch keeps a size's range at least [0, 2],
+    so its range check (``u0 <= 2``) does not check ``u0 <= 1``."""
+
+    def forward(self, x, mask):
+        if mask.nonzero().shape[0] > 1:
+            return x * 2
+        return x + 1
+
+
 def _with_inf(x):
     x = x.clone()
     x[0, 0] = float("inf")
@@ -170,6 +180,9 @@ CONSTRUCTS = [
      "if x[0, 0].item() > 5:"),
     (MeanDecidedFalse, (torch.rand(3, 4),), (torch.rand(3, 4) + 1,), (-torch.rand(3, 4),),
      "if x.mean().item() < 0 else"),
+    (AtMostOneFound, (torch.randn(3), MASK & torch.tensor([True, False, False])),
+     (torch.randn(3), torch.tensor([False, False, True])), (torch.randn(3), MASK),
+     "if mask.nonzero().shape[0] > 1:"),
 ]
 
 

@@ -196,6 +196,7 @@ from .data_dependence import (  # noqa: E402,F401
     specialized_guards,
     SpecializedGuard,
     unbacked_symbols_bound,
+    write_check,
 )
 from .autograd import (  # noqa: E402,F401
     aot_module_simplified,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import re
 
 import torch
@@ -172,6 +173,45 @@ def _bounds_in_ranges(shape_env, guards: list) -> None:
         value, side, number = bound
         shape_env._update_var_to_range(
             value, ValueRanges(-sympy.oo, number) if side == "<=" else ValueRanges(number, sympy.oo))
+
+
+def write_check(gm: torch.fx.GraphModule, guard: SpecializedGuard, binders: list, message: str) -> bool:
+    """Write ``_assert_scalar(<guard's condition as decided>, message)``
+    into ``gm`` just after the last of ``binders`` (the nodes binding its
+    unbacked symbols), the condition recomputed from them as torch's
+    runtime-assert pass recomputes one; False, the graph as it was, where it
+    cannot be (a binder gone, an expression torch cannot write as graph
+    ops: ``ToFloat``...)."""
+    from torch._export.passes._node_metadata_hook import _node_metadata_hook, _set_node_metadata_hook
+    from torch.utils._sympy.interp import sympy_interp
+    from torch.utils._sympy.reference import PythonReferenceAnalysis
+
+    graph = gm.graph
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    paths = {s: (n, tuple(path)) for n in binders if n in order
+             for s, path in (n.meta.get("unbacked_bindings") or {}).items()}
+    if not guard.assumed.free_symbols <= paths.keys():
+        return False
+    last = max((paths[s][0] for s in guard.assumed.free_symbols), key=order.__getitem__)
+    before, tracer = set(order), torch.fx.proxy.GraphAppendingTracer(graph)
+    try:
+        with graph.inserting_before(last.next), _set_node_metadata_hook(
+                gm, functools.partial(_node_metadata_hook, metadata={"stack_trace": last.meta.get("stack_trace")})):
+            env = {s: torch.fx.Proxy(graph._resolve_unbacked_binding(*paths[s], lower_symint=_not_written), tracer)
+                   for s in guard.assumed.free_symbols}
+            condition = sympy_interp(PythonReferenceAnalysis, env, guard.assumed)
+            if not isinstance(condition, torch.fx.Proxy):
+                raise TypeError(f"{guard.assumed} is not computed from the graph")
+            graph.call_function(ASSERT_SCALAR, (condition.node, message))
+    except Exception:  # noqa: BLE001 -- torch's interpreter fails in many ways on what it cannot write
+        for node in reversed([n for n in graph.nodes if n not in before]):
+            graph.erase_node(node)
+        return False
+    return True
+
+
+def _not_written(symint):
+    raise TypeError(f"a binding divided by {symint}")
 
 
 def unbacked_symbols_bound(node: torch.fx.Node) -> frozenset:

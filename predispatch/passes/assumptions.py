@@ -8,10 +8,11 @@ its message naming a node. Here every check of a value such a branch read
 says instead which source line assumed what. A branch is checked only by a
 check of its own condition as decided (or of a bound that implies it),
 never by one that merely reads the same value: two branches on one
-``item()``, one check, would leave the other unchecked. A branch no check
-covers is refused, never left unchecked. (torch's pass writes a bound on one
-value, ``zuf0 <= 5.0``, as its range's bound: the seam puts a float's
-bounds in its range for it.)
+``item()``, one check, would leave the other unchecked. A branch torch's
+pass left without such a check (it checks a bound on one value as the
+value's range, not always the bound) gets one written here; one that
+cannot be written is refused, never left unchecked. (The seam puts a float
+value's bounds in its range before the pass, which then checks them.)
 """
 from __future__ import annotations
 
@@ -37,8 +38,9 @@ def check_assumptions(gm: torch.fx.GraphModule, guards: list, bindings: dict) ->
         if all(a != assumption for a, _ in made):
             made.append((assumption, guard))
     checked = _name_checks(gm, made, bindings)
-    for assumption, _ in made:
-        if assumption not in checked:
+    for assumption, guard in made:
+        binders = [n for n, symbols in bindings.items() if symbols & guard.symbols]
+        if assumption not in checked and not _torch.write_check(gm, guard, binders, run_time_message([assumption])):
             raise ExportError(
                 f"internal: the data-dependent branch at {assumption.describe()} has no run-time "
                 "check in the program")
