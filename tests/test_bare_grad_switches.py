@@ -231,7 +231,70 @@ class SwitchedBackInsideABlockToTheModeReadThere(torch.nn.Module):
         return y + z
 
 
+# Refused before as "a mode ... passed where its origin cannot be traced": torch's
+# decorator enters, for each call, a clone() of the decorating object
+class DecoratedInTheForwardAfterARead(_Frozen):
+    def forward(self, x):
+        prev = torch.is_grad_enabled()
+
+        @torch.set_grad_enabled(False)
+        def frozen(y):
+            return self.backbone(y)
+
+        y = frozen(x)
+        torch.set_grad_enabled(False)
+        z = self.head(x)
+        torch.set_grad_enabled(prev)
+        return self.head(y) + z
+
+
+class DecoratedMethodAfterARead(_Frozen):
+    @torch.set_grad_enabled(False)
+    def frozen(self, x):
+        return self.backbone(x)
+
+    def forward(self, x):
+        prev = torch.is_grad_enabled()  # noqa: F841 -- read only
+        return self.head(self.frozen(x)) + self.frozen(x * 2)
+
+
+class DecoratedWithTheModeReadInsideNoGrad(_Frozen):
+    def forward(self, x):
+        with torch.no_grad():
+            off = torch.is_grad_enabled()  # False, whatever the caller's mode
+
+            @torch.set_grad_enabled(off)
+            def frozen(y):
+                return self.backbone(y)
+
+        with torch.enable_grad():
+            y = frozen(x)  # off, inside enable_grad
+        return self.head(y)
+
+
+class DecoratedWithTheCallersMode(_Frozen):
+    def forward(self, x):
+        prev = torch.is_grad_enabled()
+
+        @torch.set_grad_enabled(prev)
+        def head(y):
+            return self.head(y)
+
+        with torch.no_grad():
+            y = head(x)
+        return self.backbone(x) + y
+
+
+def test_a_decorator_given_the_callers_mode_stays_refused():
+    """Where the function is decorated: its mode is the caller's, unknown until run time."""
+    with pytest.raises(predispatch.ExportError, match="the caller's grad mode"):
+        predispatch.export_predispatch(DecoratedWithTheCallersMode(), (torch.randn(2, 4),))
+
+
 @pytest.mark.parametrize("module, args", [
+    (DecoratedInTheForwardAfterARead(), (torch.randn(2, 4),)),
+    (DecoratedMethodAfterARead(), (torch.randn(2, 4),)),
+    (DecoratedWithTheModeReadInsideNoGrad(), (torch.randn(2, 4),)),
     (GradModeTurnedOn(), (torch.randn(3),)),
     (GradModeSetByAnExpression(), (torch.randn(3),)),
     (SwitchedBackInsideABlockToTheModeReadThere(), (torch.randn(3),)),

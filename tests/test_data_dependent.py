@@ -125,6 +125,36 @@ class UnderAutocast(torch.nn.Module):
             return self.norm(h)
 
 
+class ItemDecidedFalse(torch.nn.Module):
+    """A float ``item()`` compared, the branch not taken: the decided
+    ``zuf0 <= 5.0`` bounds one value, which torch checks only as that
+    value's range."""
+
+    def forward(self, x):
+        if x[0, 0].item() > 5:
+            x = x + 1
+        return x * 2
+
+
+class MeanDecidedFalse(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.lin.bias + 1.0 if x.mean().item() < 0 else self.lin(x) * 0.5
+
+
+class AtMostOneFound(torch.nn.Module):
+    """A size bounded under 2: torch keeps a size's range at least [0, 2],
+    so its range check (``u0 <= 2``) does not check ``u0 <= 1``."""
+
+    def forward(self, x, mask):
+        if mask.nonzero().shape[0] > 1:
+            return x * 2
+        return x + 1
+
+
 def _with_inf(x):
     x = x.clone()
     x[0, 0] = float("inf")
@@ -146,6 +176,13 @@ CONSTRUCTS = [
     (InsideNoGrad, (torch.rand(3, 4),), (torch.rand(3, 4) + 1,), (-torch.rand(3, 4),), "if x.max() > 0"),
     (UnderAutocast, (torch.randn(3, 4),), (torch.randn(3, 4),), (_with_inf(torch.randn(3, 4)),),
      "if not torch.isfinite(h).all():"),
+    (ItemDecidedFalse, (torch.ones(3, 4),), (torch.full((3, 4), 5.0),), (torch.full((3, 4), 5.5),),
+     "if x[0, 0].item() > 5:"),
+    (MeanDecidedFalse, (torch.rand(3, 4),), (torch.rand(3, 4) + 1,), (-torch.rand(3, 4),),
+     "if x.mean().item() < 0 else"),
+    (AtMostOneFound, (torch.randn(3), MASK & torch.tensor([True, False, False])),
+     (torch.randn(3), torch.tensor([False, False, True])), (torch.randn(3), MASK),
+     "if mask.nonzero().shape[0] > 1:"),
 ]
 
 
@@ -185,6 +222,27 @@ def test_refused_by_default_naming_the_line_and_the_option(module_class, example
     message = str(refused.value)
     assert "data-dependent" in message and _line_of(module_class, code) in message, message
     assert "data_dependent='specialize'" in message
+
+
+class TwoBranchesOnOneValue(torch.nn.Module):
+    def forward(self, x):
+        v = x[0, 0].item()
+        if v < 5:
+            x = x + 1
+        if v >= 0.5:
+            x = x * 3
+        return x * 2
+
+
+def test_each_branch_on_one_value_checked():
+    """One ``item()``, two branches: a check of the first reads the value the
+    second branched on, but checks only the first."""
+    module = TwoBranchesOnOneValue()
+    ep = assert_matches_eager(module, (torch.ones(3, 4),), check_reexport=False, **SPECIALIZE)
+    assert [a.code for a in assumptions(ep)] == ["if v < 5:", "if v >= 0.5:"]
+    _matches_with(ep, module, (torch.full((3, 4), 4.5),))
+    _takes_another_branch(ep, (torch.zeros(3, 4),), TwoBranchesOnOneValue, "if v >= 0.5:")
+    _takes_another_branch(ep, (torch.full((3, 4), 5.0),), TwoBranchesOnOneValue, "if v < 5:")
 
 
 def test_bad_value_is_a_value_error_naming_the_allowed_ones():

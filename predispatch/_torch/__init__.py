@@ -192,6 +192,7 @@ from .export import (  # noqa: E402,F401
 )
 from .data_dependence import (  # noqa: E402,F401
     ASSERT_SCALAR,
+    checks_guard,
     forget_real_values,
     kept_as_they_are,
     real_values_dropped,
@@ -201,6 +202,7 @@ from .data_dependence import (  # noqa: E402,F401
     specialized_guards,
     SpecializedGuard,
     unbacked_symbols_bound,
+    write_check,
 )
 from .autograd import (  # noqa: E402,F401
     aot_module_simplified,

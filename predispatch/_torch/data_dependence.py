@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
+import re
 
 import torch
 import torch.fx
@@ -101,12 +103,15 @@ class SpecializedGuard:
     value: str
     frames: list
     symbols: frozenset  # names of the unbacked symbols in the condition
+    assumed: object = None  # the condition as decided (negated where False): what a check must check
 
 
 def specialized_guards(gm: torch.fx.GraphModule) -> list[SpecializedGuard]:
     """The guards the shape environment of ``gm``'s trace decided by real
     values, as it deferred them (read before torch.export ends: it then
-    drops their stacks)."""
+    drops their stacks); read before torch's runtime-assert pass writes
+    their checks, each bound on a float value put in its range (so the pass
+    checks it: :func:`_bounds_in_ranges`)."""
     from torch._export.utils import _get_shape_env_from_gm
 
     shape_env = _get_shape_env_from_gm(gm)
@@ -118,8 +123,110 @@ def specialized_guards(gm: torch.fx.GraphModule) -> list[SpecializedGuard]:
             if ra.msg.startswith(_SPECIALIZED):
                 condition, _, value = ra.msg[len(_SPECIALIZED):].rpartition(" == ")
                 found.append(SpecializedGuard(condition, value, list(ra.stack.summary()),
-                                              frozenset(str(s) for s in ra.expr.free_symbols)))
+                                              frozenset(str(s) for s in ra.expr.free_symbols), ra.expr))
+    _bounds_in_ranges(shape_env, found)
     return found
+
+
+# how torch's runtime-assert pass names the expression each check it writes checks
+_TORCH_CHECK = re.compile(r"Runtime assertion failed for expression (.*) on node '[^']*'$", re.S)
+_BOUND = re.compile(r"(\S+) (<=|>=) (\S+)")
+
+
+def checks_guard(check: torch.fx.Node, guard: SpecializedGuard) -> bool:
+    """Whether torch's run-time check ``check`` (an ``_assert_scalar`` its
+    pass wrote, or a user's ``torch._check`` it kept: its message names the
+    expression) checks ``guard``'s condition as decided: that condition, or,
+    for a bound on one value, the bound of that value's range on that side
+    (``u0 >= 6`` checks ``u0 >= 4``). A check that merely reads the same
+    value (another branch on it) does not."""
+    message = check.args[1] if len(check.args) > 1 and isinstance(check.args[1], str) else ""
+    found = _TORCH_CHECK.match(message)
+    if found is None:
+        return False
+    if found.group(1) == str(guard.assumed):
+        return True
+    bound, checked = _bound_of(guard.assumed), _BOUND.fullmatch(found.group(1))
+    if bound is None or checked is None or checked.group(1, 2) != (str(bound[0]), bound[1]):
+        return False
+    number = float(checked.group(3))
+    return number <= bound[2] if bound[1] == "<=" else number >= bound[2]
+
+
+def _bound_of(expr) -> tuple | None:
+    """``(symbol, "<=" or ">=", number)`` where ``expr`` bounds one value
+    (``zuf0 <= 5.0``, ``5 >= u0``): what torch's runtime-assert pass takes
+    as implied by the value's range."""
+    import sympy
+
+    if expr.func not in (sympy.LessThan, sympy.GreaterThan) or len(expr.args) != 2:
+        return None
+    (value, number), side = expr.args, "<=" if expr.func is sympy.LessThan else ">="
+    if isinstance(number, sympy.Symbol) and isinstance(value, sympy.Number):
+        value, number, side = number, value, {"<=": ">=", ">=": "<="}[side]
+    if not (isinstance(value, sympy.Symbol) and isinstance(number, sympy.Number) and number.is_finite):
+        return None
+    return value, side, number
+
+
+def _bounds_in_ranges(shape_env, guards: list) -> None:
+    """Each decided guard that bounds one value that is not an integer
+    (``x.item() > 5`` decided False: ``zuf0 <= 5.0``) in that value's range.
+    torch's runtime-assert pass writes no check of a bound on one value,
+    taking it as implied by the value's range, whose bounds it checks
+    instead; but the shape environment narrows the ranges of integers only
+    (a float ``item()``'s stays unbounded), so the bound went unchecked.
+    Narrowed here, after the trace (nothing it decided was decided by the
+    narrower range), the pass checks it as it does an integer's."""
+    import sympy
+    from torch.utils._sympy.value_ranges import ValueRanges
+
+    for guard in guards:
+        bound = _bound_of(guard.assumed)
+        if bound is None or bound[0].is_integer or bound[0] not in shape_env.var_to_range:
+            continue
+        value, side, number = bound
+        shape_env._update_var_to_range(
+            value, ValueRanges(-sympy.oo, number) if side == "<=" else ValueRanges(number, sympy.oo))
+
+
+def write_check(gm: torch.fx.GraphModule, guard: SpecializedGuard, binders: list, message: str) -> bool:
+    """Write ``_assert_scalar(<guard's condition as decided>, message)``
+    into ``gm`` just after the last of ``binders`` (the nodes binding its
+    unbacked symbols), the condition recomputed from them as torch's
+    runtime-assert pass recomputes one; False, the graph as it was, where it
+    cannot be (a binder gone, an expression torch cannot write as graph
+    ops: ``ToFloat``...)."""
+    from torch._export.passes._node_metadata_hook import _node_metadata_hook, _set_node_metadata_hook
+    from torch.utils._sympy.interp import sympy_interp
+    from torch.utils._sympy.reference import PythonReferenceAnalysis
+
+    graph = gm.graph
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    paths = {s: (n, tuple(path)) for n in binders if n in order
+             for s, path in (n.meta.get("unbacked_bindings") or {}).items()}
+    if not guard.assumed.free_symbols <= paths.keys():
+        return False
+    last = max((paths[s][0] for s in guard.assumed.free_symbols), key=order.__getitem__)
+    before, tracer = set(order), torch.fx.proxy.GraphAppendingTracer(graph)
+    try:
+        with graph.inserting_before(last.next), _set_node_metadata_hook(
+                gm, functools.partial(_node_metadata_hook, metadata={"stack_trace": last.meta.get("stack_trace")})):
+            env = {s: torch.fx.Proxy(graph._resolve_unbacked_binding(*paths[s], lower_symint=_not_written), tracer)
+                   for s in guard.assumed.free_symbols}
+            condition = sympy_interp(PythonReferenceAnalysis, env, guard.assumed)
+            if not isinstance(condition, torch.fx.Proxy):
+                raise TypeError(f"{guard.assumed} is not computed from the graph")
+            graph.call_function(ASSERT_SCALAR, (condition.node, message))
+    except Exception:  # noqa: BLE001 -- torch's interpreter fails in many ways on what it cannot write
+        for node in reversed([n for n in graph.nodes if n not in before]):
+            graph.erase_node(node)
+        return False
+    return True
+
+
+def _not_written(symint):
+    raise TypeError(f"a binding divided by {symint}")
 
 
 def unbacked_symbols_bound(node: torch.fx.Node) -> frozenset:

@@ -106,8 +106,28 @@ def _block_mark(state: TraceState, caller):
         state.block_ids[id(owner)] = len(state.block_ids)
         state.owners.append(owner)
     passed = (passed_mode(_torch.grad_mode_call_frame())
-              if isinstance(owner, torch.set_grad_enabled) and phase == "enter" else None)
+              if isinstance(owner, torch.set_grad_enabled) and phase == "enter" and not _entered_by_decorator()
+              else None)
     return (phase, state.block_ids[id(owner)], passed)
+
+
+_GRAD_MODE = torch.autograd.grad_mode.__file__
+
+
+def _entered_by_decorator() -> bool:
+    """Is the ``set_grad_enabled`` being entered the copy torch's decorator
+    makes of the decorating object for one call of the function it decorates
+    (``clone()``, called by torch)? Its mode is that object's, fixed where
+    the function was decorated: before the forward (a constant of the
+    program), or in it, where the block the decorating opened and closed
+    read it. Nothing the code at the call passes: not a user's switch."""
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename != _GRAD_MODE:
+        frame = frame.f_back
+    while frame is not None and frame.f_code.co_filename == _GRAD_MODE and frame.f_code.co_name != "clone":
+        frame = frame.f_back
+    return (frame is not None and frame.f_code.co_filename == _GRAD_MODE
+            and frame.f_back is not None and is_library_file(frame.f_back.f_code.co_filename))
 
 
 def _refuse_grad_on_inside_inference_mode(args) -> None:
