@@ -222,7 +222,23 @@ def write_check(gm: torch.fx.GraphModule, guard: SpecializedGuard, binders: list
         for node in reversed([n for n in graph.nodes if n not in before]):
             graph.erase_node(node)
         return False
+    _read_once(graph, [n for n in graph.nodes if n not in before])
     return True
+
+
+def _read_once(graph: torch.fx.Graph, made: list) -> None:
+    """Nodes after one of ``made`` that compute what it computes (a size
+    torch's pass reads again) read it instead: the graph a re-export makes,
+    which has each once."""
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    for node in made:
+        first = node.args[0] if node.args and isinstance(node.args[0], torch.fx.Node) else None
+        twins = [] if first is None else [
+            t for t in first.users if t is not node and t.target is node.target and t.args == node.args
+            and t.kwargs == node.kwargs and order[t] > order[node]]
+        for twin in twins:
+            twin.replace_all_uses_with(node)
+            graph.erase_node(twin)
 
 
 def _not_written(symint):
