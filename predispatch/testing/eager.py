@@ -7,7 +7,7 @@ inputs require grad unless ``inputs_require_grad=False``), backpropagates a
 loss over the floating outputs that require grad (under ``no_grad`` too: a
 history can outlive the forward's updates), and compares outputs, which
 require grad, gradients of inputs and parameters, buffers, parameters and
-inputs afterwards (and which require grad), torch's CPU generator afterwards (both runs start
+inputs afterwards (and which have a history), torch's CPU generator afterwards (both runs start
 from the same seed), and the grad mode the call leaves its caller in.
 
 With ``inputs_with_history=True`` the inputs are made as a caller's tensors
@@ -53,6 +53,8 @@ class Run:
     root_grads: list | None = None
     outputs_require_grad: list | None = None
     inputs_require_grad_after: list | None = None
+    # which inputs have a history leading to a leaf after the call (a write gave them one)
+    inputs_with_history_after: list | None = None
 
 
 def _wants_grad(requires_grad, i: int) -> bool:
@@ -229,7 +231,7 @@ def run_module(module, args, kwargs, *, grad_mode=True, inputs_require_grad=True
         storage_sharing=_storage_sharing(state),
         rng_state_after=rng_state_after,
         grad_mode_after=grad_mode_after,
-        inputs_require_grad_after=[x.requires_grad for x in leaves],
+        inputs_with_history_after=[_has_history(x) for x in leaves],
         **(_history_fields(roots, outputs, leaves) if roots is not None else {}),
     )
 
@@ -238,7 +240,8 @@ def _history_fields(roots, outputs, inputs) -> dict:
     """What ``inputs_with_history`` adds to a run: the roots' gradients, and
     which outputs and inputs require grad after the call."""
     return dict(root_grads=[None if r.grad is None else r.grad.clone() for r in roots],
-                outputs_require_grad=[isinstance(o, torch.Tensor) and o.requires_grad for o in outputs])
+                outputs_require_grad=[isinstance(o, torch.Tensor) and o.requires_grad for o in outputs],
+                inputs_require_grad_after=[x.requires_grad for x in inputs])
 
 
 def _storage_sharing(tensors: dict) -> list[list[str]]:
@@ -270,9 +273,9 @@ def assert_runs_match(eager: Run, exported: Run, *, rtol=None, atol=None, what="
         f"{eager.outputs_with_history}, program {exported.outputs_with_history}")
     for i, (a, b) in enumerate(zip(eager.input_grads, exported.input_grads)):
         close(a, b, f"gradient of input {i}")
-    assert eager.inputs_require_grad_after == exported.inputs_require_grad_after, (
-        f"{what}which inputs require grad after the call: eager {eager.inputs_require_grad_after}, "
-        f"program {exported.inputs_require_grad_after}")
+    assert eager.inputs_with_history_after == exported.inputs_with_history_after, (
+        f"{what}which inputs have a history leading to a leaf after the call: eager "
+        f"{eager.inputs_with_history_after}, program {exported.inputs_with_history_after}")
     if eager.root_grads is not None:
         _assert_histories_match(eager, exported, close, what)
     for field in ("param_grads", "params", "buffers"):
@@ -302,12 +305,15 @@ def assert_runs_match(eager: Run, exported: Run, *, rtol=None, atol=None, what="
 
 
 def _assert_histories_match(eager: Run, exported: Run, close, what: str) -> None:
-    """``inputs_with_history``: which outputs require grad after the call (a
-    view made under no_grad counts), and the gradients a loss over
+    """``inputs_with_history``: which outputs and inputs require grad after
+    the call (a view made under no_grad counts), and the gradients a loss over
     outputs and inputs sends to the leaves the inputs were made from."""
     assert eager.outputs_require_grad == exported.outputs_require_grad, (
         f"{what}which outputs require grad: eager {eager.outputs_require_grad}, "
         f"program {exported.outputs_require_grad}")
+    assert eager.inputs_require_grad_after == exported.inputs_require_grad_after, (
+        f"{what}which inputs require grad after the call: eager {eager.inputs_require_grad_after}, "
+        f"program {exported.inputs_require_grad_after}")
     for i, (a, b) in enumerate(zip(eager.root_grads, exported.root_grads)):
         close(a, b, f"gradient of leaf {i} the inputs were made from (a loss over the outputs and the "
                     "inputs after the call)")

@@ -37,7 +37,7 @@ from typing import Callable
 
 import torch
 
-from ...ir.records import Kind, TraceRecord
+from ...ir.records import Event, Kind, TraceRecord
 from . import keep, reads, refusals, views
 from .facts import Facts
 
@@ -63,23 +63,41 @@ def _refuse_what_no_program_reproduces(facts: Facts) -> None:
     notes = facts.notes
     for event in notes.saved_value_updates:
         refusals.refuse(refusals.ONCE_DONE, event, facts)
-    reshaped = _reshaped_covers(facts)
-    if reshaped:
-        for node in notes.nodes(facts.graph, Kind.INPUT_VIEW):
-            refusals.refuse(refusals.ONCE_DONE, notes.of(node, Kind.INPUT_VIEW), facts, reshaped)
+    relaid = _relaid_covers(facts)
+    if relaid:  # the caller's views of them: as the trace made them, and as given (returned as they are)
+        views = [notes.of(node, Kind.INPUT_VIEW) for node in notes.nodes(facts.graph, Kind.INPUT_VIEW)]
+        given = [Event(Kind.INPUT_VIEW, node) for node, cover in relaid.items() if node is not cover]
+        for event in views + given:
+            refusals.refuse(refusals.ONCE_DONE, event, facts, relaid)
 
 
-def _reshaped_covers(facts: Facts) -> set:
+def _relaid_covers(facts: Facts) -> dict:
     """The placeholders of user inputs other inputs view that the forward
-    gave another shape."""
+    gave another shape, or other memory (set_()), and of the inputs viewing
+    them -> the cover's placeholder."""
     placeholders = {n.name: n for n in facts.graph.nodes if n.op == "placeholder"}
-    reshaped = set()
-    for c in {v.of for v in facts.input_views.values()}:
-        size = facts.layouts.get(f"input:{c}", {}).get("size")
-        node = placeholders.get(facts.signature.user_inputs[c])
-        if size is not None and node is not None and tuple(size) != tuple(node.meta["val"].shape):
-            reshaped.add(node)
-    return reshaped
+    user = facts.signature.user_inputs if facts.input_views else []
+    relaid = {}
+    for j, view in facts.input_views.items():
+        layout = facts.layouts.get(f"input:{view.of}", {})
+        cover = placeholders.get(user[view.of])
+        if cover is not None and _relaid(layout, cover.meta["val"]):
+            relaid[cover] = cover
+            if (node := placeholders.get(user[j])) is not None and node is not cover:
+                relaid[node] = cover
+    return relaid
+
+
+def _relaid(layout: dict, val) -> bool:
+    """Does ``layout`` (a LayoutChange's) give the tensor ``val`` was another
+    shape, or other memory where it lies otherwise than it did (a view of it
+    then regenerates its history through another layout)?"""
+    if layout.get("size") is None:
+        return False
+    if tuple(layout["size"]) != tuple(val.shape):
+        return True
+    return layout.get("storage", "own") != "own" and (tuple(layout["stride"]), layout["offset"]) != (
+        tuple(val.stride()), val.storage_offset())
 
 
 STEPS = (

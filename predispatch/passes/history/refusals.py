@@ -192,8 +192,9 @@ def _kept_history_shown(kept, facts: Facts, origin, leaf_in_callers_mode: bool, 
 def _outputs_as_shown(new: torch.fx.Node, output: torch.fx.Node, old: torch.fx.Node, shown: set | None) -> bool:
     """Is ``new`` (or its kept value) an output a gradient can come from? Any
     output, where ``shown`` is None, unless an input's old value is returned
-    as it is (the caller's tensor)."""
-    if shown is None or old.op == "placeholder":
+    as it is (the caller's tensor); else one of ``shown`` (the user's outputs
+    but the input's write-back)."""
+    if shown is None:
         return old.op != "placeholder"
     return any(o in shown and (o is new or (is_keep(o) and o.args[1] is new))
                for o in output.args[0] if isinstance(o, torch.fx.Node))
@@ -232,19 +233,21 @@ def update_of_a_saved_value(e, facts: Facts, context=None) -> dict | None:
     return {"where": e.where} if made_saving or read_saving else None
 
 
-def views_of_a_reshaped_input(e, facts: Facts, reshaped: set) -> dict | None:
+def views_of_a_reshaped_input(e, facts: Facts, reshaped: dict) -> dict | None:
     """A user input viewed by another input (``f(y, y[1])``) and given another
-    shape (``reshaped``: their placeholders): eager's view regenerates its
-    history through the input's new layout, for a gradient of the input's new
-    shape, which the program's cannot. Given another shape in the caller's
-    mode only, not in a no_grad span: under a no_grad caller only, eager
-    refusing the in-place change of a leaf that requires grad in grad mode."""
+    shape or other memory: eager's view regenerates its history through the
+    input's new layout, which the program's cannot. (``reshaped``: such
+    inputs' placeholders, and those of
+    the inputs viewing them, -> the cover's.) Given another shape in the
+    caller's mode only, not in a no_grad span: under a no_grad caller only,
+    eager refusing the in-place change of a leaf that requires grad in grad
+    mode."""
     node = e.node
     root = chain(node, lambda n: n.target is KEEP_HISTORY or is_view(n))[-1]
     if not facts.alive(node) or root not in reshaped:
         return None
     written_under_no_grad = {w.old for w in facts.notes.writes if w.kind is not Kind.CALLERS_MODE_WRITE}
-    modes = None if root in written_under_no_grad else facts.under_a_no_grad_caller()
+    modes = None if reshaped[root] in written_under_no_grad else facts.under_a_no_grad_caller()
     if not differentiated(list(node.users), modes):
         return None
     return {"where": location(*node.users, node)}
@@ -269,7 +272,7 @@ REFUSALS = (
             "program cannot reproduce; set_ to a clone, or update a clone"),
     Refusal("a view of an input given another shape", frozenset({Kind.INPUT_VIEW}), ONCE_DONE,
             views_of_a_reshaped_input,
-            "a user input viewed by another input of the call (f(x, x[0])) is given another shape, and the "
-            "view is differentiated at {where}: eager regenerates the view's history through the new "
-            "layout, which a program cannot reproduce; pass distinct tensors, or change the shape of a copy"),
+            "a user input viewed by another input of the call (f(x, x[0])) is given another shape or other "
+            "memory (set_()), and the view is differentiated at {where}: eager regenerates the view's history "
+            "through the new layout, which a program cannot reproduce; pass distinct tensors, or change a copy"),
 )
