@@ -1,0 +1,77 @@
+"""``compile_training``: a program's forward and backward traced ahead of time (contract §3).
+
+It checks at run time that the backward runs under the autocast state it
+was traced for.
+
+    >>> train = compile_training(ep)
+    >>> out = train(x); out.sum().backward()
+    >>> train.forward_graph, train.backward_graph     # torch.fx.GraphModules
+
+The graphs are traced for the program's example inputs, in grad mode, under
+the autocast state ``compile_training`` runs under. A call that differs in
+what a trace depends on (input sizes, dtypes, strides, a dynamic non-tensor
+input's value, grad mode, the ambient autocast state, which inputs and
+parameters require grad, and which mutated inputs are leaves) gets graphs
+traced for it, kept in
+a small cache;
+a call ``ep.module()`` would refuse (a size outside the program's shapes, a
+non-tensor input other than the exported one) raises :class:`CallNotSupportedError`.
+
+The gradients are eager's, ``None`` included: a parameter or input that
+eager's autograd never reaches (behind an output left out of the loss, or
+only read and updated under no_grad) keeps ``.grad`` at ``None``, not zeros
+(see :func:`run_backward`).
+
+The backward is traced under the program's ``backward_pass_autocast``
+(AOTAutograd's ``backward_pass_autocast`` config): "same_as_forward" = the
+autocast state the forward ran under, "off", or a list of
+``torch.amp.autocast`` kwargs. Both graphs are run with autocast disabled:
+the casts they need are in the graphs already. Each time a backward runs
+under an ambient autocast state that differs from that assumption, the
+backward is traced again under the state found; if that gives another
+graph, the program's ``on_backward_autocast_mismatch`` says what to do.
+"""
+from __future__ import annotations
+
+from ..._torch import pytree
+from ...ir.assumptions import assumptions
+from ...ir.program_meta import program_meta
+from ...policies.autocast_policy import autocast_policy
+from .calls import CallKey, CallNotSupportedError, mutated_inputs
+from .compiled import CompiledTraining, Variant
+from .joint import for_autograd_tracing
+
+__all__ = ["CallNotSupportedError", "CompiledTraining", "compile_training"]
+
+
+def compile_training(ep) -> CompiledTraining:
+    """Trace ``ep``'s joint forward/backward ahead of time.
+
+        >>> ep = predispatch.export_predispatch(torch.nn.Linear(3, 1), (torch.randn(4, 3),))
+        >>> train = predispatch.compile_training(ep)
+        >>> train(torch.randn(4, 3)).sum().backward()
+        >>> train.weight.grad.shape
+        torch.Size([1, 3])
+        >>> [str(n.target) for n in train.forward_graph.graph.nodes if n.op == "call_function"]
+        ['aten.t.default', 'aten.addmm.default']
+
+    Returns a :class:`CompiledTraining`, a drop-in for the exported module;
+    its ``forward_graph`` and ``backward_graph`` are ``torch.fx.GraphModule``
+    s. The backward is traced under the program's ``backward_pass_autocast``
+    and checked at run time (:class:`BackwardAutocastMismatchError`); a call
+    of a new kind (sizes, dtypes, grad mode, ambient autocast) is traced
+    again. See the module's documentation and design/training.md.
+    """
+    policy = autocast_policy(ep)
+    if assumptions(ep):
+        raise ValueError(
+            "compile_training cannot take a program exported with data_dependent='specialize' "
+            f"({len(assumptions(ep))} data-dependent branch(es) assumed, e.g. at {assumptions(ep)[0].where}): "
+            "its ahead-of-time trace has no value to read them from; use ep.module()")
+    if ep.example_inputs is None:
+        raise ValueError("compile_training needs the program's example inputs (ep.example_inputs)")
+    module = for_autograd_tracing(ep.module())
+    leaves, in_spec = pytree.tree_flatten(ep.example_inputs)
+    mutated = mutated_inputs(ep)
+    first = Variant(module, in_spec, CallKey.of(leaves, mutated, True, module), policy)
+    return CompiledTraining(first, policy, mutated, program_meta(ep).get("grad_mode_after"))
