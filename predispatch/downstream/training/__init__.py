@@ -37,15 +37,16 @@ from ..._torch import pytree
 from ...ir.assumptions import assumptions
 from ...ir.program_meta import program_meta
 from ...policies.autocast_policy import autocast_policy
-from .calls import CallKey, CallNotSupportedError, mutated_inputs
-from .compiled import CompiledTraining, Variant
+from .backends import Backend, CompileError
+from .calls import CallKey, CallNotSupportedError, ProgramShapes, mutated_inputs
+from .compiled import CompiledTraining, Program
 from .joint import for_autograd_tracing
 
-__all__ = ["CallNotSupportedError", "CompiledTraining", "compile_training"]
+__all__ = ["CallNotSupportedError", "CompileError", "CompiledTraining", "compile_training"]
 
 
-def compile_training(ep) -> CompiledTraining:
-    """Trace ``ep``'s joint forward/backward ahead of time.
+def compile_training(ep, backend="eager", *, options: dict | None = None) -> CompiledTraining:
+    """Trace ``ep``'s joint forward/backward ahead of time, and compile it with ``backend``.
 
         >>> ep = predispatch.export_predispatch(torch.nn.Linear(3, 1), (torch.randn(4, 3),))
         >>> train = predispatch.compile_training(ep)
@@ -57,11 +58,23 @@ def compile_training(ep) -> CompiledTraining:
 
     Returns a :class:`CompiledTraining`, a drop-in for the exported module;
     its ``forward_graph`` and ``backward_graph`` are ``torch.fx.GraphModule``
-    s. The backward is traced under the program's ``backward_pass_autocast``
-    and checked at run time (:class:`BackwardAutocastMismatchError`); a call
-    of a new kind (sizes, dtypes, grad mode, ambient autocast) is traced
-    again. See the module's documentation and design/training.md.
+    s (aten ops, before a compiler lowers them). The backward is traced
+    under the program's ``backward_pass_autocast`` and checked at run time
+    (:class:`BackwardAutocastMismatchError`); a call of a new kind (dtypes,
+    grad mode, ambient autocast, a static size) is traced again, a size
+    inside the program's dynamic shapes is not.
+
+    ``backend``: ``"eager"`` (the graphs run op by op), ``"inductor"`` (as
+    ``torch.compile`` compiles a training step: inductor's decompositions,
+    min-cut partitioner and kernels), or a callable ``(gm, example_inputs)
+    -> callable``, as torch.compile takes, given the forward graph, then
+    the backward graph. ``options``: inductor's config, as
+    ``torch.compile(options=...)``; the random draws are eager's unless
+    ``options={"fallback_random": False}`` asks for inductor's own
+    generator (other draws, which it may reorder). A backend that fails
+    raises :class:`CompileError`. See design/training.md.
     """
+    backend = Backend.of(backend, options)
     policy = autocast_policy(ep)
     if assumptions(ep):
         raise ValueError(
@@ -70,8 +83,13 @@ def compile_training(ep) -> CompiledTraining:
             "its ahead-of-time trace has no value to read them from; use ep.module()")
     if ep.example_inputs is None:
         raise ValueError("compile_training needs the program's example inputs (ep.example_inputs)")
-    module = for_autograd_tracing(ep.module())
     leaves, in_spec = pytree.tree_flatten(ep.example_inputs)
-    mutated = mutated_inputs(ep)
-    first = Variant(module, in_spec, CallKey.of(leaves, mutated, True, module), policy)
-    return CompiledTraining(first, policy, mutated, program_meta(ep).get("grad_mode_after"))
+    shapes = ProgramShapes.of(ep)
+    if len(shapes.dims) != len(leaves):  # not one placeholder per input leaf: traced per size
+        shapes = ProgramShapes(tuple({} for _ in leaves), {})
+    program = Program(for_autograd_tracing(ep.module()), in_spec, policy, mutated_inputs(ep), shapes, backend)
+    train = CompiledTraining(program, program_meta(ep).get("grad_mode_after"))
+    args, kwargs = ep.example_inputs
+    key = CallKey.of(leaves, program.mutated, True, train._state)
+    train._calls[key] = train.variant(key, leaves, args, kwargs)
+    return train

@@ -61,13 +61,16 @@ def _describe(state: dict) -> str:
 @dataclasses.dataclass(frozen=True)
 class BackwardCheck:
     """What the backward assumes, which of its ops autocast would change, per
-    device, and (``code_under``) the backward's code when traced under a state."""
+    device, and (``code_under``) the backward's code when traced op by op
+    under a state (``None``: the assumed one). ``traced_code`` is that code
+    for the assumed state where the backend ran the graph traced so (None:
+    traced again when first needed, a compiler's graph is another)."""
 
     policy: AutocastPolicy
     assumed: dict
     sensitive_ops: dict  # device -> sorted names of backward ops with an autocast kernel there
-    traced_code: str = ""
-    code_under: Callable[[dict], str] | None = None
+    traced_code: str | None = ""
+    code_under: Callable[[dict | None], str] | None = None
     _verdicts: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
     def mismatch(self, found: dict) -> str | None:
@@ -91,7 +94,10 @@ class BackwardCheck:
             return True
         key = tuple(sorted(found.items()))
         if key not in self._verdicts:
-            self._verdicts[key] = self.code_under(found) != self.traced_code
+            if self.traced_code is None and None not in self._verdicts:
+                self._verdicts[None] = self.code_under(None)
+            traced = self._verdicts[None] if self.traced_code is None else self.traced_code
+            self._verdicts[key] = self.code_under(found) != traced
         return self._verdicts[key]
 
     def __call__(self) -> None:

@@ -1,6 +1,7 @@
 """The program as AOTAutograd traces it: its write-backs as the ops they run eagerly, flat inputs.
 
-:func:`trace` is the joint forward/backward trace of one kind of call.
+:func:`trace` is the joint forward/backward trace of one kind of call,
+compiled by a backend (``backends.py``).
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from ...program.program import leave_caller_in_grad_mode
 from ...program.write_backs import read_before_mutation, write_back_under_no_grad, write_back_with_grad
 from .autocast import as_autocast_kwargs, autocast_entered
 from .calls import CallKey
-from .runners import run_backward, run_without_autocast, without_dead_random_ops
+from .backends import Backend
 
 
 def _write_back_for_autograd(target: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
@@ -44,8 +45,26 @@ def for_autograd_tracing(unlifted: torch.fx.GraphModule) -> torch.fx.GraphModule
             node.target = _FOR_AUTOGRAD[node.target]
         elif node.op == "call_function" and node.target is leave_caller_in_grad_mode:
             unlifted.graph.erase_node(node)  # the mode left to the caller: set after the compiled call
+    for gm in unlifted.modules():  # the program's graph and its regions' subgraphs
+        if isinstance(gm, torch.fx.GraphModule):
+            _drop_dtype_guards(gm)
     unlifted.recompile()
     return unlifted
+
+
+_DTYPE_GUARD = torch.ops.aten._assert_tensor_metadata.default
+
+
+def _drop_dtype_guards(gm: torch.fx.GraphModule) -> None:
+    """torch.export's guard before each ``.to()`` goes: each kind of call is
+    traced for its dtypes, so it cannot fail, and it costs the step much: an
+    op with side effects, AOTAutograd's partitioner copies it into the
+    backward with what computes its input (for a language model's head, the
+    whole vocabulary projection, computed a second time)."""
+    for node in list(gm.graph.nodes):
+        if node.op == "call_function" and node.target is _DTYPE_GUARD:
+            gm.graph.erase_node(node)
+    gm.recompile()
 
 
 class FlatModule(torch.nn.Module):
@@ -67,23 +86,14 @@ class FlatModule(torch.nn.Module):
         return tuple(out_leaves)
 
 
-def trace(flat: FlatModule, key: CallKey, backward_autocast):
-    """AOTAutograd's joint trace of ``flat`` for calls like ``key``, under its
-    grad mode and autocast state.
+def trace(flat: FlatModule, key: CallKey, examples: list, backward_autocast, backend: Backend):
+    """The joint forward/backward trace of ``flat`` for calls like ``key``
+    (on ``examples``, its inputs), under its grad mode and autocast state,
+    compiled by ``backend``.
     Returns (compiled function, forward graph, backward graph or None)."""
     graphs: dict = {}
-
-    def fw_compiler(gm, _inputs):
-        graphs["forward"] = gm
-        return run_without_autocast(gm)
-
-    def bw_compiler(gm, _inputs):
-        graphs["backward"] = gm = without_dead_random_ops(gm)
-        return run_backward(gm)
-
     bwd = backward_autocast if isinstance(backward_autocast, str) else list(backward_autocast)
     with (_torch.backward_pass_autocast(bwd), _torch.no_donated_buffers(),
           autocast_entered(as_autocast_kwargs(dict(key.autocast))), torch.set_grad_enabled(key.grad_enabled)):
-        compiled = _torch.aot_module_simplified(flat, key.examples(), fw_compiler=fw_compiler,
-                                                bw_compiler=bw_compiler)
+        compiled = backend.compile(flat, examples, graphs)
     return compiled, graphs["forward"], graphs.get("backward")

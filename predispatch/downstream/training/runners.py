@@ -13,10 +13,12 @@ from ... import _torch
 from ...ir import generator_ops
 
 
-def run_without_autocast(gm: torch.fx.GraphModule):
+def run_forward(compiled):
+    """The compiled forward (a function of one list of inputs), run with
+    autocast's dispatch keys skipped: its casts are in the graph."""
     def run(args):  # AOTAutograd's boxed calling convention
-        with _torch.disable_autocast():
-            return gm(*args)
+        with _torch.autocast_skipped():
+            return compiled(args)
 
     return _torch.boxed(run)
 
@@ -37,13 +39,27 @@ def _tangents_needed(gm: torch.fx.GraphModule) -> list[frozenset]:
     return [needs[o] if isinstance(o, torch.fx.Node) else frozenset() for o in outputs]
 
 
-def _zeros_as_traced(tangent: torch.fx.Node) -> torch.Tensor:
-    val = tangent.meta["val"]  # the graphs are traced for static shapes
-    return torch.empty_strided(val.shape, val.stride(), dtype=val.dtype, device=val.device).zero_()
+class _Zeros:
+    """Zeros for the tangents of a backward graph, laid out as it was traced
+    for them; with symbolic sizes, as the sizes of this call bind them."""
+
+    def __init__(self, gm: torch.fx.GraphModule):
+        self.values = [n.meta.get("val") for n in _placeholders(gm)]
+        self.symbolic = any(_torch.is_symbolic(v) for v in self.values)
+
+    def __call__(self, i: int, args: list) -> torch.Tensor:
+        val = self.values[i]
+        shape, stride = val.shape, val.stride()
+        if self.symbolic:
+            bound = _torch.size_bindings(self.values, args)
+            shape = [_torch.concrete(n, bound) for n in shape]
+            stride = [_torch.concrete(n, bound) for n in stride]
+        return torch.empty_strided(shape, stride, dtype=val.dtype, device=val.device).zero_()
 
 
-def run_backward(gm: torch.fx.GraphModule):
-    """The backward graph, giving the gradients eager's autograd gives.
+def run_backward(gm: torch.fx.GraphModule, compiled):
+    """The backward graph ``gm`` (``compiled``: it compiled, a function of one
+    list of inputs), giving the gradients eager's autograd gives.
 
     Autograd calls the compiled backward with ``None`` for an output that got
     no gradient (:func:`_torch.pass_absent_gradients`, set on each call's
@@ -53,15 +69,15 @@ def run_backward(gm: torch.fx.GraphModule):
     ``None``, since eager's autograd never reaches that parameter or input
     (left zeros, an optimizer would update a parameter eager's skips). A
     gradient that needs no tangent at all is left as computed."""
-    tangents = {i: n for i, n in enumerate(_placeholders(gm)) if _torch.is_tangent(n)}
-    needs = _tangents_needed(gm)
+    tangents = [i for i, n in enumerate(_placeholders(gm)) if _torch.is_tangent(n)]
+    needs, zeros = _tangents_needed(gm), _Zeros(gm)
 
     def run(args):  # AOTAutograd's boxed calling convention
         absent = {i for i in tangents if args[i] is None}
         for i in absent:
-            args[i] = _zeros_as_traced(tangents[i])
-        with _torch.disable_autocast():
-            grads = gm(*args)
+            args[i] = zeros(i, args)
+        with _torch.autocast_skipped():
+            grads = compiled(args)
         if not absent:
             return grads
         return type(grads)(None if need and need <= absent else g for g, need in zip(grads, needs))
