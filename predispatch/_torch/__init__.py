@@ -93,7 +93,6 @@ from .runtime import (  # noqa: E402,F401
     op_entry_point,
     reorder_child_modules,
     share_module_state,
-    state_tables,
     torch_function_mode_enabled,
     TORCH_REGION_CALLS,
     wrap_with_autocast,

@@ -13,13 +13,25 @@ does not pay its import.
 from __future__ import annotations
 
 import contextlib
+import functools
+import operator
+import re
 
 import torch
+import torch.fx
 
 
-def compile_training_step(module: torch.nn.Module, example_inputs: list, inner_compile, options: dict):
+def compile_training_step(module: torch.nn.Module, example_inputs: list, num_outputs: int, inner_compile,
+                          options: dict, merge_equal_calls: bool = True):
     """``compile_fx(module, example_inputs, inner_compile=...)`` under inductor's
     config ``options``: the compiled function, taking the flat inputs.
+    ``module`` returns a tuple of ``num_outputs`` values; ``compile_fx``
+    takes it as a graph module calling it (it counts the outputs of the
+    graph it gets, where a forward's outputs begin among the partitioned
+    forward's, to give them eager's strides). ``merge_equal_calls=False``:
+    AOTAutograd's common-subexpression elimination off, which merges two
+    equal calls of an op torch does not know changes with time (two reads
+    of a generator's state, with a draw between them).
 
     AOTAutograd's own cache is off meanwhile: a hit returns the compiled
     function of an earlier process without calling ``inner_compile`` (whose
@@ -27,8 +39,20 @@ def compile_training_step(module: torch.nn.Module, example_inputs: list, inner_c
     ``compile_fx_inner``, still spares a second process the kernels' compile."""
     from torch._inductor.compile_fx import compile_fx
 
-    with torch._functorch.config.patch(enable_autograd_cache=False), inductor_config(options):
-        return compile_fx(module, example_inputs, inner_compile=inner_compile)
+    with torch._functorch.config.patch(enable_autograd_cache=False, cse=merge_equal_calls), inductor_config(options):
+        return compile_fx(_graph_calling(module, len(example_inputs), num_outputs), example_inputs,
+                          inner_compile=inner_compile)
+
+
+def _graph_calling(module: torch.nn.Module, num_inputs: int, num_outputs: int) -> torch.fx.GraphModule:
+    """A graph module calling ``module`` (its submodule ``program``) on its inputs."""
+    root = torch.nn.Module()
+    root.add_module("program", module)
+    graph = torch.fx.Graph()
+    inputs = [graph.placeholder(f"input_{i}") for i in range(num_inputs)]
+    call = graph.call_module("program", tuple(inputs))
+    graph.output(tuple(graph.call_function(operator.getitem, (call, i)) for i in range(num_outputs)))
+    return torch.fx.GraphModule(root, graph)
 
 
 def compile_graph(gm: torch.fx.GraphModule, example_inputs, **kwargs):
@@ -58,3 +82,89 @@ def inductor_option_names() -> list[str]:
     from torch._inductor import config
 
     return sorted(config.get_config_copy())
+
+
+def saved_inputs_copied(forward: torch.fx.GraphModule) -> None:
+    """The partitioned ``forward`` saves a copy of each input it mutates and
+    the backward reads, not the input itself.
+
+    Inductor's joint-graph pass ``remove_noop_ops`` drops the functional
+    trace's ``clone`` of such an input: the forward then saves the input
+    itself, which the compiled function's epilogue writes in place (or the
+    graph does), so the backward reads the new value, or autograd refuses
+    the changed version (torch.compile has this on a module doing
+    ``x.mul_(w)``). AOTAutograd's record of the trace says which inputs are
+    mutated and where the saved values begin among the forward's outputs."""
+    context = torch._guards.TracingContext.try_get()
+    meta = context.fw_metadata if context is not None else None
+    if meta is None:
+        return
+    placeholders = [n for n in forward.graph.nodes if n.op == "placeholder"]
+    mutated = {placeholders[i] for i, info in enumerate(meta.input_info)
+               if i < len(placeholders) and (info.mutates_data or info.mutates_metadata)}
+    output = forward.graph.output_node()
+    outputs = list(output.args[0])
+    for i in range(meta.num_forward_returns, len(outputs)):
+        if outputs[i] in mutated:
+            with forward.graph.inserting_before(output):
+                copy = forward.graph.call_function(torch.ops.aten.clone.default, (outputs[i],))
+            val = outputs[i].meta["val"]
+            with val.fake_mode:
+                copy.meta["val"] = val.clone()  # storage of its own: not a no-op to remove again
+            outputs[i] = copy
+    output.args = (tuple(outputs),)
+    forward.recompile()
+
+
+def draws_in_order(reads: frozenset = frozenset()):
+    """Inductor's ``_post_fusion_custom_pass`` that keeps the draws in the
+    graph's order: each kernel of an op that draws or sets a generator
+    (tagged ``nondeterministic_seeded``) or reads one (``reads``) runs after
+    the one before it in the graph. Inductor's scheduler orders kernels by
+    their data alone, and a fused kernel placed where its first node was
+    pulls the draws it reads ahead of others (a mask computed early and
+    used late, a draw under a seeded state moved before the seeding).
+    A module-level function's partial: the FX graph cache's key pickles it."""
+    return functools.partial(_draws_in_order, reads=reads)
+
+
+def _draws_in_order(nodes: list, reads: frozenset) -> list:
+    draws = [n for n in nodes if _draws(n, reads)]
+    if len(draws) < 2:
+        return nodes
+    draws.sort(key=_lowered_position)
+    after = dict(zip(draws[1:], draws[:-1]))  # each draw's predecessor in the graph
+    by_buffer = {name: n for n in nodes for name in n.get_buffer_names()}
+    seen, result = set(), []
+
+    def visit(node):  # the scheduler's own topological sort, with the draws' order added
+        stack = [(node, False)]
+        while stack:
+            n, ready = stack.pop()
+            if ready:
+                result.append(n)
+                continue
+            if n in seen:
+                continue
+            seen.add(n)
+            stack.append((n, True))
+            before = [by_buffer[d.name] for d in sorted(n.unmet_dependencies, key=lambda d: d.name)
+                      if d.name in by_buffer]
+            if n in after:
+                before.append(after[n])
+            stack.extend((b, False) for b in reversed(before) if b not in seen)
+
+    for n in nodes:
+        visit(n)
+    return result
+
+
+def _draws(node, reads: frozenset) -> bool:
+    op = getattr(getattr(node, "node", None), "op_overload", None)
+    return isinstance(op, torch._ops.OpOverload) and (torch.Tag.nondeterministic_seeded in op.tags or op in reads)
+
+
+def _lowered_position(node) -> int:
+    """Where a kernel's operation was lowered, in the graph's order (its name, ``op<N>``)."""
+    match = re.fullmatch(r"op(\d+)", node.get_name())
+    return int(match.group(1)) if match else -1

@@ -157,11 +157,3 @@ def as_boxed(fn):
     if getattr(fn, "_boxed_call", False):
         return fn
     return lambda args: fn(*args)
-
-
-def state_tables(module: torch.nn.Module) -> list[dict]:
-    """The tables holding ``module``'s parameters and buffers, each
-    submodule's (shared submodules once), in ``modules()`` order: read per
-    call, they show a tensor replaced (``load_state_dict(assign=True)``)
-    without walking the module tree again."""
-    return [table for m in module.modules() for table in (m._parameters, m._buffers)]

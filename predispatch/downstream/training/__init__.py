@@ -40,7 +40,7 @@ from ...policies.autocast_policy import autocast_policy
 from .backends import Backend, CompileError
 from .calls import CallKey, CallNotSupportedError, ProgramShapes, mutated_inputs
 from .compiled import CompiledTraining, Program
-from .joint import for_autograd_tracing
+from .joint import for_autograd_tracing, reads_generators
 
 __all__ = ["CallNotSupportedError", "CompileError", "CompiledTraining", "compile_training"]
 
@@ -87,7 +87,9 @@ def compile_training(ep, backend="eager", *, options: dict | None = None) -> Com
     shapes = ProgramShapes.of(ep)
     if len(shapes.dims) != len(leaves):  # not one placeholder per input leaf: traced per size
         shapes = ProgramShapes(tuple({} for _ in leaves), {})
-    program = Program(for_autograd_tracing(ep.module()), in_spec, policy, mutated_inputs(ep), shapes, backend)
+    module = for_autograd_tracing(ep.module())
+    program = Program(module, in_spec, len(ep.graph_signature.user_outputs), policy, mutated_inputs(ep), shapes,
+                      backend, reads_generators(module))
     train = CompiledTraining(program, program_meta(ep).get("grad_mode_after"))
     args, kwargs = ep.example_inputs
     key = CallKey.of(leaves, program.mutated, True, train._state)

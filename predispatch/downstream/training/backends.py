@@ -21,13 +21,17 @@ Every backend's graphs run with autocast's dispatch keys skipped, the
 backward with eager's ``None`` gradients (``runners.py``), and the
 backward draws no random numbers of its own. Random draws are eager's: for
 inductor, ``fallback_random`` (aten's random ops, not inductor's own
-generator) and no ``reorder_for_peak_memory`` (independent draws keep their
-order); ``options={"fallback_random": False}`` asks for inductor's own.
+generator), no ``reorder_for_peak_memory``, and a scheduler pass that runs
+the kernels of draws and generator ops in the graph's order (inductor's
+scheduler orders kernels by their data alone: a fused kernel can pull a
+draw ahead of another, or ahead of the seeding it was made under);
+``options={"fallback_random": False}`` asks for inductor's own.
 """
 from __future__ import annotations
 
 import copy
 import dataclasses
+import traceback
 from collections.abc import Callable
 
 import torch
@@ -35,6 +39,7 @@ import torch.fx
 
 from ... import _torch
 from ...errors import BackwardAutocastMismatchError, ExportError
+from ...ir import generator_ops
 from .calls import CallNotSupportedError
 from .runners import run_backward, run_forward, without_dead_random_ops
 
@@ -83,21 +88,51 @@ class Backend:
             return cls(backend)
         return cls(backend, None, tuple(sorted({**EAGER_DRAWS, **_inductor_options(options)}.items())))
 
-    def compile(self, flat: torch.nn.Module, examples: list, graphs: dict):
+    def _inductor_config(self) -> dict:
+        return _draws_kept_in_order(dict(self.options))
+
+    def compile(self, flat: torch.nn.Module, examples: list, num_outputs: int, graphs: dict,
+                reads_generators: bool = False):
         """The compiled function of the program ``flat`` (a module of flat
-        tensor inputs) traced on ``examples``; ``graphs`` gets its "forward"
-        and "backward" graphs (aten ops, before a backend's lowering)."""
+        tensor inputs, returning a tuple of ``num_outputs``) traced on
+        ``examples``; ``graphs`` gets its "forward" and "backward" graphs (aten
+        ops, before a backend's lowering). ``reads_generators``: the program
+        reads a generator's state (``generator_ops``), and two equal reads
+        are not to be merged."""
         try:
             if self.name == "inductor":
-                return _torch.inductor.compile_training_step(flat, examples, _inductor_hook(graphs),
-                                                             dict(self.options))
+                return _torch.inductor.compile_training_step(flat, examples, num_outputs, _inductor_hook(graphs),
+                                                             self._inductor_config(), not reads_generators)
             return _aot_compile(flat, examples, graphs, self.compiler)
         except (ExportError, CallNotSupportedError, BackwardAutocastMismatchError):
             raise
         except Exception as e:  # a backend's error, from deep inside torch: said once, plainly
-            first_line = (str(e).strip().splitlines() or [""])[0]
             raise CompileError(f"compile_training(backend={self.name}) could not compile the program: "
-                               f"{type(e).__name__}: {first_line}") from None
+                               f"{_first_line(e)}") from None
+
+
+def _first_line(e: Exception) -> str:
+    """The error's type and first line, or where it was raised if it says nothing."""
+    lines = str(e).strip().splitlines()
+    if lines:
+        return f"{type(e).__name__}: {lines[0]}"
+    frame = traceback.extract_tb(e.__traceback__)[-1]
+    return f"{type(e).__name__} at {frame.filename}:{frame.lineno} ({frame.line})"
+
+
+def _draws_kept_in_order(options: dict) -> dict:
+    """Eager's draws (``fallback_random``): inductor's kernels of draws and
+    generator ops run in the graph's order, after any fusion pass of the
+    user's own."""
+    if not options.get("fallback_random"):
+        return options
+    ordered = _torch.inductor.draws_in_order(frozenset(generator_ops.READS))
+    users = options.get("_post_fusion_custom_pass")
+    return {**options, "_post_fusion_custom_pass": ordered if users is None else _chained(users, ordered)}
+
+
+def _chained(first, then):
+    return lambda nodes: then(first(nodes))
 
 
 def _check_no_options(name: str, options) -> None:
@@ -156,6 +191,7 @@ def _inductor_hook(graphs: dict):
             gm = without_dead_random_ops(gm)
             graphs["backward"] = recorded = _graph_copy(gm)
             return run_backward(recorded, _torch.inductor.compile_graph(gm, example_inputs, **kwargs))
+        _torch.inductor.saved_inputs_copied(gm)
         graphs["forward"] = _graph_copy(gm)
         return run_forward(_torch.inductor.compile_graph(gm, example_inputs, **kwargs))
 

@@ -151,7 +151,9 @@ class LiftedState:
     which require grad; read per call from the tables that hold them."""
 
     def __init__(self, module: torch.nn.Module):
-        self.tables = _torch.state_tables(module)
+        # each submodule's (shared ones once), in modules() order: read per call,
+        # they show a tensor replaced without walking the module tree again
+        self.tables = [table for m in module.modules() for table in _torch.state_tables(m)]
 
     def read(self) -> tuple[tuple, tuple]:
         """(the tensors and their metadata, which require grad)."""

@@ -21,16 +21,18 @@ OP_BY_OP = Backend("eager")
 @dataclasses.dataclass(frozen=True)
 class Program:
     """What every trace of the program shares: ``ep.module()`` as traced
-    (``joint.for_autograd_tracing``), its input structure, autocast policy,
-    mutated inputs, dynamic shapes, and the backend compiling its graphs."""
+    (``joint.for_autograd_tracing``), its input structure and number of
+    outputs, autocast policy, mutated inputs, dynamic shapes, the backend
+    compiling its graphs, and whether it reads a generator's state."""
 
     module: torch.nn.Module
     in_spec: object
+    num_outputs: int
     policy: AutocastPolicy
     mutated: frozenset
     shapes: ProgramShapes
     backend: Backend
-
+    reads_generators: bool = False  # joint.reads_generators
 
 class Variant:
     """The program traced for one kind of call (a :class:`CallKey`), on
@@ -41,11 +43,11 @@ class Variant:
     def __init__(self, program: Program, key: CallKey, tensors: list):
         self._program, self.key = program, key
         self.hints = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta") for t in tensors]
-        self.flat = FlatModule(program.module, program.in_spec, key.constants())
+        self.flat = FlatModule(program.module, program.in_spec, key.constants(), program.num_outputs)
         examples = key.examples(self.hints, program.shapes)
         policy = program.policy
         self.compiled, self.forward_graph, self.backward_graph = trace(
-            self.flat, key, examples, policy.backward_pass_autocast, program.backend)
+            self.flat, key, examples, policy.backward_pass_autocast, program.backend, program.reads_generators)
         self.guards, self.specialized = None, False
         if key.symbolic:
             try:
