@@ -200,24 +200,35 @@ def cpu_seconds() -> float:
 # Measuring
 
 
-def steady_steps(kind: str, dtype: str, steps: int) -> dict:
-    """Median CPU seconds per step of each way, interleaved in this process."""
+def steady_steps(kind: str, dtype: str, steps: int) -> tuple[dict, dict]:
+    """Median CPU seconds per step of each way, interleaved in this process;
+    and the error of each way that could not train."""
     model, inputs = build(kind)
-    trainers = {}
+    trainers, errors = {}, {}
     for way in WAYS:
-        trainers[way] = Trainer(way, copy.deepcopy(model), inputs, dtype)
-        for _ in range(2):
-            trainers[way].step()
-    times = {way: [] for way in WAYS}
+        try:
+            trainers[way] = Trainer(way, copy.deepcopy(model), inputs, dtype)
+            for _ in range(2):
+                trainers[way].step()
+        except Exception as e:  # reported; the other ways are still measured
+            trainers.pop(way, None)
+            errors[way] = summarize(e)
+    ways = list(trainers)
+    times = {way: [] for way in ways}
     for i in range(steps):
-        for way in WAYS[i % len(WAYS):] + WAYS[:i % len(WAYS)]:
+        for way in ways[i % len(ways):] + ways[:i % len(ways)]:
             gc.collect()
             gc.disable()
             start = time.process_time()
             trainers[way].step()
             times[way].append(time.process_time() - start)
             gc.enable()
-    return {way: statistics.median(t) for way, t in times.items()}
+    return {way: statistics.median(t) for way, t in times.items()}, errors
+
+
+def summarize(e: BaseException) -> str:
+    first = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {first[0][:200] if first else ''}"
 
 
 def _status_kib(field: str) -> int:
@@ -271,10 +282,7 @@ def first_step_in_subprocess(kind: str, dtype: str, way: str, timeout: float = 1
 
 def measure(kind: str, dtype: str, opts) -> dict:
     result = {"model": kind, "dtype": dtype}
-    try:
-        result["step_s"] = steady_steps(kind, dtype, opts.steps)
-    except Exception as e:  # a way that fails is reported, the others still measured
-        result["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+    result["step_s"], result["errors"] = steady_steps(kind, dtype, opts.steps)
     if not opts.no_first_step:
         result["first"] = {way: first_step_in_subprocess(kind, dtype, way) for way in WAYS}
     print_result(result, flush=True)
@@ -334,14 +342,18 @@ def targets(results: list[dict]) -> list[str]:
 def print_result(r: dict, flush=False) -> None:
     step = r.get("step_s", {})
     parts = [f"{w} {step[w] * 1e3:.0f} ms" for w in WAYS if w in step]
-    print(f"{r['model']} {r['dtype']}: " + ", ".join(parts) + (f"  ERROR {r['error']}" if "error" in r else ""),
-          flush=flush)
+    print(f"{r['model']} {r['dtype']}: " + ", ".join(parts), flush=flush)
+    for way, error in r.get("errors", {}).items():
+        print(f"    {way} cannot train: {error}", flush=flush)
     for way, f in r.get("first", {}).items():
         print(f"    first step {way}: {f}", flush=flush)
 
 
 def report(results: list[dict]) -> None:
     print("\n" + table(results) + "\n")
+    for r in results:
+        for way, error in r.get("errors", {}).items():
+            print(f"{r['model']} {r['dtype']}: {way} cannot train: {error}")
     for line in targets(results):
         print(line)
 
@@ -381,7 +393,7 @@ def main(argv=None) -> None:
         try:
             out = first_step(kind, dtype, way)
         except Exception as e:
-            out = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"}
+            out = {"error": summarize(e)}
         print(CHILD_TAG + json.dumps(out), flush=True)
         return
     if opts.from_json:

@@ -3,24 +3,27 @@
 It checks at run time that the backward runs under the autocast state it
 was traced for.
 
-    >>> train = compile_training(ep)
+    >>> train = compile_training(ep)                       # or backend="inductor", or a callable
     >>> out = train(x); out.sum().backward()
     >>> train.forward_graph, train.backward_graph     # torch.fx.GraphModules
 
 The graphs are traced for the program's example inputs, in grad mode, under
-the autocast state ``compile_training`` runs under. A call that differs in
-what a trace depends on (input sizes, dtypes, strides, a dynamic non-tensor
-input's value, grad mode, the ambient autocast state, which inputs and
-parameters require grad, and which mutated inputs are leaves) gets graphs
-traced for it, kept in
-a small cache;
+the autocast state ``compile_training`` runs under, and compiled by the
+backend (``backends.py``): "eager" runs them op by op, "inductor" as
+torch.compile compiles a training step, a callable as torch.compile calls
+one. The program's dynamic sizes stay symbolic: one trace serves every size
+its ranges allow (``calls.py``), the guards the trace added checked per new
+size. A call that differs in another thing a trace depends on (a static
+size, dtypes, strides, a dynamic non-tensor input's value, grad mode, the
+ambient autocast state, which inputs and parameters require grad, and which
+mutated inputs are leaves) gets graphs traced for it, kept in a small cache;
 a call ``ep.module()`` would refuse (a size outside the program's shapes, a
 non-tensor input other than the exported one) raises :class:`CallNotSupportedError`.
 
 The gradients are eager's, ``None`` included: a parameter or input that
 eager's autograd never reaches (behind an output left out of the loss, or
 only read and updated under no_grad) keeps ``.grad`` at ``None``, not zeros
-(see :func:`run_backward`).
+(``runners.run_backward``). The random draws are eager's, with every backend.
 
 The backward is traced under the program's ``backward_pass_autocast``
 (AOTAutograd's ``backward_pass_autocast`` config): "same_as_forward" = the
@@ -28,8 +31,8 @@ autocast state the forward ran under, "off", or a list of
 ``torch.amp.autocast`` kwargs. Both graphs are run with autocast disabled:
 the casts they need are in the graphs already. Each time a backward runs
 under an ambient autocast state that differs from that assumption, the
-backward is traced again under the state found; if that gives another
-graph, the program's ``on_backward_autocast_mismatch`` says what to do.
+backward is traced again (op by op) under the state found; if that gives
+another graph, the program's ``on_backward_autocast_mismatch`` says what to do.
 """
 from __future__ import annotations
 
