@@ -124,8 +124,29 @@ def draws_in_order(reads: frozenset = frozenset()):
     their data alone, and a fused kernel placed where its first node was
     pulls the draws it reads ahead of others (a mask computed early and
     used late, a draw under a seeded state moved before the seeding).
-    A module-level function's partial: the FX graph cache's key pickles it."""
-    return functools.partial(_draws_in_order, reads=reads)
+    A ``CustomSchedulerPass``, whose ``uuid`` the FX graph cache keys on
+    (it pickles the pass too: the ops are held by name)."""
+    return _scheduler_pass_class()(frozenset(map(str, reads)))
+
+
+@functools.cache
+def _scheduler_pass_class():
+    from torch._inductor.custom_graph_pass import CustomSchedulerPass, get_hash_for_files
+
+    class DrawsInOrder(CustomSchedulerPass):
+        def __init__(self, reads: frozenset):
+            self.reads = reads
+
+        def __call__(self, nodes: list) -> list:
+            return _draws_in_order(nodes, self.reads)
+
+        def uuid(self):
+            return get_hash_for_files((__file__,)), tuple(sorted(self.reads))
+
+        def __reduce__(self):  # the cache key pickles inductor's config
+            return draws_in_order, (self.reads,)
+
+    return DrawsInOrder
 
 
 def _draws_in_order(nodes: list, reads: frozenset) -> list:
@@ -161,7 +182,8 @@ def _draws_in_order(nodes: list, reads: frozenset) -> list:
 
 def _draws(node, reads: frozenset) -> bool:
     op = getattr(getattr(node, "node", None), "op_overload", None)
-    return isinstance(op, torch._ops.OpOverload) and (torch.Tag.nondeterministic_seeded in op.tags or op in reads)
+    return isinstance(op, torch._ops.OpOverload) and (torch.Tag.nondeterministic_seeded in op.tags
+                                                      or str(op) in reads)
 
 
 def _lowered_position(node) -> int:

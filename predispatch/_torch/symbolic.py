@@ -34,8 +34,9 @@ def symbolic_examples(examples: list, dims: list[dict], ranges: dict) -> list:
     """Fake tensors like ``examples`` (real tensors, for hints, requires_grad
     and leafness) in a fresh shape environment, where dimension ``d`` of
     example ``i`` is the symbol ``dims[i][d]`` names (one symbol per name, its
-    range ``ranges[name]``); the other dimensions are static. The examples
-    with a symbolic dimension must be contiguous."""
+    range ``ranges[name]``); the other dimensions are static (all of them,
+    where ``dims`` names none). The examples with a symbolic dimension must
+    be contiguous."""
     shape_env = ShapeEnv(duck_shape=False)
     mode = FakeTensorMode(shape_env=shape_env, allow_non_fake_inputs=True)
     symbols = {}

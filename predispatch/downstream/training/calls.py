@@ -126,13 +126,12 @@ class CallKey:
         return {i: x.value for i, x in enumerate(self.inputs) if isinstance(x, ConstantInput)}
 
     def examples(self, hints: list, shapes: ProgramShapes) -> list:
-        """The trace's inputs, one per tensor input: real tensors like the
-        ``hints`` (a call's tensors), or fake ones with the program's
-        symbolic sizes where this key leaves them out."""
+        """The trace's inputs, one per tensor input: fake tensors like the
+        ``hints`` (a call's tensors), with the program's symbolic sizes where
+        this key leaves them out, in a shape environment of their own (which
+        inductor's FX graph cache needs, static sizes or not)."""
         tensors = [(x, dims) for x, dims in zip(self.inputs, shapes.dims) if isinstance(x, TensorInput)]
         examples = [x.example(hint) for (x, _), hint in zip(tensors, hints)]
-        if not self.symbolic:
-            return examples
         dims = [d if x.stride is None else {} for x, d in tensors]
         return _torch.symbolic_examples(examples, dims, shapes.ranges)
 
