@@ -14,7 +14,8 @@ hidden 256, 4 layers, 4 heads, train mode (BERT's and GPT-2's dropout 0.1),
 256, 4 blocks) and a ResNet (basic blocks 1-1-1-1, BatchNorm updating its
 statistics), a batch of 8 with labels. Each in fp32 and under
 ``torch.autocast("cpu", torch.bfloat16)`` (the forward under it, the
-backward outside, as one trains with it).
+backward outside, as one trains with it: the programs are exported with
+``backward_pass_autocast="off"``, the state their backward runs in).
 
 How it measures (one thread):
 
@@ -24,7 +25,9 @@ How it measures (one thread):
   its order rotating each round, ``gc.collect()`` between steps and the
   collector off during them; the median of each way's CPU time
   (``time.process_time``); the table gives eager's in ms and the others
-  over eager's, ratios of one run side by side;
+  over eager's, ratios of one run side by side; a sixth way, inductor with
+  its own random generator (``options={"fallback_random": False}``), shows
+  what eager's draws cost it;
 * the first step (``--no-first-step`` skips it): in a fresh process per
   way, with inductor's caches in a fresh directory and its compiles in
   process (``TORCHINDUCTOR_COMPILE_THREADS=1``): the CPU time, this
@@ -64,6 +67,8 @@ import predispatch  # noqa: E402
 
 WAYS = ("eager", "torch.compile(model)", "torch.compile(ep.module())", "compile_training(ep)",
         "compile_training(ep, inductor)")
+# steady steps only: inductor with its own random generator, what eager's draws cost it
+OWN_DRAWS = "compile_training(ep, inductor, its draws)"
 MODELS = ("bert", "gpt2", "llama", "vit", "resnet")
 DTYPES = ("fp32", "bf16")
 CHILD_TAG = "TRAIN_BENCH_CHILD "
@@ -151,9 +156,8 @@ def autocast_for(dtype: str):
 
 
 def export(model, inputs):
-    constant = {k: v for k, v in inputs.items() if not isinstance(v, torch.Tensor)}
-    tensors = {k: v for k, v in inputs.items() if isinstance(v, torch.Tensor)}
-    return predispatch.export_predispatch(model, (), {**tensors, **constant})
+    """The program, its backward assumed to run outside autocast (as one trains with autocast)."""
+    return predispatch.export_predispatch(model, (), inputs, backward_pass_autocast="off")
 
 
 def make_way(way: str, model, inputs, dtype: str):
@@ -170,6 +174,8 @@ def make_way(way: str, model, inputs, dtype: str):
     with autocast_for(dtype):  # compiled at once for the calls it will take (under autocast too)
         if way == "compile_training(ep)":
             return predispatch.compile_training(ep), exported
+        if way == OWN_DRAWS:
+            return predispatch.compile_training(ep, backend="inductor", options={"fallback_random": False}), exported
         return predispatch.compile_training(ep, backend="inductor"), exported
 
 
@@ -205,7 +211,7 @@ def steady_steps(kind: str, dtype: str, steps: int) -> tuple[dict, dict]:
     and the error of each way that could not train."""
     model, inputs = build(kind)
     trainers, errors = {}, {}
-    for way in WAYS:
+    for way in (*WAYS, OWN_DRAWS):
         try:
             trainers[way] = Trainer(way, copy.deepcopy(model), inputs, dtype)
             for _ in range(2):
@@ -300,13 +306,13 @@ def _fmt(x, spec):
 def table(results: list[dict]) -> str:
     """Markdown: eager's step in ms, each way's step over eager's, the first
     step in s (the export apart), a step's peak memory in MiB."""
-    head = ["model", "dtype", "eager ms"] + [f"{w} ×" for w in WAYS[1:]] + \
+    head = ["model", "dtype", "eager ms"] + [f"{w} ×" for w in (*WAYS[1:], OWN_DRAWS)] + \
         [f"first step s: {w}" for w in WAYS] + ["export s"] + [f"peak MiB: {w}" for w in WAYS]
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in results:
         step = r.get("step_s", {})
         eager = step.get("eager")
-        ratios = [_fmt(step[w] / eager if eager and w in step else None, ".2f") for w in WAYS[1:]]
+        ratios = [_fmt(step[w] / eager if eager and w in step else None, ".2f") for w in (*WAYS[1:], OWN_DRAWS)]
         first = r.get("first", {})
         firsts = [_fmt(first.get(w, {}).get("first_s"), ".1f") for w in WAYS]
         export_s = first.get("compile_training(ep)", {}).get("export_s")
@@ -341,7 +347,7 @@ def targets(results: list[dict]) -> list[str]:
 
 def print_result(r: dict, flush=False) -> None:
     step = r.get("step_s", {})
-    parts = [f"{w} {step[w] * 1e3:.0f} ms" for w in WAYS if w in step]
+    parts = [f"{w} {step[w] * 1e3:.0f} ms" for w in (*WAYS, OWN_DRAWS) if w in step]
     print(f"{r['model']} {r['dtype']}: " + ", ".join(parts), flush=flush)
     for way, error in r.get("errors", {}).items():
         print(f"    {way} cannot train: {error}", flush=flush)
