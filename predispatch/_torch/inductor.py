@@ -117,15 +117,17 @@ def saved_inputs_copied(forward: torch.fx.GraphModule) -> None:
 
 
 def draws_in_order(reads: frozenset = frozenset()):
-    """Inductor's ``_post_fusion_custom_pass`` that keeps the draws in the
+    """Inductor's ``_pre_fusion_custom_pass`` that keeps the draws in the
     graph's order: each kernel of an op that draws or sets a generator
-    (tagged ``nondeterministic_seeded``) or reads one (``reads``) runs after
-    the one before it in the graph. Inductor's scheduler orders kernels by
-    their data alone, and a fused kernel placed where its first node was
-    pulls the draws it reads ahead of others (a mask computed early and
-    used late, a draw under a seeded state moved before the seeding).
-    A ``CustomSchedulerPass``, whose ``uuid`` the FX graph cache keys on
-    (it pickles the pass too: the ops are held by name)."""
+    (tagged ``nondeterministic_seeded``) or reads one (``reads``) gets an
+    ordering-only dependency (a fake ``WeakDep``, as inductor orders
+    collectives and conditionals) on the one before it in the graph, which
+    fusion and the reorderings after it (``reorder_for_peak_memory`` too)
+    keep. Inductor orders kernels by their data alone: a fused kernel placed
+    where its first node was pulled the draws it reads ahead of others (a
+    mask computed early and used late, a draw under a seeded state moved
+    before the seeding). A ``CustomSchedulerPass``, whose ``uuid`` the FX
+    graph cache keys on (the ops are held by name)."""
     return _scheduler_pass_class()(frozenset(map(str, reads)))
 
 
@@ -143,41 +145,25 @@ def _scheduler_pass_class():
         def uuid(self):
             return get_hash_for_files((__file__,)), tuple(sorted(self.reads))
 
-        def __reduce__(self):  # the cache key pickles inductor's config
+        def __reduce__(self):  # a cache key may pickle inductor's config
             return draws_in_order, (self.reads,)
 
     return DrawsInOrder
 
 
 def _draws_in_order(nodes: list, reads: frozenset) -> list:
-    draws = [n for n in nodes if _draws(n, reads)]
+    from torch._inductor.dependencies import WeakDep
+
+    draws = sorted((n for n in nodes if _draws(n, reads)), key=_lowered_position)
     if len(draws) < 2:
         return nodes
-    draws.sort(key=_lowered_position)
-    after = dict(zip(draws[1:], draws[:-1]))  # each draw's predecessor in the graph
-    by_buffer = {name: n for n in nodes for name in n.get_buffer_names()}
-    seen, result = set(), []
-
-    def visit(node):  # the scheduler's own topological sort, with the draws' order added
-        stack = [(node, False)]
-        while stack:
-            n, ready = stack.pop()
-            if ready:
-                result.append(n)
-                continue
-            if n in seen:
-                continue
-            seen.add(n)
-            stack.append((n, True))
-            before = [by_buffer[d.name] for d in sorted(n.unmet_dependencies, key=lambda d: d.name)
-                      if d.name in by_buffer]
-            if n in after:
-                before.append(after[n])
-            stack.extend((b, False) for b in reversed(before) if b not in seen)
-
-    for n in nodes:
-        visit(n)
-    return result
+    for before, draw in zip(draws, draws[1:]):
+        draw.add_fake_dep(WeakDep(next(iter(before.get_buffer_names())),
+                                  mutating_buf=next(iter(draw.get_buffer_names())), is_fake=True))
+    scheduler = nodes[0].scheduler
+    scheduler.nodes = scheduler.topological_sort_schedule(nodes)
+    scheduler.compute_ancestors()  # fusion asks them whether fusing two nodes makes a cycle
+    return scheduler.nodes
 
 
 def _draws(node, reads: frozenset) -> bool:

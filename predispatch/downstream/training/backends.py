@@ -21,11 +21,11 @@ Every backend's graphs run with autocast's dispatch keys skipped, the
 backward with eager's ``None`` gradients (``runners.py``), and the
 backward draws no random numbers of its own. Random draws are eager's: for
 inductor, ``fallback_random`` (aten's random ops, not inductor's own
-generator), no ``reorder_for_peak_memory``, and a scheduler pass that runs
-the kernels of draws and generator ops in the graph's order (inductor's
-scheduler orders kernels by their data alone: a fused kernel can pull a
-draw ahead of another, or ahead of the seeding it was made under);
-``options={"fallback_random": False}`` asks for inductor's own.
+generator) and a scheduler pass that orders the kernels of draws and
+generator ops as the graph does (inductor's scheduler orders kernels by
+their data alone: a fused kernel can pull a draw ahead of another, or ahead
+of the seeding it was made under); ``options={"fallback_random": False}``
+asks for inductor's own.
 """
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ from .runners import run_backward, run_forward, without_dead_random_ops
 
 BACKENDS = ("eager", "inductor")
 # inductor's config for eager's random draws; options given to compile_training override them
-EAGER_DRAWS = {"fallback_random": True, "reorder_for_peak_memory": False}
+EAGER_DRAWS = {"fallback_random": True}
 
 
 class CompileError(ExportError):
@@ -122,13 +122,13 @@ def _first_line(e: Exception) -> str:
 
 def _draws_kept_in_order(options: dict) -> dict:
     """Eager's draws (``fallback_random``): inductor's kernels of draws and
-    generator ops run in the graph's order, after any fusion pass of the
-    user's own."""
+    generator ops run in the graph's order (after a scheduler pass of the
+    user's own, if any)."""
     if not options.get("fallback_random"):
         return options
     ordered = _torch.inductor.draws_in_order(frozenset(generator_ops.READS))
-    users = options.get("_post_fusion_custom_pass")
-    return {**options, "_post_fusion_custom_pass": ordered if users is None else _chained(users, ordered)}
+    users = options.get("_pre_fusion_custom_pass")
+    return {**options, "_pre_fusion_custom_pass": ordered if users is None else _chained(users, ordered)}
 
 
 def _chained(first, then):
@@ -149,8 +149,8 @@ def _inductor_options(options) -> dict:
     known = _torch.inductor.inductor_option_names()
     unknown = sorted(set(options) - set(known))
     if unknown:
-        raise ValueError(f"compile_training: unknown inductor option(s) {unknown}; the names are those of "
-                         "torch._inductor.config (torch.compile(options=...)), e.g. 'fallback_random', "
+        raise ValueError(f"compile_training: unknown inductor option(s) {unknown}; the names are inductor's "
+                         "config's, as torch.compile(options=...) takes them, e.g. 'fallback_random', "
                          "'max_autotune'")
     return dict(options)
 
