@@ -96,5 +96,6 @@ def without_dead_random_ops(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
                 and (torch.Tag.nondeterministic_seeded in getattr(node.target, "tags", ())
                      or node.target in generator_ops.READS)):
             gm.graph.erase_node(node)
+    gm.graph.eliminate_dead_code()  # what computed their inputs (a layer norm recomputed for a dropout's shape)
     gm.recompile()
     return gm
