@@ -33,7 +33,8 @@ Reading a program:
     sharded_layouts(ep), Layout           a sharded module's placements
     load(path)              ``torch.export.load`` giving a PredispatchProgram
 Running and training:
-    compile_training(ep) -> CompiledTraining   forward and backward ahead of time
+    compile_training(ep, backend="eager") -> CompiledTraining   forward and backward ahead of time;
+                            backend "inductor" (as torch.compile) or a torch.compile-style callable
     BackwardAutocastMismatchError, BackwardAutocastMismatchWarning,
     CallNotSupportedError
     prepare_pt2e, prepare_qat_pt2e, convert_pt2e   torchao's PT2E through regions

@@ -9,6 +9,7 @@ predispatch is measured with layer reuse (the default) and without it
     python tools/bench.py --only bert,gpt2   # chosen cases
     python tools/bench.py --repeat 5 --json /tmp/bench.json
     python tools/bench.py --calls --only bert-L12-train,llama-L12-train   # Python calls, not time
+    python tools/bench.py --train --only llama --dtypes fp32   # a training step, five ways (tools/train_bench.py)
 
 Cases (see CASES): transformers BERT, GPT-2 and Llama built from configs
 (hidden 768, 12 heads, 2 layers, train mode, dropout 0, use_cache=False),
@@ -1108,6 +1109,9 @@ def parse_args(argv):
     p.add_argument("--calls", action="store_true",
                    help="count the Python calls of one export instead of timing (train/eval cases "
                    "only, each against its 1-layer model): deterministic where time is not")
+    p.add_argument("--train", action="store_true",
+                   help="the training step instead: eager, torch.compile, compile_training, with the options of "
+                   "tools/train_bench.py (--only MODELS, --dtypes, --steps, --no-first-step, --json)")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
@@ -1147,6 +1151,12 @@ def setup() -> None:
 
 
 def main(argv=None) -> None:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "--train" in argv:  # the training step's benchmark: its own options (tools/train_bench.py)
+        from tools import train_bench
+
+        train_bench.main([a for a in argv if a != "--train"])
+        return
     opts = parse_args(argv)
     setup()
     if opts.child:

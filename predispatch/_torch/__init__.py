@@ -4,7 +4,8 @@ A torch release should touch this package only. Split by concern (one
 module each): :mod:`.ops` (what torch says about an op), :mod:`.functionalization`
 (FunctionalTensor), :mod:`.tracing` (make_fx, fake tensors, mode stacks),
 :mod:`.export` (torch.export's front end and tail), :mod:`.runtime` (what a
-program runs on), :mod:`.autograd` (AOTAutograd), :mod:`.distributed` (DTensor,
+program runs on), :mod:`.autograd` (AOTAutograd), :mod:`.symbolic` (symbolic
+sizes and their guards), :mod:`.inductor` (torch.compile's compiler), :mod:`.distributed` (DTensor,
 FSDP2), :mod:`.patching` (replacing torch's globals for the tracing thread),
 :mod:`.release` (the installed release, checked first), :mod:`.data_dependence`
 (real values carried by fake tensors, the branches decided by them). The rest of the
@@ -83,10 +84,12 @@ from .functionalization import (  # noqa: E402,F401
     wrappers_sized_by_wrapped_storage,
 )
 from .runtime import (  # noqa: E402,F401
+    as_boxed,
     boxed,
     call_leaves,
     check_call_inputs,
     child_modules,
+    copy_unlifted,
     force_recompile,
     generate_code_with,
     has_module_hooks,
@@ -206,6 +209,7 @@ from .data_dependence import (  # noqa: E402,F401
 )
 from .autograd import (  # noqa: E402,F401
     aot_module_simplified,
+    autocast_skipped,
     backward_pass_autocast,
     disable_autocast,
     is_compiled_backward_node,
@@ -215,6 +219,16 @@ from .autograd import (  # noqa: E402,F401
     retrace_subgraph,
     tangents_are_plain,
 )
+from .symbolic import (  # noqa: E402,F401
+    concrete,
+    is_symbolic,
+    ShapeGuards,
+    size_bindings,
+    symbol_of,
+    symbolic_examples,
+    value_range,
+)
+from . import inductor  # noqa: E402,F401  (imports inductor itself on first use)
 from .distributed import (  # noqa: E402,F401
     __getattr__,
     current_mesh,

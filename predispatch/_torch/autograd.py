@@ -30,6 +30,13 @@ def backward_pass_autocast(value):
         trace_log.handlers = handlers
 
 
+def autocast_skipped():
+    """Autocast's dispatch keys skipped while compiled graphs run (their casts
+    are in them), as AOTAutograd runs its own: a C++ guard, cheap, where
+    ``disable_autocast`` enters ``torch.autocast(enabled=False)`` per device."""
+    return torch._C._DisableAutocast() if torch._C._is_any_autocast_enabled() else contextlib.nullcontext()
+
+
 def is_compiled_backward_node(node) -> bool:
     """Is this autograd node the backward of an AOTAutograd compiled function?"""
     return node.name() == "CompiledFunctionBackward"

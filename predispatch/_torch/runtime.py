@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import sys
 
@@ -118,6 +119,14 @@ def check_call_inputs(unlifted: torch.fx.GraphModule, args, kwargs) -> None:
     _check_input_constraints_for_module(unlifted, args, kwargs)
 
 
+def copy_unlifted(unlifted: torch.fx.GraphModule, memo: dict) -> torch.fx.GraphModule:
+    """A deep copy of ``ep.module()``'s module that :func:`check_call_inputs`
+    can still check: a GraphModule's deepcopy drops the range constraints."""
+    new = copy.deepcopy(unlifted, memo)
+    vars(new).setdefault("range_constraints", unlifted.range_constraints)
+    return new
+
+
 def share_module_state(owner: torch.nn.Module, module: torch.nn.Module) -> None:
     """``owner`` holds ``module``'s own parameters and buffers: the same dicts, so
     that a tensor replaced on one (``load_state_dict(assign=True)``) is on both."""
@@ -139,3 +148,12 @@ def boxed(fn):
     """``fn(args_list)`` marked as taking AOTAutograd's boxed calling convention."""
     fn._boxed_call = True
     return fn
+
+
+def as_boxed(fn):
+    """A compiled graph as a function of one list of inputs: ``fn`` itself where
+    it takes AOTAutograd's boxed convention (inductor's), else ``fn(*args)``
+    (a torch.compile backend's usual return, ``gm.forward``)."""
+    if getattr(fn, "_boxed_call", False):
+        return fn
+    return lambda args: fn(*args)

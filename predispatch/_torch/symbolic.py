@@ -1,0 +1,120 @@
+"""Symbolic sizes: a program's dynamic dimensions, example inputs that carry them, the guards a trace adds.
+
+A trace on :func:`symbolic_examples` gives graphs for every size the
+program's ranges allow; what the trace assumed beyond them (a guard its
+ops added) is checked per call by :class:`ShapeGuards`.
+"""
+from __future__ import annotations
+
+import sympy
+import torch
+from torch._dynamo.source import ConstantSource
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StrictMinMaxConstraint
+from torch.utils._sympy.value_ranges import ValueRanges
+
+
+def symbol_of(size) -> str | None:
+    """The symbol's name where a size is one free symbol (``s0``), else None."""
+    if isinstance(size, torch.SymInt) and isinstance(size.node.expr, sympy.Symbol):
+        return str(size.node.expr)
+    return None
+
+
+def value_range(range_constraints: dict, name: str) -> tuple[int, int | None]:
+    """A program's range for the symbol named ``name``: (lower, upper or None for no bound)."""
+    for symbol, vr in range_constraints.items():
+        if str(symbol) == name:
+            upper = vr.upper
+            return int(vr.lower), (int(upper) if upper.is_finite else None)
+    return 2, None
+
+
+def symbolic_examples(examples: list, dims: list[dict], ranges: dict) -> list:
+    """Fake tensors like ``examples`` (real tensors, for hints, requires_grad
+    and leafness) in a fresh shape environment, where dimension ``d`` of
+    example ``i`` is the symbol ``dims[i][d]`` names (one symbol per name, its
+    range ``ranges[name]``); the other dimensions are static (all of them,
+    where ``dims`` names none). The examples with a symbolic dimension must
+    be contiguous."""
+    shape_env = ShapeEnv(duck_shape=False)
+    mode = FakeTensorMode(shape_env=shape_env, allow_non_fake_inputs=True)
+    symbols = {}
+
+    def size(name, hint):
+        if name not in symbols:
+            lower, upper = ranges[name]
+            constraint = StrictMinMaxConstraint(warn_only=False, vr=ValueRanges(max(lower, 2), upper or sympy.oo))
+            source = ConstantSource(f"predispatch_dim_{name}")
+            symbol = shape_env.create_symbol(hint, source, dynamic_dim=DimDynamic.DYNAMIC,
+                                             constraint_dim=constraint)
+            symbols[name] = shape_env.create_symintnode(symbol, hint=hint, source=source)
+        return symbols[name]
+
+    fakes = []
+    for t, names in zip(examples, dims):
+        sizes = [size(names[d], n) if d in names else n for d, n in enumerate(t.shape)]
+        fakes.append(_fake_like(mode, t, sizes, _contiguous_strides(sizes) if names else t.stride()))
+    return fakes
+
+
+def _contiguous_strides(sizes: list) -> list:
+    strides, step = [], 1
+    for n in reversed(sizes):
+        strides.insert(0, step)
+        step = step * n
+    return strides
+
+
+def _fake_like(mode: FakeTensorMode, t: torch.Tensor, sizes: list, strides) -> torch.Tensor:
+    with mode:
+        fake = torch.empty_strided(sizes, strides, dtype=t.dtype, device=t.device)
+        fake.requires_grad_(t.requires_grad)
+        if t.is_leaf:
+            return fake
+        with torch.enable_grad():
+            return fake.clone()
+
+
+class ShapeGuards:
+    """What a trace on symbolic examples assumed of the sizes: the program's
+    ranges and every guard its ops added, as one expression over the inputs.
+
+    ``ShapeGuards(fakes)`` after the trace; raises where the trace made a
+    symbolic size static (the graphs are then for one size only)."""
+
+    def __init__(self, fakes: list):
+        self.shape_env = fakes[0].fake_mode.shape_env
+        self.code = self.shape_env.produce_guards_expression(fakes)
+
+    def hold(self, tensors: list) -> bool:
+        """Do the guards hold for these inputs (real tensors, as the examples)?"""
+        return not self.code or bool(self.shape_env.evaluate_guards_expression(self.code, tensors))
+
+
+def is_symbolic(val) -> bool:
+    """Does a graph value (a fake tensor or SymInt) have a symbolic size?"""
+    if isinstance(val, torch.SymInt):
+        return True
+    return isinstance(val, torch.Tensor) and any(isinstance(s, torch.SymInt) for s in val.shape)
+
+
+def size_bindings(placeholder_values: list, args: list) -> dict:
+    """Each free symbol of the placeholders' values (a SymInt, a fake tensor's
+    sizes) bound to what it is in ``args``, the real inputs of the graph."""
+    bindings = {}
+    for val, arg in zip(placeholder_values, args):
+        if isinstance(val, torch.SymInt) and isinstance(val.node.expr, sympy.Symbol):
+            bindings[val.node.expr] = int(arg)
+        elif isinstance(val, torch.Tensor) and isinstance(arg, torch.Tensor):
+            for size, n in zip(val.shape, arg.shape):
+                if isinstance(size, torch.SymInt) and isinstance(size.node.expr, sympy.Symbol):
+                    bindings[size.node.expr] = n
+    return bindings
+
+
+def concrete(size, bindings: dict) -> int:
+    """A size (an int or SymInt) with its symbols bound."""
+    if not isinstance(size, torch.SymInt):
+        return int(size)
+    return int(size.node.expr.xreplace(bindings))

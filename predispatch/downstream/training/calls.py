@@ -1,0 +1,161 @@
+"""What a trace depends on of a call: its inputs, grad mode, autocast state and the module's state.
+
+Calls with equal :class:`CallKey` s share their traced graphs. A program
+with dynamic shapes is traced once for all the sizes its ranges allow: the
+key of that trace leaves the dynamic sizes out (:meth:`CallKey.generalized`).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from torch.export.graph_signature import InputKind
+
+from ... import _torch
+from .autocast import ambient_autocast
+
+
+class CallNotSupportedError(RuntimeError):
+    """A call the compiled module refuses, as ``ep.module()`` does.
+
+        >>> ep = predispatch.export_predispatch(torch.nn.Linear(3, 2), (torch.ones(4, 3),))
+        >>> predispatch.compile_training(ep)(torch.ones(4, 5))
+        Traceback (most recent call last):
+        ...
+        predispatch.downstream.training.CallNotSupportedError: the compiled program cannot take these inputs: ...
+
+    The message names the input (a size outside the program's shapes, a
+    non-tensor input other than the exported value)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ProgramShapes:
+    """The program's dynamic dimensions: per flat input, ``{dim: symbol name}``
+    (empty where static), and each symbol's range ``(lower, upper or None)``."""
+
+    dims: tuple
+    ranges: dict
+
+    @classmethod
+    def of(cls, ep) -> ProgramShapes:
+        values = {n.name: n.meta.get("val") for n in ep.graph.nodes if n.op == "placeholder"}
+        dims = []
+        for spec in ep.graph_signature.input_specs:
+            if spec.kind == InputKind.USER_INPUT:
+                val = values.get(getattr(spec.arg, "name", None))
+                sizes = val.shape if isinstance(val, torch.Tensor) else ()
+                dims.append({d: _torch.symbol_of(n) for d, n in enumerate(sizes) if _torch.symbol_of(n)})
+        names = {name for d in dims for name in d.values()}
+        return cls(tuple(dims), {name: _torch.value_range(ep.range_constraints, name) for name in names})
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorInput:
+    """What a trace depends on of a tensor input. ``autograd`` is
+    ``(requires_grad, is_leaf)``: whether it requires grad decides what the
+    backward saves (traced as requiring grad, an input would make autograd
+    save a parameter the forward then updates under no_grad, which eager does
+    not); whether it is a leaf matters for an input the program mutates (the
+    history its write-back gets), and is True for the others. A symbolic
+    trace's key has ``None`` for each dynamic size and for the strides
+    (contiguous ones)."""
+
+    shape: tuple
+    stride: tuple | None
+    dtype: torch.dtype
+    device: torch.device
+    autograd: tuple
+
+    @classmethod
+    def of(cls, t: torch.Tensor, mutated: bool) -> TensorInput:
+        return cls(tuple(t.shape), tuple(t.stride()), t.dtype, t.device,
+                   (t.requires_grad, t.is_leaf or not mutated))
+
+    def example(self, hint: torch.Tensor) -> torch.Tensor:
+        """A tensor for the trace, with the sizes and strides of ``hint`` (the call's)."""
+        t = torch.empty_strided(hint.shape, hint.stride(), dtype=self.dtype, device=self.device)
+        requires_grad, is_leaf = self.autograd
+        t.requires_grad_(requires_grad)
+        if is_leaf:
+            return t
+        with torch.enable_grad():
+            return t.clone()
+
+
+@dataclasses.dataclass(frozen=True)
+class ConstantInput:
+    """A non-tensor input, by type and value (Python has ``True == 1 == 1.0``)."""
+
+    type: type
+    value: object
+
+
+@dataclasses.dataclass(frozen=True)
+class CallKey:
+    """Calls with equal keys share their traced graphs."""
+
+    inputs: tuple  # per input leaf: a TensorInput or a ConstantInput
+    grad_enabled: bool
+    autocast: tuple  # the ambient autocast state, as sorted (device, dtype) pairs
+    trainable: tuple  # which parameters and buffers require grad (frozen ones get no gradient output)
+    state: tuple  # LiftedState: the traced function holds the tensors it lifted
+
+    @classmethod
+    def of(cls, leaves: list, mutated: frozenset, grad_enabled: bool, state: LiftedState) -> CallKey:
+        inputs = tuple(TensorInput.of(x, i in mutated) if isinstance(x, torch.Tensor)
+                       else ConstantInput(type(x), x) for i, x in enumerate(leaves))
+        tensors, trainable = state.read()
+        return cls(inputs, grad_enabled, tuple(sorted(ambient_autocast().items())), trainable, tensors)
+
+    def generalized(self, leaves: list, shapes: ProgramShapes) -> CallKey:
+        """The key of a trace for every size the program allows: its dynamic
+        sizes left out, of the contiguous inputs (the others stay static)."""
+        inputs = []
+        for x, dims, leaf in zip(self.inputs, shapes.dims, leaves):
+            if dims and isinstance(x, TensorInput) and leaf.is_contiguous():
+                x = dataclasses.replace(x, shape=tuple(None if d in dims else n for d, n in enumerate(x.shape)),
+                                        stride=None)
+            inputs.append(x)
+        return dataclasses.replace(self, inputs=tuple(inputs))
+
+    @property
+    def symbolic(self) -> bool:
+        return any(isinstance(x, TensorInput) and x.stride is None for x in self.inputs)
+
+    def constants(self) -> dict:
+        return {i: x.value for i, x in enumerate(self.inputs) if isinstance(x, ConstantInput)}
+
+    def examples(self, hints: list, shapes: ProgramShapes) -> list:
+        """The trace's inputs, one per tensor input: fake tensors like the
+        ``hints`` (a call's tensors), with the program's symbolic sizes where
+        this key leaves them out, in a shape environment of their own (which
+        inductor's FX graph cache needs, static sizes or not)."""
+        tensors = [(x, dims) for x, dims in zip(self.inputs, shapes.dims) if isinstance(x, TensorInput)]
+        examples = [x.example(hint) for (x, _), hint in zip(tensors, hints)]
+        dims = [d if x.stride is None else {} for x, d in tensors]
+        return _torch.symbolic_examples(examples, dims, shapes.ranges)
+
+
+def mutated_inputs(ep) -> frozenset:
+    """Positions, among the flat user inputs, of those the program mutates."""
+    sig = ep.graph_signature
+    names = [s.arg.name for s in sig.input_specs if s.kind == InputKind.USER_INPUT]
+    mutated = set(sig.user_inputs_to_mutate.values())
+    return frozenset(i for i, name in enumerate(names) if name in mutated)
+
+
+class LiftedState:
+    """What a trace assumes of the tensors it lifts (the parameters and
+    buffers): which tensors they are (it holds them), their metadata, and
+    which require grad; read per call from the tables that hold them."""
+
+    def __init__(self, module: torch.nn.Module):
+        # each submodule's (shared ones once), in modules() order: read per call,
+        # they show a tensor replaced without walking the module tree again
+        self.tables = [table for m in module.modules() for table in _torch.state_tables(m)]
+
+    def read(self) -> tuple[tuple, tuple]:
+        """(the tensors and their metadata, which require grad)."""
+        tensors = [t for table in self.tables for t in table.values() if t is not None]
+        return (tuple((id(t), t.dtype, t.device, t.shape) for t in tensors),
+                tuple(t.requires_grad for t in tensors))

@@ -1,0 +1,122 @@
+"""The program as AOTAutograd traces it: its write-backs as the ops they run eagerly, flat inputs.
+
+:func:`trace` is the joint forward/backward trace of one kind of call,
+compiled by a backend (``backends.py``).
+"""
+from __future__ import annotations
+
+import torch
+import torch.fx
+
+from ..._torch import pytree
+from ... import _torch
+from ...ir import generator_ops
+from ...ir.autograd_function_op import AUTOGRAD_FUNCTION, run_autograd_function
+from ...program.program import leave_caller_in_grad_mode
+from ...program.write_backs import read_before_mutation, write_back_under_no_grad, write_back_with_grad
+from .autocast import as_autocast_kwargs, autocast_entered
+from .calls import CallKey
+from .backends import Backend
+
+
+def _write_back_for_autograd(target: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    """``program.write_back_with_grad`` as it runs eagerly: a ``copy_`` that
+    AOTAutograd traces with its autograd history. (The program's version
+    writes below autograd when traced, which is for re-exporting only.)"""
+    if target.is_leaf and target.requires_grad:
+        with torch.no_grad():
+            return target.copy_(value)
+    return target.copy_(value)
+
+
+def _write_back_under_no_grad_for_autograd(target: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return target.copy_(value)
+
+
+def _autograd_function_applied(fwd, bwd, *inputs, **spec):
+    """A Function's op as the autograd.Function it runs (``run_autograd_function``),
+    not the op: where nothing it takes requires grad, the op would stay in
+    the graphs whole, which a compiler cannot lower; this way its forward is
+    traced inline. (A torch-function mode on, as inductor's trace has one,
+    would make it call the op.)"""
+    with _torch.torch_function_modes_suspended():
+        return run_autograd_function(fwd, bwd, *inputs, **spec)
+
+
+_FOR_AUTOGRAD = {write_back_with_grad: _write_back_for_autograd,
+                 write_back_under_no_grad: _write_back_under_no_grad_for_autograd,
+                 read_before_mutation: torch.clone,
+                 AUTOGRAD_FUNCTION: _autograd_function_applied}
+
+
+def for_autograd_tracing(unlifted: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """``ep.module()`` with its write-backs as the plain ops they run eagerly,
+    so that AOTAutograd's trace gives a mutated input its autograd history;
+    Functions' ops as the autograd.Functions they run; no dtype guards."""
+    for node in list(unlifted.graph.nodes):
+        if node.op == "call_function" and node.target is leave_caller_in_grad_mode:
+            unlifted.graph.erase_node(node)  # the mode left to the caller: set after the compiled call
+    for gm in unlifted.modules():  # the program's graph and its regions' subgraphs
+        if isinstance(gm, torch.fx.GraphModule):
+            for node in list(gm.graph.nodes):
+                if node.op == "call_function" and node.target in _FOR_AUTOGRAD:
+                    node.target = _FOR_AUTOGRAD[node.target]
+            _drop_dtype_guards(gm)
+    return unlifted
+
+
+def reads_generators(module: torch.nn.Module) -> bool:
+    """Does the program read a generator's state (``generator_ops.READS``)?"""
+    return any(node.op == "call_function" and node.target in generator_ops.READS
+               for gm in module.modules() if isinstance(gm, torch.fx.GraphModule) for node in gm.graph.nodes)
+
+
+_DTYPE_GUARD = torch.ops.aten._assert_tensor_metadata.default
+
+
+def _drop_dtype_guards(gm: torch.fx.GraphModule) -> None:
+    """torch.export's guard before each ``.to()`` goes: each kind of call is
+    traced for its dtypes, so it cannot fail, and it costs the step much: an
+    op with side effects, AOTAutograd's partitioner copies it into the
+    backward with what computes its input (for a language model's head, the
+    whole vocabulary projection, computed a second time)."""
+    for node in list(gm.graph.nodes):
+        if node.op == "call_function" and node.target is _DTYPE_GUARD:
+            gm.graph.erase_node(node)
+    gm.recompile()
+
+
+class FlatModule(torch.nn.Module):
+    """The program as a function of its flat tensor inputs, returning a tuple
+    (of ``num_outputs``, its user outputs)."""
+
+    def __init__(self, module, in_spec, constants, num_outputs: int):
+        super().__init__()
+        self.module = module
+        self.in_spec = in_spec
+        self.num_outputs = num_outputs
+        self.constants = constants  # non-tensor input leaves, by position
+        self.out_spec = None
+
+    def forward(self, *tensors):
+        leaves, it = [], iter(tensors)
+        for i in range(self.in_spec.num_leaves):
+            leaves.append(self.constants[i] if i in self.constants else next(it))
+        args, kwargs = pytree.tree_unflatten(leaves, self.in_spec)
+        out_leaves, self.out_spec = pytree.tree_flatten(self.module(*args, **kwargs))
+        return tuple(out_leaves)
+
+
+def trace(flat: FlatModule, key: CallKey, examples: list, backward_autocast, backend: Backend,
+          reads_generators: bool = False):
+    """The joint forward/backward trace of ``flat`` for calls like ``key``
+    (on ``examples``, its inputs), under its grad mode and autocast state,
+    compiled by ``backend`` (``reads_generators``: see ``Backend.compile``).
+    Returns (compiled function, forward graph, backward graph or None)."""
+    graphs: dict = {}
+    bwd = backward_autocast if isinstance(backward_autocast, str) else list(backward_autocast)
+    with (_torch.backward_pass_autocast(bwd), _torch.no_donated_buffers(),
+          autocast_entered(as_autocast_kwargs(dict(key.autocast))), torch.set_grad_enabled(key.grad_enabled)):
+        compiled = backend.compile(flat, examples, flat.num_outputs, graphs, reads_generators)
+    return compiled, graphs["forward"], graphs.get("backward")

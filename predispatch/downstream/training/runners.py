@@ -1,0 +1,101 @@
+"""The compiled graphs at run time: autocast off inside them, and eager's ``None`` gradients.
+
+The backward graph takes zeros for an output that got no gradient; a
+gradient computed from such zeros only is ``None``, as eager's autograd
+gives (:func:`run_backward`).
+"""
+from __future__ import annotations
+
+import torch
+import torch.fx
+
+from ... import _torch
+from ...ir import generator_ops
+
+
+def run_forward(compiled):
+    """The compiled forward (a function of one list of inputs), run with
+    autocast's dispatch keys skipped: its casts are in the graph."""
+    def run(args):  # AOTAutograd's boxed calling convention
+        with _torch.autocast_skipped():
+            return compiled(args)
+
+    return _torch.boxed(run)
+
+
+def _placeholders(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
+    return [n for n in gm.graph.nodes if n.op == "placeholder"]
+
+
+def _tangents_needed(gm: torch.fx.GraphModule) -> list[frozenset]:
+    """Per output of the backward graph ``gm``, the positions (among its
+    placeholders) of the tangents it is computed from."""
+    needs = {n: frozenset([i]) if _torch.is_tangent(n) else frozenset()
+             for i, n in enumerate(_placeholders(gm))}
+    for node in gm.graph.nodes:
+        if node.op not in ("placeholder", "output"):
+            needs[node] = frozenset().union(*(needs[n] for n in node.all_input_nodes))
+    (outputs,) = gm.graph.output_node().args
+    return [needs[o] if isinstance(o, torch.fx.Node) else frozenset() for o in outputs]
+
+
+class _Zeros:
+    """Zeros for the tangents of a backward graph, laid out as it was traced
+    for them; with symbolic sizes, as the sizes of this call bind them."""
+
+    def __init__(self, gm: torch.fx.GraphModule):
+        self.values = [n.meta.get("val") for n in _placeholders(gm)]
+        self.symbolic = any(_torch.is_symbolic(v) for v in self.values)
+
+    def __call__(self, i: int, args: list) -> torch.Tensor:
+        val = self.values[i]
+        shape, stride = val.shape, val.stride()
+        if self.symbolic:
+            bound = _torch.size_bindings(self.values, args)
+            shape = [_torch.concrete(n, bound) for n in shape]
+            stride = [_torch.concrete(n, bound) for n in stride]
+        return torch.empty_strided(shape, stride, dtype=val.dtype, device=val.device).zero_()
+
+
+def run_backward(gm: torch.fx.GraphModule, compiled):
+    """The backward graph ``gm`` (``compiled``: it compiled, a function of one
+    list of inputs), giving the gradients eager's autograd gives.
+
+    Autograd calls the compiled backward with ``None`` for an output that got
+    no gradient (:func:`_torch.pass_absent_gradients`, set on each call's
+    node): an output left out of the loss, or the new value of a parameter or
+    input written back under no_grad, which nothing differentiates. The graph
+    takes zeros there; but a gradient computed from such tangents only is
+    ``None``, since eager's autograd never reaches that parameter or input
+    (left zeros, an optimizer would update a parameter eager's skips). A
+    gradient that needs no tangent at all is left as computed."""
+    tangents = [i for i, n in enumerate(_placeholders(gm)) if _torch.is_tangent(n)]
+    needs, zeros = _tangents_needed(gm), _Zeros(gm)
+
+    def run(args):  # AOTAutograd's boxed calling convention
+        absent = {i for i in tangents if args[i] is None}
+        for i in absent:
+            args[i] = zeros(i, args)
+        with _torch.autocast_skipped():
+            grads = compiled(args)
+        if not absent:
+            return grads
+        return type(grads)(None if need and need <= absent else g for g, need in zip(grads, needs))
+
+    return _torch.boxed(run)
+
+
+def without_dead_random_ops(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """torch's default partitioner copies the forward's random ops into the
+    backward, unused; run, each would draw from the generator once more per
+    step than eager does (the next step's dropout masks would differ); so
+    does it the forward's generator ops (a seed, a restore), and the reads
+    of generator states they used."""
+    for node in reversed(list(gm.graph.nodes)):  # users first: a read only they used goes too
+        if (node.op == "call_function" and not node.users
+                and (torch.Tag.nondeterministic_seeded in getattr(node.target, "tags", ())
+                     or node.target in generator_ops.READS)):
+            gm.graph.erase_node(node)
+    gm.graph.eliminate_dead_code()  # what computed their inputs (a layer norm recomputed for a dropout's shape)
+    gm.recompile()
+    return gm
