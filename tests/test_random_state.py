@@ -164,12 +164,27 @@ def repeated_layers():
     return torch.nn.Sequential(*[NoisyLayer(own_generator=i % 2 == 1) for i in range(4)])
 
 
+class DrawsIntoStridedTensors(torch.nn.Module):
+    """In-place draws into tensors not laid out contiguously (dropout of a
+    transpose fills its mask in memory order; bernoulli_ into a permuted
+    view; under no_grad too), and torch.bernoulli out of place, whose result
+    eager lays out contiguously."""
+
+    def forward(self, x):
+        a = F.dropout(x.t(), 0.5, training=True)
+        with torch.no_grad():
+            b = torch.empty(2, 3, 4).permute(2, 0, 1).bernoulli_(0.3)
+        c = torch.bernoulli(torch.full((4, 3), 0.5).t())
+        d = torch.empty(4, 6)[:, ::2].exponential_()
+        return a, b, c, d
+
+
 def dropout_frozen_in_place():
     return DropoutFrozen(inplace=True)
 
 
 MODULES = [SeedsMidForward, NoiseInAFork, DrawsInAForkWithoutSeed, RestoresState, DropoutFrozen,
-           dropout_frozen_in_place, RreluInPlaceFrozen, DiffusionNoise, ForkInRegions, repeated_layers]
+           DrawsIntoStridedTensors, dropout_frozen_in_place, RreluInPlaceFrozen, DiffusionNoise, ForkInRegions, repeated_layers]
 
 
 def _round_trip(ep):
@@ -187,7 +202,8 @@ def _assert_calls_match(eager, program, x, seeds=(11, 12)):
         expected_state = torch.get_rng_state()
         torch.manual_seed(seed)
         got = program(x)
-        assert torch.equal(expected, got), f"outputs differ from seed {seed}"
+        expected, got = torch.utils._pytree.tree_leaves(expected), torch.utils._pytree.tree_leaves(got)
+        assert len(expected) == len(got) and all(map(torch.equal, expected, got)), f"outputs differ from seed {seed}"
         assert torch.equal(expected_state, torch.get_rng_state()), f"generator differs from seed {seed}"
 
 

@@ -17,7 +17,7 @@ from .. import _torch
 from ..ir.program_meta import program_meta
 from ..trace import input_aliasing
 from ..trace.translations import mark_rebound
-from ..trace.functional_trace import note_written_as_started
+from ..trace.functional_trace import note_relaid_in, note_written_as_started
 from ..trace.recorder import unobserved
 
 
@@ -73,6 +73,8 @@ def write_back_layout(target: torch.Tensor, value: torch.Tensor, source, layout:
     before); or on the storage the forward made, ``value``'s."""
     if layout.get("dtype") is not None:
         return _rebound(target, value, layout)
+    if _torch.is_traced(target):
+        note_relaid_in(target, layout.get("grad_mode"))
     if layout.get("as_started"):  # its memory as the call started, written through its views: then relaid
         _WRITE_BACK[mode or "grad"](target, value)
         if _torch.is_traced(target):
@@ -93,9 +95,11 @@ def write_back_layout(target: torch.Tensor, value: torch.Tensor, source, layout:
             # its values too: the source, relaid itself, may no longer cover them all (nor
             # does the copy of the forward's memory a "value" source took)
             target.set_(source.untyped_storage(), source.storage_offset() + offset, size, stride)
-            if mode is None and layout["storage"] == "shared":
-                mode = "hidden"
-            return _WRITE_BACK[mode](target, value) if mode is not None else target
+            if mode is None and layout["storage"] != "shared":
+                return target
+            # values only (no_grad, and no history given): the memory's history is not the
+            # tensor's, which eager's set_ under no_grad keeps (a grad-mode write of it is refused)
+            return target.copy_(value)
         if layout["storage"] == "value":
             if (tuple(value.stride()), value.storage_offset()) != (tuple(stride), offset):
                 value = _laid_out(value, size, stride, offset)

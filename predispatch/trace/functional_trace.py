@@ -55,9 +55,13 @@ class LayoutChange:
     # an input others are seen through, written and then relaid on its own memory: its value
     # is its memory as the call started, written back before the relayout
     as_started: bool = False
+    # the grad mode of its last change ("grad", "no_grad", "caller"): the history stage's,
+    # from the recorder; a program exported again has it from the program's record
+    grad_mode: str | None = None
 
     def to_json(self) -> dict:
-        return {k: v for k, v in dataclasses.asdict(self).items() if k != "as_started" or v}
+        return {k: v for k, v in dataclasses.asdict(self).items()
+                if (k != "as_started" or v) and (k != "grad_mode" or v is not None)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -454,6 +458,16 @@ def note_written_as_started(target: torch.Tensor, value: torch.Tensor) -> None:
     setattr(target, _WRITTEN_AS_STARTED, value)
 
 
+_RELAID_IN = "_predispatch_relaid_in"
+
+
+def note_relaid_in(target: torch.Tensor, grad_mode: str | None) -> None:
+    """A program exported again relays ``target``, a traced input, as the
+    program's record says, out of the recorder's sight: the record's grad
+    mode of the change is the new program's too (G7)."""
+    setattr(target, _RELAID_IN, grad_mode)
+
+
 def _written_as_started(i: int, f, change: LayoutChange, starts: _InputStarts) -> tuple:
     """(the value written back, its layout change) of input ``i`` (``f``
     after the forward): an input other inputs are seen through (a cover),
@@ -687,7 +701,8 @@ def _layout_change(i: int, f, starts: _InputStarts, made: dict, key_of) -> Layou
         made[storage] = (i, offset)
     if not all(isinstance(v, int) for v in (*size, *stride, offset)):
         size = stride = offset = None
-    return LayoutChange(place, key_of(owner) if place in ("other", "shared") else None, size, stride, offset)
+    return LayoutChange(place, key_of(owner) if place in ("other", "shared") else None, size, stride, offset,
+                        grad_mode=getattr(f, _RELAID_IN, None))
 
 
 # ---------------------------------------------------------------- after the trace

@@ -28,6 +28,11 @@ Rule, and why (each row a predicate on the in-place op):
 * **a resize past the storage's end**: the tensor moves to a grown copy
   (see :class:`GrowingResize`).
 
+A random fill draws into ``t`` in its memory order; ``bernoulli.p`` draws
+into a contiguous result instead, other numbers at each place where ``t``
+is laid out otherwise (dropout of a transpose): such a draw is made on
+``t`` permuted into memory order, in every grad mode.
+
 The history rows apply in grad mode only.
 """
 from __future__ import annotations
@@ -62,12 +67,17 @@ class OutOfPlace:
         """Trace it with ``dispatch(func, args, kwargs)`` (the functional mode's)."""
         named = _by_name(op, args, kwargs)
         target = named["self"]
+        order = _memory_order(target) if self.random else None
         if self.random:
             named["self"] = dispatch(aten.detach.default, (target,), {})
+        if order is not None:  # drawn in memory order (bernoulli.p's result is contiguous)
+            named["self"] = dispatch(aten.permute.default, (named["self"], order), {})
         schema = self.functional._schema.arguments
         result = dispatch(self.functional,
                           tuple(named[a.name] for a in schema if not a.kwarg_only and a.name in named),
                           {a.name: named[a.name] for a in schema if a.kwarg_only and a.name in named})
+        if order is not None:
+            result = dispatch(aten.permute.default, (result, [order.index(d) for d in range(len(order))]), {})
         if self.for_history:  # eager's node has a zero gradient for each tensor operand too
             for operand in [v for k, v in named.items() if k != "self" and _differentiable(v)]:
                 false = dispatch(aten.scalar_tensor.default, (False,),
@@ -88,6 +98,19 @@ class Unrecorded:
     def __call__(self, dispatch, op, args, kwargs):
         with torch.no_grad():
             return dispatch(op, args, kwargs)
+
+
+def _memory_order(t) -> list[int] | None:
+    """The permutation that lays ``t``'s dims out in memory order, where it
+    is not the identity: eager's in-place draw fills ``t`` in memory order,
+    and a functional variant may draw into a contiguous result instead
+    (``bernoulli.p``), other numbers at each place. None where ``t`` is
+    contiguous or its strides are symbolic."""
+    strides = t.stride()
+    if t.is_contiguous() or not all(isinstance(s, int) for s in strides):
+        return None
+    order = sorted(range(t.dim()), key=lambda d: -strides[d])
+    return None if order == list(range(t.dim())) else order
 
 
 def _by_name(op, args, kwargs) -> dict:
@@ -128,12 +151,17 @@ def _differentiable(value) -> bool:
     return isinstance(value, torch.Tensor) and (value.is_floating_point() or value.is_complex())
 
 
-def traced_as(op, grad_enabled: bool) -> OutOfPlace | Unrecorded | GrowingResize | None:
-    """How the in-place ``op`` is traced, when not by functionalization alone.
-    The history rows apply in grad mode only (under no_grad an update keeps
-    the old history anyway: see :mod:`predispatch.passes.history`)."""
+def traced_as(op, grad_enabled: bool, target=None) -> OutOfPlace | Unrecorded | GrowingResize | None:
+    """How the in-place ``op`` is traced (on ``target``), when not by
+    functionalization alone. The history rows apply in grad mode only (under
+    no_grad an update keeps the old history anyway: see
+    :mod:`predispatch.passes.history`), but for a draw into a tensor not laid
+    out contiguously, drawn in its memory order in every mode."""
     rule = _rule(op)
-    if rule is None or (rule.for_history and not grad_enabled):
+    if rule is None:
+        return None
+    if rule.for_history and not grad_enabled and not (
+            getattr(rule, "random", False) and _memory_order(target) is not None):
         return None
     return rule
 

@@ -59,10 +59,16 @@ def _keep_written_histories(facts: Facts) -> None:
 
 
 def _refuse_what_no_program_reproduces(facts: Facts) -> None:
-    """Writes of values saved for backward, views of inputs given another shape."""
+    """Writes of values saved for backward, covers written back as their
+    memory started, views of inputs given another shape."""
     notes = facts.notes
     for event in notes.saved_value_updates:
         refusals.refuse(refusals.ONCE_DONE, event, facts)
+    placeholders = {n.name: n for n in facts.graph.nodes if n.op == "placeholder"}
+    for key in [k for k, layout in facts.layouts.items() if layout.get("as_started")]:
+        kind, _, i = key.partition(":")
+        if kind == "input" and (node := placeholders.get(facts.signature.user_inputs[int(i)])) is not None:
+            refusals.refuse(refusals.ONCE_DONE, Event(Kind.RELAYOUT, node, input=key), facts)
     relaid = _relaid_covers(facts)
     if relaid:  # the caller's views of them: as the trace made them, and as given (returned as they are)
         views = [notes.of(node, Kind.INPUT_VIEW) for node in notes.nodes(facts.graph, Kind.INPUT_VIEW)]
@@ -104,6 +110,7 @@ STEPS = (
     Step("relaid inputs' history as eager gives it", keep.note_relayout_modes),
     Step("views made with grad on replayed in grad mode", views.replay_in_grad_mode),
     Step("writes' old histories kept", _keep_written_histories),
+    Step("caller's-mode keeps read at their history's source", keep.read_kept_histories_at_their_source),
     Step("views made in the caller's mode keep their history", views.keep_callers_mode_view_histories),
     Step("views made under no_grad replayed without a history", views.detach_no_grad_view_replays),
     Step("own histories with nothing to carry dropped", reads.drop_historyless_own_reads),

@@ -30,6 +30,7 @@ from torch.export.graph_signature import InputKind, OutputKind
 
 from ... import _torch
 from ...ir.blocks import grad_modes
+from ...ir.meta_keys import VALUES_ONLY
 from ...ir.ops import KEEP_HISTORY, KEEP_HISTORY_IF_NO_GRAD, REQUIRES_GRAD
 from ...ir.records import WRITES, Event, Kind, TraceRecord
 
@@ -263,8 +264,18 @@ def _requires(node, specs, requiring, result, grad_on, modes, leaves, inputs) ->
     if node.op == "call_function":
         on = grad_on if modes is None else modes.get(node) is True
         return on and node.target not in NO_HISTORY and is_float(node) and any(
-            i in result for i in node.all_input_nodes)
+            i in result for i in history_inputs(node))
     return False
+
+
+def history_inputs(node: torch.fx.Node) -> list[torch.fx.Node]:
+    """The inputs whose history ``node``'s value carries: all, but for the
+    recorder's write of a detached alias's values to its memory, whose
+    destination's history is not the memory's (``VALUES_ONLY``: only the
+    values written carry theirs, as the writes stage makes it)."""
+    if node.meta.get(VALUES_ONLY):
+        return [a for a in node.args[1:2] if isinstance(a, torch.fx.Node)]
+    return node.all_input_nodes
 
 
 def is_float(node: torch.fx.Node) -> bool:
@@ -313,7 +324,7 @@ def differentiable_ancestors(facts: Facts) -> set:
     def step(n):
         if modes.get(n) is False and not is_keep(n):
             return []
-        return [n.args[0]] if n.target is KEEP_HISTORY else n.all_input_nodes
+        return [n.args[0]] if n.target is KEEP_HISTORY else history_inputs(n)
     return reach(starts, step)
 
 

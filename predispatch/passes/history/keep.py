@@ -21,7 +21,8 @@ import torch.fx
 from ...ir.ops import KEEP_HISTORY, KEEP_HISTORY_IF_NO_GRAD
 from ...ir.records import Event, Kind
 from .refusals import BEFORE_KEEPING, refuse
-from .facts import Facts, Kept, history_source, is_view, reach, same_dtype, users_after
+from ...ir.blocks import grad_modes
+from .facts import Facts, Kept, chain, history_source, is_view, reach, same_dtype, users_after
 
 
 def insert_keep(facts: Facts, old: torch.fx.Node, new: torch.fx.Node, after: torch.fx.Node, kept: list,
@@ -279,3 +280,28 @@ def note_relayout_modes(facts: Facts) -> None:
     for e in facts.notes.relayouts:
         if e.input in facts.layouts and facts.alive(e.node):
             facts.layouts[e.input]["grad_mode"] = _MODE_NAMES[facts.modes.get(e.node)]
+
+
+def read_kept_histories_at_their_source(facts: Facts) -> None:
+    """Each ``keep_history_if_no_grad(old, new)`` outside grad blocks reads,
+    for ``old``, the history it keeps when it runs under no_grad: through
+    the keeps before it that keep their old one then too. A value kept
+    between is no autograd node of eager's, and a gradient would be
+    checked against its shape, which a relayout since (``t_()`` in the
+    caller's mode) changed; eager checks it against the history's own
+    (:func:`.facts.history_source`, the same rule for ``keep_history``)."""
+    modes = grad_modes(facts.graph)  # (the pass has inserted nodes since facts.modes)
+    for node in list(facts.graph.nodes):
+        if node.target is KEEP_HISTORY_IF_NO_GRAD and modes.get(node) is not True:
+            keeps_old_too = _keeps_old_whenever(modes.get(node), modes)
+            node.args = (chain(node.args[0], keeps_old_too)[-1], *node.args[1:])
+
+
+def _keeps_old_whenever(mode: bool | None, modes: dict) -> Callable[[torch.fx.Node], bool]:
+    """Does a keep take its old history whenever one running in ``mode`` (None:
+    the caller's, False: no_grad) takes its own?"""
+    def keeps(n: torch.fx.Node) -> bool:
+        if n.target is KEEP_HISTORY:
+            return True
+        return n.target is KEEP_HISTORY_IF_NO_GRAD and modes.get(n) in ((None, False) if mode is None else (False,))
+    return keeps

@@ -253,6 +253,27 @@ def views_of_a_reshaped_input(e, facts: Facts, reshaped: dict) -> dict | None:
     return {"where": location(*node.users, node)}
 
 
+# ---------------------------------------------------------------- a cover written back as its memory started
+
+
+def written_with_history_after_relaid(e, facts: Facts, context=None) -> dict | None:
+    """A user input other inputs of the call view (a cover), relaid out of
+    autograd's sight (under no_grad, by set_() to its own memory) and
+    written back as its memory started, then relaid (``as_started``), with
+    a value that may require grad: eager's history of a write made after
+    the relayout takes the new layout, the program's write-back gives it
+    the old one. (Relaid in grad mode, the write-back relays it with its
+    history, as eager.)"""
+    layout = facts.layouts.get(e.input, {})
+    if not layout.get("as_started") or layout.get("grad_mode") in ("grad", "caller"):
+        return None
+    written = [facts.outputs[i] for i, name in facts.write_backs().items() if name == e.node.name]
+    may_grad = facts.may_grad()
+    if not any(v in may_grad for v in written):
+        return None
+    return {"where": location(*written)}
+
+
 REFUSALS = (
     Refusal("views made before a relayout", frozenset({Kind.NO_GRAD_WRITE, Kind.DETACHED_ALIAS_WRITE}),
             BEFORE_KEEPING, views_made_before_a_relayout,
@@ -275,4 +296,10 @@ REFUSALS = (
             "a user input viewed by another input of the call (f(x, x[0])) is given another shape or other "
             "memory (set_()), and the view is differentiated at {where}: eager regenerates the view's history "
             "through the new layout, which a program cannot reproduce; pass distinct tensors, or change a copy"),
+    Refusal("a cover relaid out of autograd's sight, written with a history",
+            frozenset({Kind.RELAYOUT}), ONCE_DONE, written_with_history_after_relaid,
+            "a user input other inputs of the call view (f(x, x, x[0])) is given another layout out of "
+            "autograd's sight (set_() or t_() under no_grad) and written at {where} with a value that may "
+            "require grad: eager's history takes the layout the tensor had at the write, which the program, "
+            "writing its memory back as it started, cannot reproduce; pass distinct tensors, or write a copy"),
 )

@@ -83,19 +83,29 @@ def _update_own_history(state: TraceState, call: TorchCall, alias, detached):
     if getattr(func, "__name__", None) in _METADATA_UPDATES:  # a new layout, the same values
         if alias is detached:
             func(copy, *args[1:], **kwargs)
-            marks.OWN_HISTORY.set(detached, current_node(state, copy))
+            marks.OWN_HISTORY.set(detached, _kept_under_a_no_grad_caller(copy, kept_read, current_node(state, copy)))
         return func(*args, **kwargs)
     target = copy if alias is detached else _same_view(copy, detached, alias)
     on_copy = dataclasses.replace(call, args=(target, *args[1:]))
     run = functools.partial(func, *on_copy.args, **kwargs)
     call_reading_through(state, on_copy, run) if state.reads_through else run()
-    updated = current_node(state, copy)
-    if kept_read is not None:  # in the caller's mode, under a no_grad caller, eager keeps the history before
-        kept = _torch.current_node(ops.KEEP_HISTORY_IF_NO_GRAD(copy, copy))
-        kept.args, updated = (kept_read, updated), kept
+    updated = _kept_under_a_no_grad_caller(copy, kept_read, current_node(state, copy))
     _write_values_only(state, alias, detached, copy)
     _give_own_history(state, detached, updated)
     return alias
+
+
+def _kept_under_a_no_grad_caller(copy, kept_read, updated: torch.fx.Node) -> torch.fx.Node:
+    """The alias's history after an update (``updated``, the copy's node): in
+    code in the caller's mode, under a no_grad caller, eager keeps the one
+    before (``kept_read``, which the history stage reads at its source: a new
+    layout changes the tensor, not eager's autograd node). ``kept_read`` is
+    None for a first update: nothing kept before."""
+    if kept_read is None:
+        return updated
+    kept = _torch.current_node(ops.KEEP_HISTORY_IF_NO_GRAD(copy, copy))
+    kept.args = (kept_read, updated)
+    return kept
 
 
 def _copy_with_own_history(state: TraceState, detached):

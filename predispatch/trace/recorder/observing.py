@@ -45,7 +45,7 @@ def observing_ops(observer):
             if _UNOBSERVED:
                 return dispatch(mode, func, types, args, kwargs)
             if (rules and args and isinstance(args[0], _torch.FunctionalTensor)  # not a kernel's inner call
-                    and (rewrite := inplace_rules.traced_as(func, torch.is_grad_enabled())) is not None):
+                    and (rewrite := inplace_rules.traced_as(func, torch.is_grad_enabled(), args[0])) is not None):
                 # the rewrite's own ops are observed; the op it rewrites is not rewritten again
                 return rewrite(lambda f, a, k: call(mode, f, types, a, k, rules=f is not func),
                                func, args, kwargs)

@@ -1,0 +1,27 @@
+# fuzz seed 51005: RuntimeError: Function MulBackward0 returned an invalid gradient (now refused)
+import torch
+import torch.nn as nn
+from predispatch.testing.eager import assert_matches_eager
+
+
+class M(nn.Module):
+    def __init__(self):
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.lin = nn.Linear(4, 4)
+        with torch.no_grad():
+            self.lin.weight.copy_(torch.randn(4, 4, generator=g) * 0.5)
+            self.lin.bias.copy_(torch.randn(4, generator=g) * 0.1)
+
+    def forward(self, x, y, z):
+        with torch.no_grad():
+            x.set_(z)
+        y.mul_(0.9).add_(self.lin.bias, alpha=0.1)
+        return y
+
+
+def test_repro():
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(3, 4, generator=g)
+    args = (x, x, x[2],)
+    assert_matches_eager(M(), args, inputs_require_grad=False)
