@@ -1997,9 +1997,29 @@ def test_fuzz_60_to_62(module, require):
     assert_sound(module, inputs((3, 4)), inputs_require_grad=require)
 
 
+class SwappedThenUpdated(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("s", torch.randn(4, generator=torch.Generator().manual_seed(1)))
+
+    def forward(self, x):
+        v0 = self.s.relu()
+        with torch.no_grad():
+            x.set_(v0)
+        x.mul_(0.9).add_(v0, alpha=0.1)
+        return v0
+
+
 def test_an_input_set_to_other_memory_then_written_in_grad_mode_is_refused():
     with pytest.raises(predispatch.ExportError, match=r"x.mul_\(0.9\).add_\(v0, alpha=0.1\) of a parameter, "
                                                       r"buffer or input that set_\(\) gave other memory"):
+        predispatch.export_predispatch(SwappedThenUpdated(), inputs((3, 4)))
+
+
+def test_an_input_written_in_grad_mode_then_set_to_other_memory_is_refused():
+    """Eager keeps the history the write gave the caller's tensor, on the new memory."""
+    with pytest.raises(predispatch.ExportError, match=r"x.set_\(v0\) gives a parameter, buffer or input that "
+                                                      r"the forward wrote in grad mode other memory"):
         predispatch.export_predispatch(SwappedThenUpdatedFromItsHistory(input_swapped=True), inputs((3, 4)))
 
 

@@ -46,6 +46,8 @@ from .compiled import CompiledTraining, Program
 from .joint import for_autograd_tracing, reads_generators
 
 __all__ = ["CallNotSupportedError", "CompileError", "CompiledTraining", "compile_training"]
+for _public in (CallNotSupportedError, CompileError, CompiledTraining):  # named where users import them
+    _public.__module__ = __name__
 
 
 def compile_training(ep, backend="eager", *, options: dict | None = None) -> CompiledTraining:

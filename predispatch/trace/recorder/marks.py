@@ -55,6 +55,7 @@ OWN_HISTORY = Mark("own_history")
 
 # -- storage swaps (swaps.py)
 SWAPPED = Mark("swapped", False)  # given another's storage by set_()
+WRITTEN_WITH_GRAD = Mark("written_with_grad", False)  # written in grad mode (or the caller's) from another float tensor
 SWAPPED_AT = Mark("swapped_at")  # where, last
 # on a set_() target: (its own history's node, whether it was made by a view op), for its reads
 SWAP_HISTORY = Mark("swap_history")

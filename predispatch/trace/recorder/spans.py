@@ -54,6 +54,12 @@ def note_written(state: TraceState, tensors) -> None:
         for t in (written, marks.base(written)):
             if id(t) not in state.written and (node := current_node(state, t)) is not None:
                 state.written[id(t)] = (t, node)
+    # written from another floating tensor, which may give it a history (see swaps: a
+    # parameter, buffer or input set_() to other memory after such a write is refused)
+    own = {id(t) for w in tensors for t in (w, marks.base(w))}
+    if any(id(a) not in own and (a.is_floating_point() or a.is_complex()) for a in called):
+        for t in tensors:
+            marks.WRITTEN_WITH_GRAD.set(marks.base(t))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -43,6 +43,8 @@ def _traced_set(state: TraceState, set_, t, source=None, *args, **kwargs):
         return set_(t, *(() if source is None else (source,)), *args, **kwargs)
     if _torch.storage_of(t) == _torch.storage_of(source):
         return _relaid(t, source)
+    _refuse_linking_an_input_to_a_history(state, t, source)
+    _refuse_swapping_an_input_written_with_grad(state, t)
     before = _torch.current_node(t)
     out = set_(t, _alias_in_grad_mode(source))
     _torch.sync_wrapper_layout(t)
@@ -54,6 +56,34 @@ def _traced_set(state: TraceState, set_, t, source=None, *args, **kwargs):
     marks.DETACH_RESULT.set(t)
     note_swapped(state, t, before)
     return out
+
+
+def _refuse_linking_an_input_to_a_history(state: TraceState, t, source) -> None:
+    """``t.set_(source)`` in grad mode, ``t`` a parameter, buffer or input and
+    ``source`` requiring grad: eager links the caller's tensor to
+    ``source``'s history through a node with no derivative (set_'s), which
+    no program's write-back reproduces."""
+    if torch.is_grad_enabled() and id(t) in state.graph_inputs and source.requires_grad:
+        raise ExportError(
+            f"set_() in grad mode at {user_location()} gives a parameter, buffer or input the memory of "
+            "a tensor that requires grad: eager links the caller's tensor to that tensor's history "
+            "through set_ (which has no derivative), which a program cannot reproduce; set_ under "
+            "no_grad, or set_ a detached tensor")
+
+
+def _refuse_swapping_an_input_written_with_grad(state: TraceState, t) -> None:
+    """``t.set_(source)``, ``t`` a parameter, buffer or input the forward
+    wrote in grad mode from another floating tensor: eager's tensor keeps
+    the history that write gave it on the new memory (under no_grad; in
+    grad mode, through set_'s node), which the program, writing back the
+    memory's value, cannot reproduce (the reverse order, see
+    :func:`_refuse_grad_mode_writes_of_swapped_inputs`)."""
+    if id(t) in state.graph_inputs and marks.WRITTEN_WITH_GRAD.of(t):
+        raise ExportError(
+            f"set_() at {user_location()} gives a parameter, buffer or input that the forward wrote in "
+            "grad mode other memory: eager keeps the history that write gave the caller's tensor, "
+            "which a program, writing it back as that memory's value, cannot reproduce; set_ a clone, "
+            "or write a clone")
 
 
 def _relaid(t, source):
