@@ -12,7 +12,8 @@
 
 :data:`STAGES` is that list, defined once: :func:`predispatch.export_predispatch`
 runs it on a module (:class:`ModuleExport`), and every autograd.Function the
-trace meets runs it on its forward and on its backward
+trace meets runs it on its forward and on its backward, every control-flow
+operator (``torch.cond``, ``while_loop``, ``map``) on its branches or bodies
 (:class:`~predispatch.trace.autograd_function.subgraphs.FunctionBody`, handed down
 to the trace layer by :func:`run`). A stage is a function of the
 :class:`Work` the stages hand on; where the two subjects differ (how they are

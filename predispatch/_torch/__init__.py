@@ -21,7 +21,6 @@ from torch.utils import _pytree as pytree  # noqa: E402,F401  (pytrees of inputs
 
 from .ops import (  # noqa: E402,F401
     ASSERT_TENSOR_METADATA_BINDING,
-    control_flow_ops_module,
     is_uncaptured_control_flow,
     decompose_by,
     DispatchKey,

@@ -1,0 +1,525 @@
+"""torch's control-flow operators kept in the program (issue 41): torch.cond, while_loop, map.
+
+Each module is compared with eager by ``assert_matches_eager`` (outputs,
+which require grad, gradients of inputs and parameters, buffers and inputs
+afterwards, under grad mode on and off, re-export stable), and each program
+is checked to hold the operator itself. Several modules are our versions of
+those in PyTorch's test/export/test_export.py (named in their docstrings).
+"""
+from __future__ import annotations
+
+import io
+
+import pytest
+import torch
+from torch.export import Dim
+
+import predispatch
+from predispatch.testing import GraphTestCase
+from predispatch.testing.eager import assert_matches_eager
+
+COND = torch.ops.higher_order.cond
+WHILE_LOOP = torch.ops.higher_order.while_loop
+MAP = torch.ops.higher_order.map_impl
+
+
+def _hop_map(f, xs, *args):
+    from torch._higher_order_ops.map import map as hop_map  # imported late: captured all the same
+
+    return hop_map(f, xs, *args)
+
+
+def _while_loop(cond_fn, body_fn, carried):
+    from torch._higher_order_ops.while_loop import while_loop
+
+    return while_loop(cond_fn, body_fn, carried)
+
+
+def _ops_in(ep) -> set:
+    """Every call target in the program's graphs, subgraphs included."""
+    return {n.target for m in ep.graph_module.modules() if isinstance(m, torch.fx.GraphModule)
+            for n in m.graph.nodes if n.op == "call_function"}
+
+
+# ---------------------------------------------------------------- torch.cond
+
+
+class CondOnValue(torch.nn.Module):
+    """A predicate from a tensor's value; branches read a parameter, a buffer and a closure's tensor."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(3, 3)
+        self.register_buffer("shift", torch.full((3,), 0.5))
+
+    def forward(self, x):
+        y = x * 2
+
+        def true_fn(x):
+            return self.lin(x) + self.shift + y
+
+        def false_fn(x):
+            return x.cos() - self.shift
+
+        return torch.cond(x.sum() > 0, true_fn, false_fn, (x,))
+
+
+class CondBuffers(torch.nn.Module):
+    """test_cond_buffers: methods as branches, a frozen parameter and a buffer."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_parameter("param", torch.nn.Parameter(torch.ones(2, 3), requires_grad=False))
+        self.register_buffer("buffer", torch.ones(2, 3) + 1)
+
+    def true_fn(self, x):
+        return x + self.param
+
+    def false_fn(self, x):
+        return x + self.buffer
+
+    def forward(self, x):
+        return torch.cond(x.sum() > 0, self.true_fn, self.false_fn, [x])
+
+
+class _Bar(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        def true_fn(x):
+            return self.linear(x).cos()
+
+        def false_fn(x):
+            return self.linear(x).sin()
+
+        return torch.cond(x.shape[0] > 4, true_fn, false_fn, [x])
+
+
+class CondInSubmodule(torch.nn.Module):
+    """test_cond_with_module_stack_export_with: a cond on a shape, inside a submodule."""
+
+    def __init__(self):
+        super().__init__()
+        self.bar = _Bar()
+
+    def forward(self, x):
+        return x.cos() + self.bar(x)
+
+
+class _BufferCos(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("buffer", torch.ones(6, 4))
+
+    def forward(self):
+        return self.buffer.cos()
+
+
+class CondCallsASubmodule(torch.nn.Module):
+    """test_export_cond: a branch calls a submodule that reads its buffer."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = _BufferCos()
+
+    def forward(self, x):
+        def true_fn(x):
+            return x.cos() + self.a().sum()
+
+        def false_fn(x):
+            return x.sin()
+
+        return torch.cond(x.sum() > 0, true_fn, false_fn, [x])
+
+
+class CondClosureOverInt(torch.nn.Module):
+    """A closure over a Python int and a module attribute int."""
+
+    k = 3
+
+    def forward(self, x, y):
+        n = 2
+
+        def true_fn(x, y):
+            return x * n + y * self.k
+
+        def false_fn(x, y):
+            return x - y
+
+        return torch.cond(y.mean() < x.mean(), true_fn, false_fn, (x, y))
+
+
+class CondSameNamesAsOuter(torch.nn.Module):
+    """Branch placeholders named as the outer values (test_cond_branches_... placeholder collisions)."""
+
+    def forward(self, x, y):
+        x_1 = x + 1
+
+        def true_fn(x, x_1):
+            return x + x_1
+
+        def false_fn(x, x_1):
+            return x * x_1
+
+        return torch.cond(y.sum() > 0, true_fn, false_fn, (x, x_1))
+
+
+class CondPytreeOutputs(torch.nn.Module):
+    """Several outputs, as a dict, and nested operands."""
+
+    def forward(self, x, y):
+        def true_fn(pair):
+            a, b = pair
+            return {"sum": a + b, "prod": a * b}
+
+        def false_fn(pair):
+            a, b = pair
+            return {"sum": a - b, "prod": a / (b.abs() + 1)}
+
+        out = torch.cond(x.sum() > y.sum(), true_fn, false_fn, ((x, y),))
+        return out["sum"], out["prod"]
+
+
+class NestedCond(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(3))
+
+    def forward(self, x):
+        def inner_true(x):
+            return x * self.w
+
+        def inner_false(x):
+            return x + self.w
+
+        def true_fn(x):
+            return torch.cond(x.mean() > 0, inner_true, inner_false, (x,)) + 1
+
+        def false_fn(x):
+            return x.tanh()
+
+        return torch.cond(x.sum() > -10, true_fn, false_fn, (x,))
+
+
+class CondUnderNoGradAndAutocast(torch.nn.Module):
+    """A cond inside a no_grad block and one inside an autocast block."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(3, 3)
+
+    def forward(self, x):
+        with torch.no_grad():
+            a = torch.cond(x.sum() > 0, lambda x: self.lin(x).sin(), lambda x: x.cos(), (x,))
+        with torch.autocast("cpu", torch.bfloat16):
+            b = torch.cond(x.sum() > 0, lambda x: self.lin(x), lambda x: self.lin(x * 2), (x,))
+        return a + b.float()
+
+
+class RegionsInsideBranches(torch.nn.Module):
+    """no_grad and autocast blocks inside a branch: regions of the branch's subgraph."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(3, 3)
+
+    def forward(self, x):
+        def true_fn(x):
+            with torch.no_grad():
+                z = x * 3
+            with torch.autocast("cpu", torch.bfloat16):
+                w = self.lin(x)
+            return z + w.float()
+
+        def false_fn(x):
+            return self.lin(x).relu()
+
+        return torch.cond(x.sum() > 0, true_fn, false_fn, (x,))
+
+
+class BufferUpdatedAroundCond(torch.nn.Module):
+    """A buffer updated under no_grad before the cond, read inside it."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("steps", torch.zeros(()))
+
+    def forward(self, x):
+        with torch.no_grad():
+            self.steps.add_(1)
+        return torch.cond(x.sum() > 0, lambda x: x * self.steps, lambda x: x - self.steps, (x,))
+
+
+class CondOpCalledDirectly(torch.nn.Module):
+    """The higher-order op itself, as a re-export of a program calls it."""
+
+    def forward(self, x):
+        return torch.ops.higher_order.cond(x.sum() > 0, lambda x: (x.sin(),), lambda x: (x.cos(),), (x,))[0]
+
+
+# ---------------------------------------------------------------- map and while_loop
+
+
+class MapWithArgs(torch.nn.Module):
+    """test_map_buffers' shape: a body over rows, an extra argument, an intermediate updated in place."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("buffer", torch.tensor(7.0))
+
+    def forward(self, xs, y):
+        def body(x, y):
+            z = x + y + self.buffer
+            z.add_(4)
+            return z.sin()
+
+        return _hop_map(body, xs, y)
+
+
+class WhileLoopCounter(torch.nn.Module):
+    """test_while_loop_simple."""
+
+    def forward(self, i, x):
+        return _while_loop(lambda i, x: i < 3, lambda i, x: (i + 1, x * 2), (i, x))
+
+
+class WhileLoopReadsAParameter(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.scale = torch.nn.Parameter(torch.tensor([0.5, 2.0, 1.0]))
+
+    def forward(self, i, x):
+        def body(i, x):
+            return i - 1, (x * self.scale).cos()
+
+        return _while_loop(lambda i, x: i > 0, body, (i, x))
+
+
+R = torch.randn
+
+CASES = {
+    "cond_on_value": (CondOnValue, (R(2, 3),), {}),
+    "cond_buffers": (CondBuffers, (R(2, 3),), {}),
+    "cond_in_submodule": (CondInSubmodule, (R(4, 4),), {}),  # a static shape: the branch taken, as torch
+    "cond_calls_a_submodule": (CondCallsASubmodule, (R(6, 4),), {}),
+    "cond_closure_over_int": (CondClosureOverInt, (R(3), R(3)), {}),
+    "cond_same_names_as_outer": (CondSameNamesAsOuter, (R(3), R(3)), {}),
+    "cond_pytree_outputs": (CondPytreeOutputs, (R(3), R(3)), {}),
+    "nested_cond": (NestedCond, (R(3),), {}),
+    "cond_under_no_grad_and_autocast": (CondUnderNoGradAndAutocast, (R(2, 3),), {"atol": 2e-2, "rtol": 2e-2}),
+    "regions_inside_branches": (RegionsInsideBranches, (R(2, 3),), {"atol": 2e-2, "rtol": 2e-2}),
+    "buffer_updated_around_cond": (BufferUpdatedAroundCond, (R(3),), {}),
+    "cond_op_called_directly": (CondOpCalledDirectly, (R(3),), {}),
+    "map_with_args": (MapWithArgs, (R(3, 2), R(2)), {}),
+    "while_loop_counter": (WhileLoopCounter, (torch.tensor(0), R(3)), {}),
+    "while_loop_reads_a_parameter": (WhileLoopReadsAParameter, (torch.tensor(3), R(3)), {}),
+}
+
+
+def _flip(args):
+    """The same inputs, negated: the other branch of a predicate on their sign."""
+    return tuple(-a if a.is_floating_point() else a for a in args)
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_matches_eager(name):
+    make, args, check = CASES[name]
+    torch.manual_seed(0)
+    ep = assert_matches_eager(make(), args, **check)
+    if name != "cond_in_submodule":  # a Python bool predicate picks its branch
+        assert _ops_in(ep) & {COND, WHILE_LOOP, MAP}
+    torch.manual_seed(0)
+    assert_matches_eager(make(), _flip(args), **check)  # the other branch, exported from it
+
+
+@pytest.mark.parametrize("name", ["cond_on_value", "nested_cond", "cond_pytree_outputs"])
+def test_both_branches_run_from_one_export(name):
+    """One program takes either branch, as eager does, gradients included."""
+    make, args, _ = CASES[name]
+    torch.manual_seed(0)
+    module = make()
+    ep = predispatch.export_predispatch(module, args)
+    for inputs in (args, _flip(args)):
+        eager_in = [a.detach().clone().requires_grad_(a.is_floating_point()) for a in inputs]
+        ours_in = [a.detach().clone().requires_grad_(a.is_floating_point()) for a in inputs]
+        expected, got = module(*eager_in), ep.module()(*ours_in)
+        expected = expected if isinstance(expected, tuple) else (expected,)
+        got = got if isinstance(got, tuple) else (got,)
+        for e, g in zip(expected, got):
+            torch.testing.assert_close(g, e)
+        sum(e.sum() for e in expected).backward()
+        sum(g.sum() for g in got).backward()
+        for e, g in zip(eager_in, ours_in):
+            if e.requires_grad:
+                torch.testing.assert_close(g.grad, e.grad)
+
+
+def test_symbolic_shape_predicate_keeps_both_branches():
+    """A SymBool predicate (a dynamic size's comparison) keeps the op: either size runs its branch."""
+    module = CondInSubmodule()
+    ep = predispatch.export_predispatch(module, (R(6, 4),), dynamic_shapes=({0: Dim("n", min=2, max=16)},))
+    assert COND in _ops_in(ep)
+    for n in (3, 8):
+        x = R(n, 4)
+        torch.testing.assert_close(ep.module()(x), module(x))
+
+
+def test_grad_mode_of_the_program_holds_inside_branches():
+    """The op policy (aten.linear kept) and regions hold inside a branch."""
+    ep = predispatch.export_predispatch(RegionsInsideBranches(), (R(2, 3),))
+    assert torch.ops.aten.linear.default in _ops_in(ep)
+    kinds = [(r.kind, r.name) for r in predispatch.regions(ep)]
+    assert kinds == [("grad", "no_grad_0"), ("autocast", "autocast_bfloat16_1")]
+
+
+# ---------------------------------------------------------------- round trips
+
+
+@pytest.mark.parametrize("name", ["cond_on_value", "regions_inside_branches", "map_with_args",
+                                  "while_loop_reads_a_parameter"])
+def test_save_load_round_trip(name):
+    make, args, check = CASES[name]
+    torch.manual_seed(0)
+    module = make()
+    ep = predispatch.export_predispatch(module, args)
+    buffer = io.BytesIO()
+    torch.export.save(ep, buffer)
+    buffer.seek(0)
+    loaded = torch.export.load(buffer)
+    for inputs in (args, _flip(args)):
+        torch.testing.assert_close(loaded.module()(*inputs), module(*inputs), **check)
+    assert _ops_in(loaded) == _ops_in(ep)
+
+
+@pytest.mark.parametrize("name", ["cond_on_value", "map_with_args", "while_loop_counter"])
+def test_run_decompositions(name):
+    make, args, _ = CASES[name]
+    torch.manual_seed(0)
+    module = make()
+    lowered = predispatch.export_predispatch(module, args).run_decompositions()
+    assert _ops_in(lowered) & {COND, WHILE_LOOP, MAP}
+    torch.testing.assert_close(lowered.module()(*args), module(*args))
+
+
+# ---------------------------------------------------------------- refusals
+
+
+class MutatesItsInput(torch.nn.Module):
+    def forward(self, x):
+        def true_fn(x):
+            x.add_(1)
+            return x.sin()
+
+        return torch.cond(x.sum() > 0, true_fn, lambda x: x.cos(), (x,))
+
+
+class MutatesABuffer(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("count", torch.zeros(3))
+
+    def forward(self, x):
+        def true_fn(x):
+            self.count.add_(1)
+            return x + self.count
+
+        return torch.cond(x.sum() > 0, true_fn, lambda x: x.cos(), (x,))
+
+
+class ReturnsItsInput(torch.nn.Module):
+    def forward(self, x):
+        return torch.cond(x.sum() > 0, lambda x: x, lambda x: x.cos(), (x,))
+
+
+class ReturnsAViewOfItsInput(torch.nn.Module):
+    def forward(self, x):
+        return torch.cond(x.sum() > 0, lambda x: x.view(-1), lambda x: x.cos().view(-1), (x,))
+
+
+@pytest.mark.parametrize("module, why", [
+    (MutatesItsInput(), "updates its input 'x' in place"),
+    (MutatesABuffer(), "updates its input 'b_count' in place"),
+    (ReturnsItsInput(), "returns one of its inputs or a view of one"),
+    (ReturnsAViewOfItsInput(), "returns one of its inputs or a view of one"),
+])
+def test_what_torch_refuses_in_a_branch_is_refused_naming_the_line(module, why):
+    with pytest.raises(predispatch.ExportError, match=why) as info:
+        predispatch.export_predispatch(module, (R(2, 3),))
+    assert "test_control_flow.py" in str(info.value) and "torch.cond(" in str(info.value)
+
+
+class PythonBranchOnValue(torch.nn.Module):
+    def forward(self, x):
+        if x.sum() > 0:
+            return x.sin()
+        return x.cos()
+
+
+def test_data_dependent_refusal_points_at_cond():
+    with pytest.raises(predispatch.ExportError, match=r"torch\.cond\(pred, true_fn, false_fn, operands\), "
+                                                      r"which keeps both branches") as info:
+        predispatch.export_predispatch(PythonBranchOnValue(), (R(3),))
+    assert "if x.sum() > 0" in str(info.value)
+
+
+class Scan(torch.nn.Module):
+    def forward(self, init, xs):
+        from torch._higher_order_ops.scan import scan
+
+        return scan(lambda c, x: (c + x, c * x), init, xs)
+
+
+def test_scan_is_refused_naming_the_operator():
+    with pytest.raises(predispatch.ExportError, match="scan operator at .*test_control_flow.py"):
+        predispatch.export_predispatch(Scan(), (R(3), R(4, 3)))
+
+
+# ---------------------------------------------------------------- the printed program
+
+
+class SmallCond(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(2, 2)
+
+    def forward(self, x):
+        def true_fn(x):
+            with torch.no_grad():
+                y = x * 2
+            return self.lin(x) + y
+
+        return torch.cond(x.sum() > 0, true_fn, lambda x: x.cos(), (x,))
+
+
+class TestGraphs(GraphTestCase):
+    def test_cond_with_a_region_in_a_branch(self):
+        ep = predispatch.export_predispatch(SmallCond(), (torch.ones(1, 2),))
+        self.assertGraphExpectedInline(ep, """\
+def forward(p_lin_weight: f32[2, 2], p_lin_bias: f32[2], x: f32[1, 2]):
+    sum = aten.sum.default(x)
+    gt = aten.gt.Scalar(sum, 0)
+    cond = cond(gt, self.true_graph_0, self.false_graph_0, (x, p_lin_weight, p_lin_bias))
+    getitem = cond[0]
+    return (getitem,)
+def true_graph_0(x: f32[1, 2], p_lin_weight: f32[2, 2], p_lin_bias: f32[2]):
+    no_grad_0 = wrap_with_set_grad_enabled(False, self.no_grad_0, x)
+    getitem = no_grad_0[0]
+    linear = aten.linear.default(x, p_lin_weight, p_lin_bias)
+    add = aten.add.Tensor(linear, getitem)
+    return (add,)
+def true_graph_0.no_grad_0(x: f32[1, 2]):
+    mul = aten.mul.Tensor(x, 2)
+    return (mul,)
+def false_graph_0(x: f32[1, 2], p_lin_weight: f32[2, 2], p_lin_bias: f32[2]):
+    cos = aten.cos.default(x)
+    return (cos,)
+inputs:
+    p_lin_weight: PARAMETER -> lin.weight
+    p_lin_bias: PARAMETER -> lin.bias
+    x: USER_INPUT
+outputs:
+    getitem: USER_OUTPUT
+autocast policy: backward_pass_autocast='same_as_forward', on_backward_autocast_mismatch='error'
+""")
