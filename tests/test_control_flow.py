@@ -252,6 +252,26 @@ class BufferUpdatedAroundCond(torch.nn.Module):
         return torch.cond(x.sum() > 0, lambda x: x * self.steps, lambda x: x - self.steps, (x,))
 
 
+class CondBranchesReturnTheSameInt(torch.nn.Module):
+    """test_cond_branches_return_same_int: no operands, a number from both branches."""
+
+    def forward(self, x):
+        idx = torch.cond(x.sum() > 3, lambda: 0, lambda: 0, tuple())
+        return x[idx]
+
+
+class CondReadsThroughAList(torch.nn.Module):
+    """A branch reads a value of the forward held in a closure's list."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(3))
+
+    def forward(self, x):
+        held = [x * self.w]
+        return torch.cond(x.sum() > 0, lambda x: x + held[0], lambda x: x - held[0], (x,))
+
+
 class CondOpCalledDirectly(torch.nn.Module):
     """The higher-order op itself, as a re-export of a program calls it."""
 
@@ -312,6 +332,8 @@ CASES = {
     "regions_inside_branches": (RegionsInsideBranches, (R(2, 3),), {"atol": 2e-2, "rtol": 2e-2}),
     "buffer_updated_around_cond": (BufferUpdatedAroundCond, (R(3),), {}),
     "cond_op_called_directly": (CondOpCalledDirectly, (R(3),), {}),
+    "cond_branches_return_the_same_int": (CondBranchesReturnTheSameInt, (R(3, 3),), {}),
+    "cond_reads_through_a_list": (CondReadsThroughAList, (R(3),), {}),
     "map_with_args": (MapWithArgs, (R(3, 2), R(2)), {}),
     "while_loop_counter": (WhileLoopCounter, (torch.tensor(0), R(3)), {}),
     "while_loop_reads_a_parameter": (WhileLoopReadsAParameter, (torch.tensor(3), R(3)), {}),
@@ -328,7 +350,7 @@ def test_matches_eager(name):
     make, args, check = CASES[name]
     torch.manual_seed(0)
     ep = assert_matches_eager(make(), args, **check)
-    if name != "cond_in_submodule":  # a Python bool predicate picks its branch
+    if name not in ("cond_in_submodule", "cond_branches_return_the_same_int"):  # (nothing to branch on)
         assert _ops_in(ep) & {COND, WHILE_LOOP, MAP}
     torch.manual_seed(0)
     assert_matches_eager(make(), _flip(args), **check)  # the other branch, exported from it
@@ -448,6 +470,16 @@ def test_what_torch_refuses_in_a_branch_is_refused_naming_the_line(module, why):
     with pytest.raises(predispatch.ExportError, match=why) as info:
         predispatch.export_predispatch(module, (R(2, 3),))
     assert "test_control_flow.py" in str(info.value) and "torch.cond(" in str(info.value)
+
+
+class BranchesDisagree(torch.nn.Module):
+    def forward(self, x):
+        return torch.cond(x.sum() > 0, lambda x: (x.sin(), 1), lambda x: (x.cos(), 2), (x,))
+
+
+def test_branches_returning_different_numbers_are_refused():
+    with pytest.raises(predispatch.ExportError, match="branches return different structures or numbers"):
+        predispatch.export_predispatch(BranchesDisagree(), (R(3),))
 
 
 class PythonBranchOnValue(torch.nn.Module):

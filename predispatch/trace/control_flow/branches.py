@@ -25,19 +25,46 @@ from ..autograd_function.subgraphs import subgraph
 from .reads import Read, reads_of, swapped_in
 
 
+_TENSOR = object()  # an output leaf that is a tensor: the subgraph's next output
+
+
+@dataclasses.dataclass(frozen=True)
+class Outputs:
+    """What a branch returned: its tree and leaves, a tensor leaf
+    :data:`_TENSOR` (the subgraph returns those, in order), a Python
+    constant as it is (the same in every branch: the operator's result does
+    not depend on the branch taken)."""
+
+    spec: object
+    leaves: tuple
+
+    def rebuilt(self, tensors) -> object:
+        """The branch's result, from the operator's tensor outputs."""
+        tensors = iter(tensors)
+        return pytree.tree_unflatten([next(tensors) if leaf is _TENSOR else leaf for leaf in self.leaves],
+                                     self.spec)
+
+    @property
+    def all_tensors(self) -> bool:
+        return all(leaf is _TENSOR for leaf in self.leaves)
+
+
 @dataclasses.dataclass
 class Branches:
     """The traced subgraphs (inputs: operands, ``reads``, ``constants``) and
-    each one's output tree."""
+    what each returned."""
 
     gms: list
     reads: list[Read]
     constants: list
-    out_specs: list
+    outputs: list[Outputs]
 
     def extra_inputs(self) -> list:
-        """The operator's inputs after the operands, in the forward's trace."""
-        return [*(r.outer for r in self.reads), *map(_torch.traced_constant, self.constants)]
+        """The operator's inputs after the operands, in the forward's trace: a
+        constant that is a value of the forward (a tensor the branch reached
+        through a list, a dict: not found as a read) is that value."""
+        return [*(r.outer for r in self.reads),
+                *(c if _torch.is_traced(c) else _torch.traced_constant(c) for c in self.constants)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,22 +81,22 @@ def trace_branches(call: Call, roles: list[str], fns: list, operands: list, unfl
     ``fn(*unflatten(operands))``."""
     reads = reads_of(fns)
     fake_mode = _torch.fake_mode_of(_some_tensor([*operands, *(r.outer for r in reads)]))
-    traced, specs = [], []
+    traced, outputs = [], []
     cache = _torch.autocast_cache_default()  # eager's, read before the trace's patches are suspended
     with _torch.outer_trace_suspended(fake_mode), patches_suspended():
         inputs = [_fake_like(t) for t in [*operands, *(r.outer for r in reads)]]
         for role, fn in zip(roles, fns):
-            body, spec = _body(call, role, fn, len(operands), reads, unflatten)
+            body, returned = _body(call, role, fn, len(operands), reads, unflatten)
             names = [*_operand_names(fn, len(operands)), *(r.name for r in reads)]
             result = subgraph(body, inputs, names, cache)
             if result.updated:
                 raise _refused(call, role, fn, f"updates its input {names[result.updated[0]]!r} in place")
             traced.append(result)
-            specs.append(spec[0])
+            outputs.append(returned[0])
     gms = [t.gm for t in traced]
     kept = _prune_unread(gms, len(operands), len(reads))
     constants = _share_constants(gms, [t.constants for t in traced])
-    return Branches(gms, [reads[i] for i in kept], constants, specs)
+    return Branches(gms, [reads[i] for i in kept], constants, outputs)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,27 +112,29 @@ def _fake_like(t) -> torch.Tensor:
     return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
 
 
-def _some_tensor(values) -> torch.Tensor:
-    return next(v.of if isinstance(v, Row) else v for v in values)
+def _some_tensor(values) -> torch.Tensor | None:
+    return next((v.of if isinstance(v, Row) else v for v in values), None)
 
 
 def _body(call: Call, role: str, fn, n_operands: int, reads: list[Read], unflatten):
-    """``fn`` as a flat function of the operands and the reads; the output tree it returned."""
-    spec = [None]
+    """``fn`` as a flat function of the operands and the reads, returning its
+    tensors; what it returned (:class:`Outputs`, once traced)."""
+    returned = [None]
 
     def body(*tensors):
         with swapped_in(reads, tensors[n_operands:]):
             out = fn(*unflatten(list(tensors[:n_operands])))
-        flat, spec[0] = pytree.tree_flatten(out)
+        flat, spec = pytree.tree_flatten(out)
         for o in flat:
-            if not isinstance(o, torch.Tensor):
-                raise _refused(call, role, fn, f"returns {type(o).__name__} {o!r}, not a tensor")
-            if any(o is t or _torch.shares_storage(o, t) for t in tensors):
+            if not isinstance(o, (torch.Tensor, bool, int, float, type(None))):
+                raise _refused(call, role, fn, f"returns {type(o).__name__} {o!r}, neither a tensor nor a number")
+            if isinstance(o, torch.Tensor) and any(o is t or _torch.shares_storage(o, t) for t in tensors):
                 raise _refused(call, role, fn, "returns one of its inputs or a view of one (an alias); "
                                "return a new tensor (.clone())")
-        return tuple(flat)
+        returned[0] = Outputs(spec, tuple(_TENSOR if isinstance(o, torch.Tensor) else o for o in flat))
+        return tuple(o for o in flat if isinstance(o, torch.Tensor))
 
-    return body, spec
+    return body, returned
 
 
 def _refused(call: Call, role: str, fn, why: str) -> ExportError:

@@ -45,11 +45,14 @@ def _cond(where, pred, true_fn, false_fn, operands):
     flat, spec = pytree.tree_flatten(tuple(operands))
     branches = trace_branches(Call("torch.cond", where), ["true branch", "false branch"], [true_fn, false_fn],
                               flat, lambda ops: pytree.tree_unflatten(ops, spec))
-    if branches.out_specs[0] != branches.out_specs[1]:
+    first, second = branches.outputs
+    if first != second:  # the same tree, the same numbers where they return numbers
         raise ExportError(f"torch.cond at {where} cannot be exported: its branches return different "
-                          f"structures ({branches.out_specs[0]} and {branches.out_specs[1]})")
+                          f"structures or numbers ({first.rebuilt(['<tensor>'] * len(first.leaves))} and "
+                          f"{second.rebuilt(['<tensor>'] * len(second.leaves))}); return the same "
+                          "structure of tensors from both")
     out = CONTROL_FLOW("cond", pred, *branches.gms, (*flat, *branches.extra_inputs()))
-    return pytree.tree_unflatten(list(out), branches.out_specs[0])
+    return first.rebuilt(out)
 
 
 def _while_loop(where, cond_fn, body_fn, carried, additional):
@@ -59,6 +62,10 @@ def _while_loop(where, cond_fn, body_fn, carried, additional):
                           "carry it as a tensor")
     operands = [*carried, *additional]
     branches = trace_branches(call, ["condition", "body"], [cond_fn, body_fn], operands, lambda ops: ops)
+    condition, body = branches.outputs
+    if len(condition.leaves) != 1 or not condition.all_tensors or not body.all_tensors:
+        raise ExportError(f"while_loop at {where} cannot be exported: its condition must return one "
+                          "tensor and its body tensors only (the carried values)")
     _bare_predicate(branches.gms[0])
     out = CONTROL_FLOW("while_loop", *branches.gms, tuple(carried),
                        (*additional, *branches.extra_inputs()))
@@ -76,8 +83,10 @@ def _map(where, f, xs, args):
     xs, args = list(xs), list(args)
     rows = [Row(x) for x in xs]  # the body is traced on one row of each mapped input
     branches = trace_branches(Call("map", where), ["body"], [f], [*rows, *args], lambda ops: ops)
+    if not branches.outputs[0].all_tensors:
+        raise ExportError(f"map at {where} cannot be exported: its body must return tensors only")
     out = CONTROL_FLOW("map", branches.gms[0], xs, [*args, *branches.extra_inputs()])
-    return pytree.tree_unflatten(list(out), branches.out_specs[0])
+    return branches.outputs[0].rebuilt(out)
 
 
 _CAPTURES = {"cond": _cond, "while_loop": _while_loop, "map": _map}

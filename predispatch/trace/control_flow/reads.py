@@ -22,7 +22,8 @@ from ... import _torch
 @dataclasses.dataclass
 class Read:
     """A tensor of the forward's trace a branch may read: ``outer``, found
-    in ``places`` (a closure cell, or a module and the state's dotted name)."""
+    in ``places`` (a closure cell; a cell and the key of the list, tuple or
+    dict it holds; a module and the state's dotted name)."""
 
     name: str  # the branch's placeholder for it
     outer: torch.Tensor
@@ -40,6 +41,10 @@ def reads_of(functions) -> list[Read]:
     for kind, obj, name in _sources(functions):
         if kind == "cell":
             note(obj.cell_contents, name, obj)
+            continue
+        if kind == "held":  # a tensor in a list, tuple or dict of a closure cell
+            cell, key = obj
+            note(cell.cell_contents[key], name, (cell, key))
             continue
         for prefix, named in (("p", obj.named_parameters()), ("b", obj.named_buffers())):
             for dotted, t in named:
@@ -72,6 +77,10 @@ def _sources(functions, depth: int = 0):
                 continue
             if isinstance(value, torch.Tensor) and _torch.is_traced(value):
                 yield "cell", cell, name
+            elif isinstance(value, (list, tuple, dict)):
+                for key, held in (value.items() if isinstance(value, dict) else enumerate(value)):
+                    if isinstance(held, torch.Tensor) and _torch.is_traced(held):
+                        yield "held", (cell, key), f"{name}_{key}"
             elif isinstance(value, torch.nn.Module):
                 yield "module", value, ""
             elif isinstance(value, (types.FunctionType, types.MethodType, functools.partial)) and depth < 4:
@@ -87,12 +96,24 @@ def swapped_in(reads: list[Read], inner: list[torch.Tensor]):
             for place in read.places:
                 if isinstance(place, types.CellType):
                     stack.enter_context(_cell_holding(place, value))
+                elif isinstance(place[0], types.CellType):
+                    stack.enter_context(_cell_holding(place[0], _with(place[0].cell_contents, place[1], value)))
                 else:
                     module, dotted = place
                     by_module.setdefault(id(module), (module, {}))[1][dotted] = value
         for module, state in by_module.values():
             stack.enter_context(_torch.reparametrize_module(module, state, strict=False))
         yield
+
+
+def _with(container, key, value):
+    """A copy of a list, tuple or dict with ``value`` at ``key``: the
+    user's container itself is left as it is."""
+    if isinstance(container, dict):
+        return {**container, key: value}
+    items = list(container)
+    items[key] = value
+    return type(container)(items) if isinstance(container, list) else tuple(items)
 
 
 @contextlib.contextmanager
