@@ -396,6 +396,58 @@ def test_grad_mode_of_the_program_holds_inside_branches():
     assert kinds == [("grad", "no_grad_0"), ("autocast", "autocast_bfloat16_1")]
 
 
+def test_inline_regions_inlines_the_regions_of_branches():
+    ep = predispatch.export_predispatch(RegionsInsideBranches(), (R(2, 3),))
+    flat = predispatch.inline_regions(ep)
+    assert list(predispatch.regions(flat)) == [] and COND in _ops_in(flat)
+    with torch.no_grad():  # (the inlined blocks' modes are lost: compared where they do not matter)
+        for x in (R(2, 3), -R(2, 3).abs()):
+            torch.testing.assert_close(flat.module()(x), ep.module()(x), atol=2e-2, rtol=2e-2)
+
+
+class _CondLayer(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return torch.cond(x.mean() > 0, lambda x: self.lin(x).relu(), lambda x: self.lin(x).sigmoid(), (x,))
+
+
+class CondLayers(torch.nn.Module):
+    """Identical layers, each with a cond (what layer reuse meets)."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList([_CondLayer() for _ in range(3)])
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def test_identical_layers_with_cond():
+    torch.manual_seed(0)
+    ep = assert_matches_eager(CondLayers(), (R(2, 4),))
+    assert sum(n.target is COND for n in ep.graph_module.graph.nodes) == 3
+
+
+def test_compile_training_through_cond():
+    """compile_training's forward and backward graphs hold the cond: gradients as eager's."""
+    torch.manual_seed(0)
+    module = RegionsInsideBranches()
+    train = predispatch.compile_training(predispatch.export_predispatch(module, (R(2, 3),)))
+    for x in (R(2, 3), -R(2, 3).abs()):
+        ours_x, eager_x = x.clone().requires_grad_(), x.clone().requires_grad_()
+        train(ours_x).sum().backward()
+        module(eager_x).sum().backward()
+        torch.testing.assert_close(ours_x.grad, eager_x.grad)
+        for (name, p), q in zip(train.named_parameters(), module.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, msg=name)
+            p.grad = q.grad = None
+
+
 # ---------------------------------------------------------------- round trips
 
 
