@@ -272,6 +272,40 @@ class CondReadsThroughAList(torch.nn.Module):
         return torch.cond(x.sum() > 0, lambda x: x + held[0], lambda x: x - held[0], (x,))
 
 
+class UnbackedToCond(torch.nn.Module):
+    """test_unbacked_to_cond: a predicate on an unbacked size (nonzero's)."""
+
+    def forward(self, a):
+        az = a.nonzero()
+        return torch.cond(az.size(0) > 3, lambda x: (x + 1).sum(), lambda x: (x + 3).sum(), (az,)) * 2
+
+
+class UnbackedThroughCond(torch.nn.Module):
+    """test_unbacked_to_cond_passthrough: an unbacked size through the branches."""
+
+    def forward(self, a):
+        az = a.nonzero()
+        return torch.cond(az.size(0) > 3, lambda x: x + 1, lambda x: x + 3, (az,)) * 2
+
+
+class CondContainsUnbacked(torch.nn.Module):
+    """test_cond_contains_unbacked_no_escape: ``.item()`` of closure tensors inside the branches."""
+
+    def forward(self, a, b1, b2, c):
+        return torch.cond(a, lambda x: x * b1.item(), lambda x: x * b2.item(), (c,)) * 2
+
+
+class CondIntAttribute(torch.nn.Module):
+    """test_cond_int_closure: a bool tensor input as the predicate, an int attribute read."""
+
+    def __init__(self):
+        super().__init__()
+        self.num = 4
+
+    def forward(self, a, x):
+        return torch.cond(a, lambda x: x * self.num, lambda x: x + self.num, (x,)) * 2
+
+
 class CondOpCalledDirectly(torch.nn.Module):
     """The higher-order op itself, as a re-export of a program calls it."""
 
@@ -334,6 +368,11 @@ CASES = {
     "cond_op_called_directly": (CondOpCalledDirectly, (R(3),), {}),
     "cond_branches_return_the_same_int": (CondBranchesReturnTheSameInt, (R(3, 3),), {}),
     "cond_reads_through_a_list": (CondReadsThroughAList, (R(3),), {}),
+    "unbacked_to_cond": (UnbackedToCond, (R(7),), {}),
+    "unbacked_through_cond": (UnbackedThroughCond, (R(7),), {}),
+    "cond_contains_unbacked": (CondContainsUnbacked, (torch.tensor(True), torch.tensor([4]), torch.tensor([3]),
+                                                     R(10)), {}),
+    "cond_int_attribute": (CondIntAttribute, (torch.tensor(True), R(10)), {}),
     "map_with_args": (MapWithArgs, (R(3, 2), R(2)), {}),
     "while_loop_counter": (WhileLoopCounter, (torch.tensor(0), R(3)), {}),
     "while_loop_reads_a_parameter": (WhileLoopReadsAParameter, (torch.tensor(3), R(3)), {}),
@@ -341,8 +380,8 @@ CASES = {
 
 
 def _flip(args):
-    """The same inputs, negated: the other branch of a predicate on their sign."""
-    return tuple(-a if a.is_floating_point() else a for a in args)
+    """The same inputs, negated (a bool one inverted): the other branch of a predicate on them."""
+    return tuple(-a if a.is_floating_point() else ~a if a.dtype == torch.bool else a for a in args)
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -386,6 +425,22 @@ def test_symbolic_shape_predicate_keeps_both_branches():
     for n in (3, 8):
         x = R(n, 4)
         torch.testing.assert_close(ep.module()(x), module(x))
+
+
+class CondSymIntClosure(torch.nn.Module):
+    """test_cond_access_identical_symint_closure: int inputs, dynamic; the branches read one."""
+
+    def forward(self, x, trigger, target):
+        return torch.cond(trigger == 1, lambda: x + target, lambda: x * target, ())
+
+
+def test_symbolic_int_read_by_branches_is_an_operand():
+    module = CondSymIntClosure()
+    ep = predispatch.export_predispatch(module, (R(2), 0, 2), dynamic_shapes=(None, Dim.DYNAMIC, Dim.DYNAMIC))
+    assert COND in _ops_in(ep)
+    for trigger, target in ((0, 2), (1, 3), (1, 5)):
+        x = R(2)
+        torch.testing.assert_close(ep.module()(x, trigger, target), module(x, trigger, target))
 
 
 def test_grad_mode_of_the_program_holds_inside_branches():

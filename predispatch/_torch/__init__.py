@@ -221,6 +221,7 @@ from .autograd import (  # noqa: E402,F401
 from .symbolic import (  # noqa: E402,F401
     concrete,
     is_symbolic,
+    may_be_nonempty,
     ShapeGuards,
     size_bindings,
     symbol_of,

@@ -106,14 +106,16 @@ class Row:
     of: torch.Tensor
 
 
-def _fake_like(t) -> torch.Tensor:
+def _fake_like(t):
+    if not isinstance(t, (torch.Tensor, Row)):  # a symbolic size: itself
+        return t
     if isinstance(t, Row):
         return torch.empty(t.of.shape[1:], dtype=t.of.dtype, device=t.of.device)
     return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
 
 
 def _some_tensor(values) -> torch.Tensor | None:
-    return next((v.of if isinstance(v, Row) else v for v in values), None)
+    return next((v.of if isinstance(v, Row) else v for v in values if isinstance(v, (torch.Tensor, Row))), None)
 
 
 def _body(call: Call, role: str, fn, n_operands: int, reads: list[Read], unflatten):
@@ -128,13 +130,17 @@ def _body(call: Call, role: str, fn, n_operands: int, reads: list[Read], unflatt
         for o in flat:
             if not isinstance(o, (torch.Tensor, bool, int, float, type(None))):
                 raise _refused(call, role, fn, f"returns {type(o).__name__} {o!r}, neither a tensor nor a number")
-            if isinstance(o, torch.Tensor) and any(o is t or _torch.shares_storage(o, t) for t in tensors):
+            if isinstance(o, torch.Tensor) and any(_aliases(o, t) for t in tensors):
                 raise _refused(call, role, fn, "returns one of its inputs or a view of one (an alias); "
                                "return a new tensor (.clone())")
         returned[0] = Outputs(spec, tuple(_TENSOR if isinstance(o, torch.Tensor) else o for o in flat))
         return tuple(o for o in flat if isinstance(o, torch.Tensor))
 
     return body, returned
+
+
+def _aliases(out: torch.Tensor, given) -> bool:
+    return out is given or isinstance(given, torch.Tensor) and _torch.shares_storage(out, given)
 
 
 def _refused(call: Call, role: str, fn, why: str) -> ExportError:

@@ -75,8 +75,8 @@ def _sources(functions, depth: int = 0):
                 value = cell.cell_contents
             except ValueError:  # not yet bound
                 continue
-            if isinstance(value, torch.Tensor) and _torch.is_traced(value):
-                yield "cell", cell, name
+            if isinstance(value, torch.Tensor) and _torch.is_traced(value) or isinstance(value, torch.SymInt):
+                yield "cell", cell, name  # a traced tensor, or a symbolic size (an int input's)
             elif isinstance(value, (list, tuple, dict)):
                 for key, held in (value.items() if isinstance(value, dict) else enumerate(value)):
                     if isinstance(held, torch.Tensor) and _torch.is_traced(held):
