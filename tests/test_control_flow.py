@@ -351,6 +351,29 @@ class WhileLoopReadsAParameter(torch.nn.Module):
         return _while_loop(lambda i, x: i > 0, body, (i, x))
 
 
+class LoopsAndRegions(torch.nn.Module):
+    """while_loop and map inside and around no_grad and autocast blocks."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(3, 3)
+
+    def forward(self, i, x, xs):
+        def body(i, x):
+            with torch.no_grad():
+                damp = x.abs().mean()
+            with torch.autocast("cpu", torch.bfloat16):
+                y = self.lin(x)
+            return i - 1, y.float().tanh() + damp
+
+        _, x = _while_loop(lambda i, x: i > 0, body, (i, x))
+        with torch.no_grad():
+            frozen = _hop_map(lambda row: row * 2, xs)
+        with torch.autocast("cpu", torch.bfloat16):
+            mapped = _hop_map(lambda row, x: self.lin(row + x), xs, x)
+        return x, frozen, mapped.float()
+
+
 R = torch.randn
 
 CASES = {
@@ -376,6 +399,7 @@ CASES = {
     "map_with_args": (MapWithArgs, (R(3, 2), R(2)), {}),
     "while_loop_counter": (WhileLoopCounter, (torch.tensor(0), R(3)), {}),
     "while_loop_reads_a_parameter": (WhileLoopReadsAParameter, (torch.tensor(3), R(3)), {}),
+    "loops_and_regions": (LoopsAndRegions, (torch.tensor(2), R(2, 3), R(4, 2, 3)), {"atol": 3e-2, "rtol": 3e-2}),
 }
 
 
