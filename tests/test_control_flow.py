@@ -1,4 +1,4 @@
-"""torch's control-flow operators kept in the program (issue 41): torch.cond, while_loop, map.
+"""torch's control-flow operators kept in the program (issue 41): torch.cond, while_loop, map, scan.
 
 Each module is compared with eager by ``assert_matches_eager`` (outputs,
 which require grad, gradients of inputs and parameters, buffers and inputs
@@ -21,6 +21,7 @@ from predispatch.testing.eager import assert_matches_eager
 COND = torch.ops.higher_order.cond
 WHILE_LOOP = torch.ops.higher_order.while_loop
 MAP = torch.ops.higher_order.map_impl
+SCAN = torch.ops.higher_order.scan
 
 
 def _hop_map(f, xs, *args):
@@ -374,6 +375,26 @@ class LoopsAndRegions(torch.nn.Module):
         return x, frozen, mapped.float()
 
 
+class ScanWithState(torch.nn.Module):
+    """scan: a running carry and per-step outputs; the combine function reads a parameter and has a region."""
+
+    def __init__(self):
+        super().__init__()
+        self.decay = torch.nn.Parameter(torch.tensor([0.9, 0.5, 0.1]))
+
+    def forward(self, init, xs):
+        from torch._higher_order_ops.scan import scan
+
+        def combine(carry, x):
+            with torch.no_grad():
+                scale = x.abs().max()
+            carry = carry * self.decay + x
+            return carry, {"y": carry.sin() * scale}
+
+        carry, out = scan(combine, init, xs)
+        return carry, out["y"]
+
+
 R = torch.randn
 
 CASES = {
@@ -399,6 +420,7 @@ CASES = {
     "map_with_args": (MapWithArgs, (R(3, 2), R(2)), {}),
     "while_loop_counter": (WhileLoopCounter, (torch.tensor(0), R(3)), {}),
     "while_loop_reads_a_parameter": (WhileLoopReadsAParameter, (torch.tensor(3), R(3)), {}),
+    "scan_with_state": (ScanWithState, (R(3), R(4, 3)), {}),
     "loops_and_regions": (LoopsAndRegions, (torch.tensor(2), R(2, 3), R(4, 2, 3)), {"atol": 3e-2, "rtol": 3e-2}),
 }
 
@@ -414,7 +436,7 @@ def test_matches_eager(name):
     torch.manual_seed(0)
     ep = assert_matches_eager(make(), args, **check)
     if name not in ("cond_in_submodule", "cond_branches_return_the_same_int"):  # (nothing to branch on)
-        assert _ops_in(ep) & {COND, WHILE_LOOP, MAP}
+        assert _ops_in(ep) & {COND, WHILE_LOOP, MAP, SCAN}
     torch.manual_seed(0)
     assert_matches_eager(make(), _flip(args), **check)  # the other branch, exported from it
 
@@ -531,7 +553,7 @@ def test_compile_training_through_cond():
 
 
 @pytest.mark.parametrize("name", ["cond_on_value", "regions_inside_branches", "map_with_args",
-                                  "while_loop_reads_a_parameter"])
+                                  "while_loop_reads_a_parameter", "scan_with_state"])
 def test_save_load_round_trip(name):
     make, args, check = CASES[name]
     torch.manual_seed(0)
@@ -546,13 +568,13 @@ def test_save_load_round_trip(name):
     assert _ops_in(loaded) == _ops_in(ep)
 
 
-@pytest.mark.parametrize("name", ["cond_on_value", "map_with_args", "while_loop_counter"])
+@pytest.mark.parametrize("name", ["cond_on_value", "map_with_args", "while_loop_counter", "scan_with_state"])
 def test_run_decompositions(name):
     make, args, _ = CASES[name]
     torch.manual_seed(0)
     module = make()
     lowered = predispatch.export_predispatch(module, args).run_decompositions()
-    assert _ops_in(lowered) & {COND, WHILE_LOOP, MAP}
+    assert _ops_in(lowered) & {COND, WHILE_LOOP, MAP, SCAN}
     torch.testing.assert_close(lowered.module()(*args), module(*args))
 
 
@@ -627,16 +649,16 @@ def test_data_dependent_refusal_points_at_cond():
     assert "if x.sum() > 0" in str(info.value)
 
 
-class Scan(torch.nn.Module):
-    def forward(self, init, xs):
-        from torch._higher_order_ops.scan import scan
+class AssociativeScan(torch.nn.Module):
+    def forward(self, xs):
+        from torch._higher_order_ops.associative_scan import associative_scan
 
-        return scan(lambda c, x: (c + x, c * x), init, xs)
+        return associative_scan(lambda a, b: a + b, xs, dim=0, combine_mode="generic")
 
 
-def test_scan_is_refused_naming_the_operator():
-    with pytest.raises(predispatch.ExportError, match="scan operator at .*test_control_flow.py"):
-        predispatch.export_predispatch(Scan(), (R(3), R(4, 3)))
+def test_generic_associative_scan_is_traced_as_its_ops():
+    """combine_mode="generic" (the CPU one) runs the combine function in Python: plain ops, as eager."""
+    assert_matches_eager(AssociativeScan(), (R(4, 3),))
 
 
 # ---------------------------------------------------------------- the printed program

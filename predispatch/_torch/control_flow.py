@@ -1,6 +1,6 @@
 """torch's control-flow operators: the ops a program keeps, the calls a trace takes over.
 
-``torch.cond``, ``while_loop`` and ``map`` end in a call of their
+``torch.cond``, ``while_loop``, ``map`` and ``scan`` end in a call of their
 higher-order op (``cond_op(pred, true_fn, false_fn, operands)``...), made
 through ``_hop_compile_and_call``, which traces the branches with dynamo.
 While predispatch traces a forward, that compile is skipped (the op is
@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
+import inspect
 from typing import Callable
 
 import torch
@@ -25,7 +26,8 @@ from .patching import patched
 COND = torch.ops.higher_order.cond
 WHILE_LOOP = torch.ops.higher_order.while_loop
 MAP = torch.ops.higher_order.map_impl
-OPS = {"cond": COND, "while_loop": WHILE_LOOP, "map": MAP}
+SCAN = torch.ops.higher_order.scan
+OPS = {"cond": COND, "while_loop": WHILE_LOOP, "map": MAP, "scan": SCAN}
 
 
 def _op_classes() -> dict:
@@ -73,9 +75,8 @@ def fake_outputs(kind: str, mode, args: tuple):
     two branches' outputs merged, a loop's body run once)."""
     # the modules (the package's names ``cond``, ``map``... are the functions)
     module = importlib.import_module(f"torch._higher_order_ops.{kind}")
-    if kind == "cond":
-        return module.cond_fake_tensor_mode(mode, *args)
-    if kind == "while_loop":
-        return module.while_loop_fake_tensor_mode(mode, *args)
-    with mode:
-        return module.map_fake_tensor_mode(*args)
+    rule = getattr(module, f"{kind}_fake_tensor_mode")
+    if next(iter(inspect.signature(rule).parameters)) == "mode":  # a rule of the mode (scan's since 2.15)
+        return rule(mode, *args)
+    with mode:  # a fake kernel (register_fake)
+        return rule(*args)

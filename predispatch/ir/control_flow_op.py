@@ -7,7 +7,7 @@ rule), below predispatch's pipeline: no regions, no kept composites. The
 capture (:mod:`predispatch.trace.control_flow`) traces them itself and calls
 :data:`CONTROL_FLOW` ``(kind, *op_args)``, a trace-time carrier whose rule in
 make_fx's proxy mode records torch's op (``kind``: "cond", "while_loop",
-"map") with those subgraphs as they are. Its other rules only carry it
+"map", "scan") with those subgraphs as they are. Its other rules only carry it
 there: functionalization (the subgraphs are functional already), autograd
 (below it, as any op traced above autograd), fake tensors (torch's own rule
 for the op). The program holds only torch's op; at run time, in
@@ -35,7 +35,7 @@ CONTROL_FLOW = _ControlFlowOp()
 
 # the names torch.export gives each operator's subgraphs, in the op's argument order
 SUBGRAPH_NAMES = {"cond": ("true_graph", "false_graph"), "while_loop": ("cond_graph", "body_graph"),
-                  "map": ("body_graph",)}
+                  "map": ("body_graph",), "scan": ("scan_combine_graph",)}
 
 
 @CONTROL_FLOW.py_impl(_torch.FakeTensorMode)
@@ -71,7 +71,7 @@ def _proxy(mode, kind, *args):
 
 
 def control_flow_kind(target) -> str | None:
-    """"cond", "while_loop" or "map" for torch's operator, else None."""
+    """"cond", "while_loop", "map" or "scan" for torch's operator, else None."""
     return next((kind for kind, op in control_flow.OPS.items() if target is op), None)
 
 
@@ -84,6 +84,6 @@ def subgraph_inputs(node: torch.fx.Node) -> list[tuple]:
     if kind == "while_loop":
         passed = (*node.args[2], *node.args[3])
         return [(node.args[0], passed), (node.args[1], passed)]
-    if kind == "map":
+    if kind in ("map", "scan"):  # the body takes rows: its placeholders keep their names
         return [(node.args[0], None)]
     return []

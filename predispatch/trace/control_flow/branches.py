@@ -150,6 +150,8 @@ def _refused(call: Call, role: str, fn, why: str) -> ExportError:
 
 
 def _operand_names(fn, count: int) -> list[str]:
+    if isinstance(fn, torch.nn.Module):  # (a program's branch, exported again: its placeholders' names)
+        fn = fn.forward
     try:
         params = [p.name for p in inspect.signature(fn).parameters.values()
                   if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]

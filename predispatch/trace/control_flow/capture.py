@@ -3,13 +3,14 @@
     torch.cond(pred, true_fn, false_fn, operands)     -> cond(pred, true_graph_0, false_graph_0, (*operands, *reads))
     while_loop(cond_fn, body_fn, carried)             -> while_loop(cond_graph_0, body_graph_0, carried, (*reads,))
     map(f, xs, *args)                                 -> map_impl(body_graph_0, [*xs], [*args, *reads])
+    scan(combine_fn, init, xs)                        -> scan(scan_combine_graph_0, [*init], [*xs], (*reads,))
 
 However the user reaches the operator (``torch.cond``, the op itself, a
 name imported before the export), its call comes here while the forward is
 traced (:func:`predispatch._torch.control_flow.control_flow_calls_to`). A
 predicate that is a Python bool (a static shape's comparison) picks its
 branch, traced inline, as torch does; a SymBool or a tensor keeps both.
-``scan`` and ``associative_scan`` are refused for now.
+``associative_scan`` is refused for now.
 """
 from __future__ import annotations
 
@@ -30,10 +31,10 @@ def capturing_control_flow():
 def _capture(kind: str, *args, **kwargs):
     where = user_location()
     capture = _CAPTURES.get(kind)
-    if capture is None or kwargs:
+    if capture is None:
         raise ExportError(f"torch's {kind} operator at {where} cannot be exported yet: predispatch keeps "
-                          "torch.cond, while_loop and map; write the loop with one of them")
-    return capture(where, *args)
+                          "torch.cond, while_loop, map and scan; write the loop with one of them")
+    return capture(where, *args, **kwargs)
 
 
 def _cond(where, pred, true_fn, false_fn, operands):
@@ -89,4 +90,15 @@ def _map(where, f, xs, args):
     return branches.outputs[0].rebuilt(out)
 
 
-_CAPTURES = {"cond": _cond, "while_loop": _while_loop, "map": _map}
+def _scan(where, combine_fn, init, xs, additional_inputs=()):
+    init, xs = list(init), list(xs)
+    rows = [Row(x) for x in xs]  # the combine function is traced on one row of each scanned input
+    branches = trace_branches(Call("scan", where), ["combine function"], [combine_fn],
+                              [*init, *rows, *additional_inputs], lambda ops: ops)
+    if not branches.outputs[0].all_tensors:
+        raise ExportError(f"scan at {where} cannot be exported: its combine function must return tensors only")
+    out = CONTROL_FLOW("scan", branches.gms[0], init, xs, (*additional_inputs, *branches.extra_inputs()))
+    return branches.outputs[0].rebuilt(out)
+
+
+_CAPTURES = {"cond": _cond, "while_loop": _while_loop, "map": _map, "scan": _scan}
