@@ -615,7 +615,7 @@ class ReturnsAViewOfItsInput(torch.nn.Module):
 
 @pytest.mark.parametrize("module, why", [
     (MutatesItsInput(), "updates its input 'x' in place"),
-    (MutatesABuffer(), "updates its input 'b_count' in place"),
+    (MutatesABuffer(), "updates 'b_count' in place, a tensor it reads"),
     (ReturnsItsInput(), "returns one of its inputs or a view of one"),
     (ReturnsAViewOfItsInput(), "returns one of its inputs or a view of one"),
 ])

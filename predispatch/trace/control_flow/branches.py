@@ -90,7 +90,10 @@ def trace_branches(call: Call, roles: list[str], fns: list, operands: list, unfl
             names = [*_operand_names(fn, len(operands)), *(r.name for r in reads)]
             result = subgraph(body, inputs, names, cache)
             if result.updated:
-                raise _refused(call, role, fn, f"updates its input {names[result.updated[0]]!r} in place")
+                k = result.updated[0]
+                raise _refused(call, role, fn, f"updates its input {names[k]!r} in place" if k < len(operands) else
+                               f"updates {names[k]!r} in place, a tensor it reads (a buffer updated by a "
+                               "BatchNorm in training mode too: compute the new value outside the operator)")
             traced.append(result)
             outputs.append(returned[0])
     gms = [t.gm for t in traced]
