@@ -352,6 +352,48 @@ class WhileLoopReadsAParameter(torch.nn.Module):
         return _while_loop(lambda i, x: i > 0, body, (i, x))
 
 
+class WhileLoopThresholdBuffer(torch.nn.Module):
+    """The condition reads a buffer, the body a Linear (torch's while_loop docs)."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(2, 2)
+        self.register_buffer("threshold", torch.tensor(3))
+
+    def forward(self, it, x):
+        return _while_loop(lambda it, val: it < self.threshold, lambda it, val: (it + 1, self.linear(val)), (it, x))
+
+
+class WhileLoopUpdatesClones(torch.nn.Module):
+    """torch's hop tests' simple_with_mutation: clones updated in place inside the condition and body."""
+
+    def forward(self, x):
+        def cond_fn(x):
+            return x.clone().add_(1).add_(-1).sum() < 10
+
+        def body_fn(x):
+            return (x.clone().add_(1).add_(-1) + 1,)
+
+        return _while_loop(cond_fn, body_fn, (x,))
+
+
+class NestedWhileLoops(torch.nn.Module):
+    """torch's hop tests' nested while_loop."""
+
+    def forward(self, out_iter, it, y):
+        def cond_fn(out_iter, it, y):
+            return it.sum() < 10
+
+        def body_fn(out_iter, it, y):
+            return out_iter.clone(), it + y, y + 1
+
+        def outer_body_fn(out_iter, it, y):
+            out_iter, it, y = _while_loop(cond_fn, body_fn, (out_iter, it, y))
+            return out_iter + 1, it, y
+
+        return _while_loop(lambda out_iter, it, y: out_iter.sum() < 2, outer_body_fn, (out_iter, it, y))
+
+
 class LoopsAndRegions(torch.nn.Module):
     """while_loop and map inside and around no_grad and autocast blocks."""
 
@@ -420,6 +462,9 @@ CASES = {
     "map_with_args": (MapWithArgs, (R(3, 2), R(2)), {}),
     "while_loop_counter": (WhileLoopCounter, (torch.tensor(0), R(3)), {}),
     "while_loop_reads_a_parameter": (WhileLoopReadsAParameter, (torch.tensor(3), R(3)), {}),
+    "while_loop_threshold_buffer": (WhileLoopThresholdBuffer, (torch.tensor(0), R(3, 2)), {}),
+    "while_loop_updates_clones": (WhileLoopUpdatesClones, (R(2, 2),), {}),
+    "nested_while_loops": (NestedWhileLoops, (torch.tensor(0), torch.tensor(0), torch.tensor(1)), {}),
     "scan_with_state": (ScanWithState, (R(3), R(4, 3)), {}),
     "loops_and_regions": (LoopsAndRegions, (torch.tensor(2), R(2, 3), R(4, 2, 3)), {"atol": 3e-2, "rtol": 3e-2}),
 }
