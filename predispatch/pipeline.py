@@ -29,6 +29,7 @@ from typing import Callable
 
 import torch
 
+from .ir.control_flow_op import module_stacks_into_branches
 from .ir.records import TraceRecord
 from .passes import assumptions, dead_code, functional_check, history, regions, signature, writes
 from .policies.autocast_policy import AutocastPolicy
@@ -116,6 +117,7 @@ def _regions(work: Work) -> None:
 def _signature(work: Work) -> None:
     if work.exports_a_module:  # a Function's subgraph: its outputs by position, nothing recorded
         s = work.subject
+        module_stacks_into_branches(work.captured.gm)
         signature.sync_output_names(work.captured)
         signature.record_program_meta(work.captured, s.module, s.autocast_policy, s.sharding_layouts,
                                       work.record.grad_mode_after)

@@ -534,6 +534,15 @@ def test_symbolic_int_read_by_branches_is_an_operand():
         torch.testing.assert_close(ep.module()(x, trigger, target), module(x, trigger, target))
 
 
+def test_branch_nodes_run_in_the_calling_module():
+    """A branch's nodes carry the nn_module_stack of the operator's call (unflatten, partitioners)."""
+    ep = predispatch.export_predispatch(CondInSubmodule(), (R(6, 4),), dynamic_shapes=({0: Dim("n", min=2, max=16)},))
+    call = next(n for n in ep.graph_module.graph.nodes if n.target is COND)
+    branch_nodes = [n for n in ep.graph_module.true_graph_0.graph.nodes if n.op == "call_function"]
+    assert branch_nodes and all(n.meta["nn_module_stack"] == call.meta["nn_module_stack"] for n in branch_nodes)
+    assert any(path == "bar" for path, _ in call.meta["nn_module_stack"].values())
+
+
 def test_grad_mode_of_the_program_holds_inside_branches():
     """The op policy (aten.linear kept) and regions hold inside a branch."""
     ep = predispatch.export_predispatch(RegionsInsideBranches(), (R(2, 3),))

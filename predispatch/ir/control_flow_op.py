@@ -87,3 +87,30 @@ def subgraph_inputs(node: torch.fx.Node) -> list[tuple]:
     if kind in ("map", "scan"):  # the body takes rows: its placeholders keep their names
         return [(node.args[0], None)]
     return []
+
+
+def module_stacks_into_branches(gm: torch.fx.GraphModule) -> None:
+    """Each node of a control-flow operator's subgraphs (their regions too)
+    runs in the module that called the operator: its ``nn_module_stack`` is
+    the operator node's (a branch is traced as a function of its own, whose
+    stack would name predispatch's wrapper rather than the user's modules)."""
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or control_flow_kind(node.target) is None:
+            continue
+        stack = node.meta.get("nn_module_stack")
+        for sub, _passed in subgraph_inputs(node):
+            branch = getattr(gm, sub.target)
+            for inner in branch.modules():
+                if isinstance(inner, torch.fx.GraphModule):
+                    for n in inner.graph.nodes:
+                        if n.op not in ("placeholder", "output", "get_attr") and stack is not None:
+                            n.meta["nn_module_stack"] = dict(stack)
+            module_stacks_into_branches(branch)  # (a nested operator: already stamped, its branches now)
+    for sub in gm.children():  # operators inside regions
+        if isinstance(sub, torch.fx.GraphModule) and not _is_branch(gm, sub):
+            module_stacks_into_branches(sub)
+
+
+def _is_branch(owner: torch.fx.GraphModule, sub: torch.fx.GraphModule) -> bool:
+    return any(getattr(owner, s.target, None) is sub for n in owner.graph.nodes
+               if n.op == "call_function" and control_flow_kind(n.target) for s, _ in subgraph_inputs(n))
