@@ -314,6 +314,56 @@ class CondOpCalledDirectly(torch.nn.Module):
         return torch.ops.higher_order.cond(x.sum() > 0, lambda x: (x.sin(),), lambda x: (x.cos(),), (x,))[0]
 
 
+class _QuarterSTE(torch.autograd.Function):
+    """Rounds to quarters; its own backward (triples the gradient, so the test sees it used)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return torch.round(x * 4) / 4
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 3
+
+
+class FunctionInABranch(torch.nn.Module):
+    """A custom autograd.Function inside a branch keeps its own backward."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(3, 3)
+
+    def forward(self, x):
+        return torch.cond(x.sum() > 0, lambda x: _QuarterSTE.apply(self.lin(x)), lambda x: x.sin(), (x,))
+
+
+class _CondInForward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return torch.cond(x.sum() > 0, lambda x: x.sin(), lambda x: x.cos(), (x,))
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2
+
+
+class CondInAFunctionsForward(torch.nn.Module):
+    def forward(self, x):
+        return _CondInForward.apply(x * 1)
+
+
+class BufferUpdatedAfterCondReadIt(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("total", torch.zeros(3))
+
+    def forward(self, x):
+        out = torch.cond(x.sum() > 0, lambda x: x + self.total, lambda x: x - self.total, (x,))
+        with torch.no_grad():
+            self.total.add_(x)
+        return out
+
+
 # ---------------------------------------------------------------- map and while_loop
 
 
@@ -452,6 +502,11 @@ CASES = {
     "regions_inside_branches": (RegionsInsideBranches, (R(2, 3),), {"atol": 2e-2, "rtol": 2e-2}),
     "buffer_updated_around_cond": (BufferUpdatedAroundCond, (R(3),), {}),
     "cond_op_called_directly": (CondOpCalledDirectly, (R(3),), {}),
+    "function_in_a_branch": (FunctionInABranch, (R(2, 3).abs() + 0.1,), {}),
+    "cond_in_a_functions_forward": (CondInAFunctionsForward, (R(2, 3).abs() + 0.1,), {}),
+    # (in grad mode eager's own backward fails: torch's cond saved the buffer, updated since)
+    "buffer_updated_after_cond_read_it": (BufferUpdatedAfterCondReadIt, (R(3).abs() + 0.1,),
+                                          {"grad_modes": (False,)}),
     "cond_branches_return_the_same_int": (CondBranchesReturnTheSameInt, (R(3, 3),), {}),
     "cond_reads_through_a_list": (CondReadsThroughAList, (R(3),), {}),
     "unbacked_to_cond": (UnbackedToCond, (R(7),), {}),
