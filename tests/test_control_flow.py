@@ -261,6 +261,14 @@ class CondBranchesReturnTheSameInt(torch.nn.Module):
         return x[idx]
 
 
+class CondBranchesReturnDifferentInts(torch.nn.Module):
+    """test_cond_branches_return_constant_int: the operator's result is a symbolic int, checked in range."""
+
+    def forward(self, x):
+        idx = torch.cond(x.sum() > 3, lambda: 0, lambda: 1, tuple())
+        return x[idx]
+
+
 class CondReadsThroughAList(torch.nn.Module):
     """A branch reads a value of the forward held in a closure's list."""
 
@@ -509,6 +517,7 @@ CASES = {
                                           {"grad_modes": (False,)}),
     "cond_branches_return_the_same_int": (CondBranchesReturnTheSameInt, (R(3, 3),), {}),
     "cond_reads_through_a_list": (CondReadsThroughAList, (R(3),), {}),
+    "cond_branches_return_different_ints": (CondBranchesReturnDifferentInts, (R(3, 3) + 1,), {}),
     "unbacked_to_cond": (UnbackedToCond, (R(7),), {}),
     "unbacked_through_cond": (UnbackedThroughCond, (R(7),), {}),
     "cond_contains_unbacked": (CondContainsUnbacked, (torch.tensor(True), torch.tensor([4]), torch.tensor([3]),
@@ -736,11 +745,11 @@ def test_what_torch_refuses_in_a_branch_is_refused_naming_the_line(module, why):
 
 class BranchesDisagree(torch.nn.Module):
     def forward(self, x):
-        return torch.cond(x.sum() > 0, lambda x: (x.sin(), 1), lambda x: (x.cos(), 2), (x,))
+        return torch.cond(x.sum() > 0, lambda x: (x.sin(), x.cos()), lambda x: (x.cos(),), (x,))
 
 
-def test_branches_returning_different_numbers_are_refused():
-    with pytest.raises(predispatch.ExportError, match="branches return different structures or numbers"):
+def test_branches_returning_different_structures_are_refused():
+    with pytest.raises(predispatch.ExportError, match="branches return different structures"):
         predispatch.export_predispatch(BranchesDisagree(), (R(3),))
 
 

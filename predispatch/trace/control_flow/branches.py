@@ -25,28 +25,47 @@ from ..autograd_function.subgraphs import subgraph
 from .reads import Read, reads_of, swapped_in
 
 
-_TENSOR = object()  # an output leaf that is a tensor: the subgraph's next output
+_TENSOR = object()  # an output leaf that is a tensor
+_NUMBER = object()  # an int output the branches disagree on: a symbolic int of the operator's
 
 
 @dataclasses.dataclass(frozen=True)
 class Outputs:
-    """What a branch returned: its tree and leaves, a tensor leaf
-    :data:`_TENSOR` (the subgraph returns those, in order), a Python
-    constant as it is (the same in every branch: the operator's result does
-    not depend on the branch taken)."""
+    """What a branch returned: its tree and leaves (a tensor leaf
+    :data:`_TENSOR`, a number as it is). The subgraph returns every leaf,
+    numbers too, as torch's operators do."""
 
     spec: object
     leaves: tuple
 
-    def rebuilt(self, tensors) -> object:
-        """The branch's result, from the operator's tensor outputs."""
-        tensors = iter(tensors)
-        return pytree.tree_unflatten([next(tensors) if leaf is _TENSOR else leaf for leaf in self.leaves],
-                                     self.spec)
+    def rebuilt(self, results) -> object:
+        """The branch's result from the operator's: a number all branches
+        return is that number, as torch's graph uses it."""
+        return pytree.tree_unflatten([r if leaf is _TENSOR or leaf is _NUMBER else leaf
+                                      for leaf, r in zip(self.leaves, results)], self.spec)
 
     @property
     def all_tensors(self) -> bool:
         return all(leaf is _TENSOR for leaf in self.leaves)
+
+    def merged(self, other: "Outputs") -> "Outputs | None":
+        """What both branches return (an int they disagree on: :data:`_NUMBER`), or None where
+        their trees or kinds of leaf differ."""
+        if self.spec != other.spec:
+            return None
+        leaves = []
+        for a, b in zip(self.leaves, other.leaves):
+            if a is _TENSOR or b is _TENSOR:
+                if a is not b:
+                    return None
+                leaves.append(a)
+            elif a == b and type(a) is type(b):
+                leaves.append(a)
+            elif type(a) is int and type(b) is int:
+                leaves.append(_NUMBER)
+            else:
+                return None
+        return Outputs(self.spec, tuple(leaves))
 
 
 @dataclasses.dataclass
@@ -123,7 +142,7 @@ def _some_tensor(values) -> torch.Tensor | None:
 
 def _body(call: Call, role: str, fn, n_operands: int, reads: list[Read], unflatten):
     """``fn`` as a flat function of the operands and the reads, returning its
-    tensors; what it returned (:class:`Outputs`, once traced)."""
+    leaves; what it returned (:class:`Outputs`, once traced)."""
     returned = [None]
 
     def body(*tensors):
@@ -131,13 +150,13 @@ def _body(call: Call, role: str, fn, n_operands: int, reads: list[Read], unflatt
             out = fn(*unflatten(list(tensors[:n_operands])))
         flat, spec = pytree.tree_flatten(out)
         for o in flat:
-            if not isinstance(o, (torch.Tensor, bool, int, float, type(None))):
+            if not isinstance(o, (torch.Tensor, bool, int, float)):
                 raise _refused(call, role, fn, f"returns {type(o).__name__} {o!r}, neither a tensor nor a number")
             if isinstance(o, torch.Tensor) and any(_aliases(o, t) for t in tensors):
                 raise _refused(call, role, fn, "returns one of its inputs or a view of one (an alias); "
                                "return a new tensor (.clone())")
         returned[0] = Outputs(spec, tuple(_TENSOR if isinstance(o, torch.Tensor) else o for o in flat))
-        return tuple(o for o in flat if isinstance(o, torch.Tensor))
+        return tuple(flat)
 
     return body, returned
 

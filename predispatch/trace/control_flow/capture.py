@@ -47,13 +47,14 @@ def _cond(where, pred, true_fn, false_fn, operands):
     branches = trace_branches(Call("torch.cond", where), ["true branch", "false branch"], [true_fn, false_fn],
                               flat, lambda ops: pytree.tree_unflatten(ops, spec))
     first, second = branches.outputs
-    if first != second:  # the same tree, the same numbers where they return numbers
+    both = first.merged(second)  # the same tree; an int they disagree on: a symbolic int, as torch's
+    if both is None:
+        shown = [o.rebuilt(["<tensor>"] * len(o.leaves)) for o in (first, second)]
         raise ExportError(f"torch.cond at {where} cannot be exported: its branches return different "
-                          f"structures or numbers ({first.rebuilt(['<tensor>'] * len(first.leaves))} and "
-                          f"{second.rebuilt(['<tensor>'] * len(second.leaves))}); return the same "
-                          "structure of tensors from both")
+                          f"structures ({shown[0]} and {shown[1]}); return the same structure of "
+                          "tensors from both")
     out = CONTROL_FLOW("cond", pred, *branches.gms, (*flat, *branches.extra_inputs()))
-    return first.rebuilt(out)
+    return both.rebuilt(out)
 
 
 def _while_loop(where, cond_fn, body_fn, carried, additional):
