@@ -652,19 +652,39 @@ def test_identical_layers_with_cond():
     assert sum(n.target is COND for n in ep.graph_module.graph.nodes) == 3
 
 
-def test_compile_training_through_cond():
-    """compile_training's forward and backward graphs hold the cond: gradients as eager's."""
+@pytest.mark.parametrize("name", ["regions_inside_branches", "map_with_args", "while_loop_reads_a_parameter",
+                                  "loops_and_regions"])
+def test_compile_training_through_control_flow(name):
+    """compile_training's forward and backward graphs hold the operators: outputs and
+    gradients as eager's, under grad mode and under an ambient no_grad."""
+    make, args, check = CASES[name]
+    tolerance = {k: v for k, v in check.items() if k in ("atol", "rtol")}
     torch.manual_seed(0)
-    module = RegionsInsideBranches()
-    train = predispatch.compile_training(predispatch.export_predispatch(module, (R(2, 3),)))
-    for x in (R(2, 3), -R(2, 3).abs()):
-        ours_x, eager_x = x.clone().requires_grad_(), x.clone().requires_grad_()
-        train(ours_x).sum().backward()
-        module(eager_x).sum().backward()
-        torch.testing.assert_close(ours_x.grad, eager_x.grad)
-        for (name, p), q in zip(train.named_parameters(), module.parameters()):
-            torch.testing.assert_close(p.grad, q.grad, msg=name)
+    module = make()
+    train = predispatch.compile_training(predispatch.export_predispatch(module, args))
+    for inputs in (args, _flip(args)):
+        ours = [a.clone().requires_grad_(a.is_floating_point()) for a in inputs]
+        eager = [a.clone().requires_grad_(a.is_floating_point()) for a in inputs]
+        got, expected = _as_tuple(train(*ours)), _as_tuple(module(*eager))
+        for g, e in zip(got, expected):
+            torch.testing.assert_close(g, e, **tolerance)
+        sum(g.float().sum() for g in got).backward()
+        sum(e.float().sum() for e in expected).backward()
+        for g, e in zip(ours, eager):
+            if e.grad is not None:
+                torch.testing.assert_close(g.grad, e.grad, **tolerance)
+        for (n, p), q in zip(train.named_parameters(), module.parameters()):
+            if q.grad is not None:
+                torch.testing.assert_close(p.grad, q.grad, msg=n, **tolerance)
             p.grad = q.grad = None
+        with torch.no_grad():
+            for g, e in zip(_as_tuple(train(*inputs)), _as_tuple(module(*inputs))):
+                torch.testing.assert_close(g, e, **tolerance)
+                assert not g.requires_grad
+
+
+def _as_tuple(out):
+    return out if isinstance(out, tuple) else (out,)
 
 
 # ---------------------------------------------------------------- round trips
