@@ -261,6 +261,17 @@ class CondBranchesReturnTheSameInt(torch.nn.Module):
         return x[idx]
 
 
+class CondReadsConstants(torch.nn.Module):
+    """A plain tensor attribute (a constant of the program) and a tensor made from data in a branch."""
+
+    def __init__(self):
+        super().__init__()
+        self.const = torch.tensor([1.0, 2.0, 3.0])
+
+    def forward(self, x):
+        return torch.cond(x.sum() > 0, lambda x: x * self.const, lambda x: x + torch.tensor([5.0, 6.0, 7.0]), (x,))
+
+
 class CondBranchesReturnDifferentInts(torch.nn.Module):
     """test_cond_branches_return_constant_int: the operator's result is a symbolic int, checked in range."""
 
@@ -517,6 +528,7 @@ CASES = {
                                           {"grad_modes": (False,)}),
     "cond_branches_return_the_same_int": (CondBranchesReturnTheSameInt, (R(3, 3),), {}),
     "cond_reads_through_a_list": (CondReadsThroughAList, (R(3),), {}),
+    "cond_reads_constants": (CondReadsConstants, (R(3),), {}),
     "cond_branches_return_different_ints": (CondBranchesReturnDifferentInts, (R(3, 3) + 1,), {}),
     "unbacked_to_cond": (UnbackedToCond, (R(7),), {}),
     "unbacked_through_cond": (UnbackedThroughCond, (R(7),), {}),
@@ -691,7 +703,7 @@ def _as_tuple(out):
 
 
 @pytest.mark.parametrize("name", ["cond_on_value", "regions_inside_branches", "map_with_args",
-                                  "while_loop_reads_a_parameter", "scan_with_state"])
+                                  "while_loop_reads_a_parameter", "scan_with_state", "cond_reads_constants"])
 def test_save_load_round_trip(name):
     make, args, check = CASES[name]
     torch.manual_seed(0)

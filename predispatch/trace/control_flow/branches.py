@@ -116,6 +116,8 @@ def trace_branches(call: Call, roles: list[str], fns: list, operands: list, unfl
             traced.append(result)
             outputs.append(returned[0])
     gms = [t.gm for t in traced]
+    for t in traced:
+        _copied_once(t.gm, len(t.constants))
     kept = _prune_unread(gms, len(operands), len(reads))
     constants = _share_constants(gms, [t.constants for t in traced])
     return Branches(gms, [reads[i] for i in kept], constants, outputs)
@@ -180,6 +182,18 @@ def _operand_names(fn, count: int) -> list[str]:
     except (TypeError, ValueError):
         params = []
     return params[:count] if len(params) >= count else [f"arg{i}" for i in range(count)]
+
+
+def _copied_once(gm: torch.fx.GraphModule, n_constants: int) -> None:
+    """A constant the branch makes (``torch.tensor(data)``) is copied where
+    the operator's caller passes it (a fresh copy each call): its copy in the
+    branch goes."""
+    for node in placeholders(gm)[len(placeholders(gm)) - n_constants:] if n_constants else []:
+        for user in list(node.users):
+            if user.target is torch.ops.aten.lift_fresh_copy.default:
+                user.replace_all_uses_with(node)
+                gm.graph.erase_node(user)
+    gm.recompile()
 
 
 def _prune_unread(gms: list, n_operands: int, n_reads: int) -> list[int]:
