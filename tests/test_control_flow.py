@@ -402,6 +402,29 @@ class MapWithArgs(torch.nn.Module):
         return _hop_map(body, xs, y)
 
 
+class _Outside(torch.nn.Module):
+    def __init__(self, requires_grad: bool):
+        super().__init__()
+        self.register_parameter("param", torch.nn.Parameter(torch.tensor(5.0), requires_grad=requires_grad))
+        self.register_buffer("buffer", torch.tensor(6.0) + 1)
+
+
+def _map_reading(outside: torch.nn.Module):
+    class MapReadsAModuleOutside(torch.nn.Module):
+        """test_map_buffers (an expected failure of torch.export's): the body reads a module
+        outside the exported one; an intermediate updated in place."""
+
+        def forward(self, xs, y):
+            def body(x, y):
+                z = x + y + outside.param + outside.buffer
+                z.add_(4)
+                return z
+
+            return _hop_map(body, xs, y)
+
+    return MapReadsAModuleOutside()
+
+
 class WhileLoopCounter(torch.nn.Module):
     """test_while_loop_simple."""
 
@@ -536,6 +559,7 @@ CASES = {
                                                      R(10)), {}),
     "cond_int_attribute": (CondIntAttribute, (torch.tensor(True), R(10)), {}),
     "map_with_args": (MapWithArgs, (R(3, 2), R(2)), {}),
+    "map_reads_a_module_outside": (lambda: _map_reading(_Outside(False)), (torch.ones(3, 2), torch.tensor(3.0)), {}),
     "while_loop_counter": (WhileLoopCounter, (torch.tensor(0), R(3)), {}),
     "while_loop_reads_a_parameter": (WhileLoopReadsAParameter, (torch.tensor(3), R(3)), {}),
     "while_loop_threshold_buffer": (WhileLoopThresholdBuffer, (torch.tensor(0), R(3, 2)), {}),
@@ -761,6 +785,12 @@ class ReturnsItsInput(torch.nn.Module):
 class ReturnsAViewOfItsInput(torch.nn.Module):
     def forward(self, x):
         return torch.cond(x.sum() > 0, lambda x: x.view(-1), lambda x: x.cos().view(-1), (x,))
+
+
+def test_a_tensor_requiring_grad_outside_the_module_is_refused_in_a_body():
+    with pytest.raises(predispatch.ExportError, match="requires grad but is neither a parameter") as info:
+        predispatch.export_predispatch(_map_reading(_Outside(True)), (torch.ones(3, 2), torch.tensor(3.0)))
+    assert "outside.param" in str(info.value)
 
 
 @pytest.mark.parametrize("module, why", [

@@ -90,7 +90,7 @@ class Branches:
 class Call:
     """A control-flow call being traced: for messages and for the traces."""
 
-    op: str  # "torch.cond", "while_loop", "map"
+    op: str  # "torch.cond", "while_loop", "map", "scan"
     where: str  # the user's line
 
 
