@@ -888,3 +888,41 @@ outputs:
     getitem: USER_OUTPUT
 autocast policy: backward_pass_autocast='same_as_forward', on_backward_autocast_mismatch='error'
 """)
+
+    def test_while_loop_and_map(self):
+        class Loops(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.scale = torch.nn.Parameter(torch.ones(2))
+
+            def forward(self, i, x, xs):
+                _, x = _while_loop(lambda i, x: i > 0, lambda i, x: (i - 1, x * self.scale), (i, x))
+                return _hop_map(lambda row, x: row + x, xs, x)
+
+        ep = predispatch.export_predispatch(Loops(), (torch.tensor(2), torch.ones(2), torch.ones(3, 2)))
+        self.assertGraphExpectedInline(ep, """\
+def forward(p_scale: f32[2], i: i64[], x: f32[2], xs: f32[3, 2]):
+    while_loop = while_loop(self.cond_graph_0, self.body_graph_0, (i, x), (p_scale,))
+    getitem = while_loop[1]
+    map_impl = map_impl(self.body_graph_1, [xs], [getitem])
+    getitem_1 = map_impl[0]
+    return (getitem_1,)
+def cond_graph_0(i: i64[], x: f32[2], p_scale: f32[2]):
+    gt = aten.gt.Scalar(i, 0)
+    return gt
+def body_graph_0(i: i64[], x: f32[2], p_scale: f32[2]):
+    sub = aten.sub.Tensor(i, 1)
+    mul = aten.mul.Tensor(x, p_scale)
+    return (sub, mul)
+def body_graph_1(xs: f32[2], getitem_1: f32[2]):
+    add = aten.add.Tensor(xs, getitem_1)
+    return (add,)
+inputs:
+    p_scale: PARAMETER -> scale
+    i: USER_INPUT
+    x: USER_INPUT
+    xs: USER_INPUT
+outputs:
+    getitem_1: USER_OUTPUT
+autocast policy: backward_pass_autocast='same_as_forward', on_backward_autocast_mismatch='error'
+""")
