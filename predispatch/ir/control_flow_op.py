@@ -99,18 +99,10 @@ def module_stacks_into_branches(gm: torch.fx.GraphModule) -> None:
             continue
         stack = node.meta.get("nn_module_stack")
         for sub, _passed in subgraph_inputs(node):
-            branch = getattr(gm, sub.target)
-            for inner in branch.modules():
-                if isinstance(inner, torch.fx.GraphModule):
-                    for n in inner.graph.nodes:
-                        if n.op not in ("placeholder", "output", "get_attr") and stack is not None:
-                            n.meta["nn_module_stack"] = dict(stack)
-            module_stacks_into_branches(branch)  # (a nested operator: already stamped, its branches now)
-    for sub in gm.children():  # operators inside regions
-        if isinstance(sub, torch.fx.GraphModule) and not _is_branch(gm, sub):
+            for inner in getattr(gm, sub.target).modules():
+                for n in inner.graph.nodes if isinstance(inner, torch.fx.GraphModule) and stack else ():
+                    if n.op not in ("placeholder", "output", "get_attr"):
+                        n.meta["nn_module_stack"] = dict(stack)
+    for sub in gm.children():  # a nested operator's branches, after its own node was stamped; regions'
+        if isinstance(sub, torch.fx.GraphModule):
             module_stacks_into_branches(sub)
-
-
-def _is_branch(owner: torch.fx.GraphModule, sub: torch.fx.GraphModule) -> bool:
-    return any(getattr(owner, s.target, None) is sub for n in owner.graph.nodes
-               if n.op == "call_function" and control_flow_kind(n.target) for s, _ in subgraph_inputs(n))
