@@ -42,14 +42,21 @@ def _op_classes() -> dict:
             "associative_scan": AssociativeScanOp}
 
 
+_MODULES = {f"torch._higher_order_ops.{kind}" for kind in ("cond", "while_loop", "map", "scan", "associative_scan")}
+
+
 @contextlib.contextmanager
 def control_flow_calls_to(capture: Callable):
     """Until exit (the tracing thread): a call of a control-flow operator is
     ``capture(kind, *args)``, its eager compile skipped."""
     import torch._higher_order_ops.utils as hop_utils
 
-    def direct(_original):
-        return lambda fn, args, kwargs=None: fn(*args, **(kwargs or {}))
+    def direct(original):
+        def call(fn, args, kwargs=None):
+            if getattr(fn, "__module__", None) not in _MODULES:  # another operator's (invoke_subgraph...)
+                return original(fn, args, kwargs)
+            return fn(*args, **(kwargs or {}))  # the operator's wrapper, defined in its module
+        return call
 
     with contextlib.ExitStack() as stack:
         stack.enter_context(patched(hop_utils, "_hop_compile_and_call", direct))
