@@ -815,6 +815,29 @@ def test_branches_returning_different_structures_are_refused():
         predispatch.export_predispatch(BranchesDisagree(), (R(3),))
 
 
+class BranchesOfOtherDtypes(torch.nn.Module):
+    def forward(self, x):
+        return torch.cond(x.sum() > 0, lambda x: x.sin(), lambda x: x.int(), (x,))
+
+
+def test_branches_of_other_dtypes_are_refused_naming_the_call():
+    with pytest.raises(predispatch.ExportError, match=r"torch.cond at .*test_control_flow.py.* expected same dtype"):
+        predispatch.export_predispatch(BranchesOfOtherDtypes(), (R(3),))
+
+
+class BranchesOfOtherSizes(torch.nn.Module):
+    """Branches whose outputs differ in size: an unbacked size, checked in range, as torch's."""
+
+    def forward(self, x):
+        return torch.cond(x.sum() > 0, lambda x: x.sin(), lambda x: x[:1].cos(), (x,))
+
+
+def test_branches_of_other_sizes():
+    ep = predispatch.export_predispatch(BranchesOfOtherSizes(), (R(3),))
+    for x in (torch.ones(3), -torch.ones(3)):
+        torch.testing.assert_close(ep.module()(x), BranchesOfOtherSizes()(x))
+
+
 class PythonBranchOnValue(torch.nn.Module):
     def forward(self, x):
         if x.sum() > 0:

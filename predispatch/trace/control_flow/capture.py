@@ -53,7 +53,7 @@ def _cond(where, pred, true_fn, false_fn, operands):
         raise ExportError(f"torch.cond at {where} cannot be exported: its branches return different "
                           f"structures ({shown[0]} and {shown[1]}); return the same structure of "
                           "tensors from both")
-    out = CONTROL_FLOW("cond", pred, *branches.gms, (*flat, *branches.extra_inputs()))
+    out = _recorded("torch.cond", where, "cond", pred, *branches.gms, (*flat, *branches.extra_inputs()))
     return both.rebuilt(out)
 
 
@@ -69,8 +69,8 @@ def _while_loop(where, cond_fn, body_fn, carried, additional):
         raise ExportError(f"while_loop at {where} cannot be exported: its condition must return one "
                           "tensor and its body tensors only (the carried values)")
     _bare_predicate(branches.gms[0])
-    out = CONTROL_FLOW("while_loop", *branches.gms, tuple(carried),
-                       (*additional, *branches.extra_inputs()))
+    out = _recorded("while_loop", where, "while_loop", *branches.gms, tuple(carried),
+                    (*additional, *branches.extra_inputs()))
     return tuple(out)
 
 
@@ -87,7 +87,7 @@ def _map(where, f, xs, args):
     branches = trace_branches(Call("map", where), ["body"], [f], [*rows, *args], lambda ops: ops)
     if not branches.outputs[0].all_tensors:
         raise ExportError(f"map at {where} cannot be exported: its body must return tensors only")
-    out = CONTROL_FLOW("map", branches.gms[0], xs, [*args, *branches.extra_inputs()])
+    out = _recorded("map", where, "map", branches.gms[0], xs, [*args, *branches.extra_inputs()])
     return branches.outputs[0].rebuilt(out)
 
 
@@ -98,8 +98,22 @@ def _scan(where, combine_fn, init, xs, additional_inputs=()):
                               [*init, *rows, *additional_inputs], lambda ops: ops)
     if not branches.outputs[0].all_tensors:
         raise ExportError(f"scan at {where} cannot be exported: its combine function must return tensors only")
-    out = CONTROL_FLOW("scan", branches.gms[0], init, xs, (*additional_inputs, *branches.extra_inputs()))
+    out = _recorded("scan", where, "scan", branches.gms[0], init, xs, (*additional_inputs, *branches.extra_inputs()))
     return branches.outputs[0].rebuilt(out)
+
+
+def _recorded(op: str, where: str, kind: str, *args):
+    """The operator in the graph; torch's rule for its outputs refusing the
+    branches (outputs of other dtypes, a body changing what it carries) said
+    in terms of the user's call."""
+    try:
+        return CONTROL_FLOW(kind, *args)
+    except (ExportError, *_torch.data_dependence_errors()):
+        raise
+    except (RuntimeError, AssertionError, ValueError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ExportError(f"{op} at {where} cannot be exported: torch's rule for the operator's outputs "
+                          f"refuses its branches: {first}") from e
 
 
 _CAPTURES = {"cond": _cond, "while_loop": _while_loop, "map": _map, "scan": _scan}
