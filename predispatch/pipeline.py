@@ -12,7 +12,8 @@
 
 :data:`STAGES` is that list, defined once: :func:`predispatch.export_predispatch`
 runs it on a module (:class:`ModuleExport`), and every autograd.Function the
-trace meets runs it on its forward and on its backward
+trace meets runs it on its forward and on its backward, every control-flow
+operator (``torch.cond``, ``while_loop``, ``map``) on its branches or bodies
 (:class:`~predispatch.trace.autograd_function.subgraphs.FunctionBody`, handed down
 to the trace layer by :func:`run`). A stage is a function of the
 :class:`Work` the stages hand on; where the two subjects differ (how they are
@@ -28,6 +29,7 @@ from typing import Callable
 
 import torch
 
+from .ir.control_flow_op import module_stacks_into_branches
 from .ir.records import TraceRecord
 from .passes import assumptions, dead_code, functional_check, history, regions, signature, writes
 from .policies.autocast_policy import AutocastPolicy
@@ -115,6 +117,7 @@ def _regions(work: Work) -> None:
 def _signature(work: Work) -> None:
     if work.exports_a_module:  # a Function's subgraph: its outputs by position, nothing recorded
         s = work.subject
+        module_stacks_into_branches(work.captured.gm)
         signature.sync_output_names(work.captured)
         signature.record_program_meta(work.captured, s.module, s.autocast_policy, s.sharding_layouts,
                                       work.record.grad_mode_after)

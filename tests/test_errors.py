@@ -21,11 +21,6 @@ class DataDependentBranch(torch.nn.Module):
         return x
 
 
-class DataDependentCond(torch.nn.Module):
-    def forward(self, x):
-        return torch.cond(x.sum() > 0, lambda x: x.sin(), lambda x: x * 2, (x,))
-
-
 class GradModeFromARead(torch.nn.Module):
     train_backbone = False
 
@@ -221,7 +216,6 @@ class CustomBackwardThatCannotRun(torch.nn.Module):
     (PythonRandomScale(), (torch.randn(3),), "random numbers drawn with Python's random",
      "random.uniform("),
     (DataDependentBranch(), (torch.randn(3),), "data-dependent Python control flow", "if x.sum() > 0"),
-    (DataDependentCond(), (torch.randn(3),), "a control-flow operator", "torch.cond("),
     (GradModeFromARead(), (torch.randn(3),), "computed from torch.is_grad_enabled()",
      "torch.set_grad_enabled(use)"),
     (CallersModeRestoredInsideABlock(), (torch.randn(3),), "inside another grad block",

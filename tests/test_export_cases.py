@@ -7,8 +7,8 @@ would: ``assert_matches_eager`` (outputs and which require grad, gradients
 of inputs and parameters, buffers and inputs afterwards, under grad mode on
 and off, re-export stable), or, where no program can reproduce eager, the
 refusal's message. torch's control-flow operators (``torch.cond``,
-``while_loop``, ``map``, ``scan``) are the subject of a later issue: their
-cases are listed as not yet supported, with the reason.
+``while_loop``, ``map``) are kept as themselves (issue 41; more of their
+cases in tests/test_control_flow.py).
 """
 from __future__ import annotations
 
@@ -34,7 +34,6 @@ class Case:
     options: dict = dataclasses.field(default_factory=dict)  # export_predispatch options
     check: dict = dataclasses.field(default_factory=dict)  # assert_matches_eager options
     refused: str | None = None  # the refusal's message (a regex), where refusal is right
-    not_yet: str | None = None  # why it is not supported yet (a later issue)
     differs: str | None = None  # a known difference from eager, open (a strict xfail: why)
 
 
@@ -640,8 +639,6 @@ _SCRIPTED_INLINED = (
     "inlines it the same way, on purpose); eager runs the script, where torch.jit.is_scripting() "
     "is True: the program takes the other branch (sin for cos), silently")
 
-CONTROL_FLOW = ("torch.cond, while_loop, map and scan are a later issue: their branches are traced by "
-                "dynamo, which cannot trace predispatch's recorder; refused today")
 
 # ---------------------------------------------------------------- the cases
 
@@ -749,10 +746,10 @@ CASES = {
                                    refused="attribute \"params\\['foo'\\]\".* neither a parameter, a buffer"),
     "constant_requiring_grad": Case("test_constant_requires_grad", TensorAttributeRequiringGrad, (r(2, 2),),
                                     refused="attribute 'const'.* neither a parameter, a buffer"),
-    # later: control-flow operators
-    "cond": Case("test_cond_with_module_stack_export_with", CondModule, (r(3),), not_yet=CONTROL_FLOW),
-    "map": Case("test_map_buffers", MapModule, (r(3, 2), r(2)), not_yet=CONTROL_FLOW),
-    "while_loop": Case("test_while_loop_simple", WhileLoopModule, (torch.tensor(0), r(3)), not_yet=CONTROL_FLOW),
+    # control-flow operators (issue 41)
+    "cond": Case("test_cond_with_module_stack_export_with", CondModule, (r(3),)),
+    "map": Case("test_map_buffers", MapModule, (r(3, 2), r(2))),
+    "while_loop": Case("test_while_loop_simple", WhileLoopModule, (torch.tensor(0), r(3))),
 }
 
 
@@ -771,7 +768,7 @@ def _matching(name: str, case: Case):
     return pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=case.differs))
 
 
-@pytest.mark.parametrize("name", [_matching(n, c) for n, c in CASES.items() if c.refused is None and c.not_yet is None])
+@pytest.mark.parametrize("name", [_matching(n, c) for n, c in CASES.items() if c.refused is None])
 def test_matches_eager(name):
     case = CASES[name]
     assert_matches_eager(_instantiate(case), case.args, case.kwargs, **case.check, **_options(case))
@@ -783,14 +780,6 @@ def test_refused_naming_the_construct(name):
     with pytest.raises(predispatch.ExportError, match=case.refused) as info:
         predispatch.export_predispatch(_instantiate(case), case.args, case.kwargs, **_options(case))
     assert "test_export_cases.py" in str(info.value)
-
-
-@pytest.mark.parametrize("name", [n for n, c in CASES.items() if c.not_yet is not None])
-def test_control_flow_operators_not_yet_supported(name):
-    """Refused naming the operator, until the control-flow issue lands."""
-    case = CASES[name]
-    with pytest.raises(predispatch.ExportError, match="control-flow operator"):
-        predispatch.export_predispatch(_instantiate(case), case.args, case.kwargs)
 
 
 # ---------------------------------------------------------------- issue 40, item 5

@@ -21,7 +21,6 @@ from torch.utils import _pytree as pytree  # noqa: E402,F401  (pytrees of inputs
 
 from .ops import (  # noqa: E402,F401
     ASSERT_TENSOR_METADATA_BINDING,
-    control_flow_ops_module,
     is_uncaptured_control_flow,
     decompose_by,
     DispatchKey,
@@ -222,6 +221,7 @@ from .autograd import (  # noqa: E402,F401
 from .symbolic import (  # noqa: E402,F401
     concrete,
     is_symbolic,
+    may_be_nonempty,
     ShapeGuards,
     size_bindings,
     symbol_of,

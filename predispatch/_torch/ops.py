@@ -217,13 +217,6 @@ def redispatch_below_autograd(op: OpOverload, keyset, *args):
         return op.redispatch(keyset & torch._C._after_autograd_keyset, *args)
 
 
-def control_flow_ops_module():
-    """The module holding torch's control-flow higher-order ops (cond, while_loop, scan, map)."""
-    import torch._higher_order_ops
-
-    return torch._higher_order_ops
-
-
 def is_uncaptured_control_flow(e: BaseException) -> bool:
     """Is ``e`` torch's failure to capture a control-flow operator's branches
     or body (``torch.cond``, ``while_loop``, ``map``, ``scan`` called

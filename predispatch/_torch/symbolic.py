@@ -118,3 +118,11 @@ def concrete(size, bindings: dict) -> int:
     if not isinstance(size, torch.SymInt):
         return int(size)
     return int(size.node.expr.xreplace(bindings))
+
+
+def may_be_nonempty(t: torch.Tensor) -> bool:
+    """False only where ``t`` is known empty (a size not known, an unbacked
+    one, counts as possibly non-empty: no guard is added)."""
+    from torch.fx.experimental.symbolic_shapes import guard_or_true
+
+    return guard_or_true(t.numel() > 0)

@@ -12,7 +12,8 @@ import torch.fx
 from torch.export import ExportedProgram
 
 from .. import _torch
-from ..ir.regions import delete_unused_submodules, function_calls, inline_region, regions
+from ..ir.regions import delete_unused_submodules, function_calls, graph_modules
+from ..ir.regions import inline_region, regions
 from ..ir.program_meta import program_meta, set_program_meta
 from ..program.program import PredispatchProgram
 
@@ -40,22 +41,27 @@ def inline_regions(ep: ExportedProgram) -> ExportedProgram:
     show the dtypes they compute in without autocast, and the ``.to()``
     guards on dtypes autocast made are dropped). An autograd Function's op is
     replaced by its forward: its custom backward is LOST too (the program
-    differentiates the forward's ops).
+    differentiates the forward's ops). A control-flow operator (``torch.cond``,
+    ``while_loop``, ``map``) stays, as torch's own op; the regions in its
+    branches are inlined there.
     """
     gm = copy.deepcopy(ep.graph_module)
     record = program_meta(gm)  # it may live on a region's node, which inlining removes
-    autocast_inlined = False
-    while True:
-        top = [r for r in regions(gm) if r.depth == 0 and r.owner is gm] + function_calls(gm)
+    autocast_inlined = {}  # the graphs an autocast region was inlined in (a branch's too), by id
+    while True:  # outermost first; those in a control-flow operator's branches too, inlined there
+        top = [r for r in regions(gm) if r.depth == 0] + function_calls(gm)
         if not top:
             break
         for region in top:
-            autocast_inlined |= region.kind == "autocast"
-            inline_region(gm, region)
+            if region.kind == "autocast":
+                autocast_inlined[id(region.owner)] = region.owner
+            inline_region(region.owner, region)
+    for owner in graph_modules(gm):
+        owner.recompile()
     delete_unused_submodules(gm)
     gm.graph.eliminate_dead_code(is_impure_node=lambda n: n.op in ("placeholder", "output") or n.is_impure())
-    if autocast_inlined:  # the nodes' values say what autocast made
-        _drop_guards_of_autocast_dtypes(gm)
+    for owner in autocast_inlined.values():  # the nodes' values say what autocast made
+        _drop_guards_of_autocast_dtypes(owner)
     set_program_meta(gm, record)
     gm.recompile()
     signature = copy.deepcopy(ep.graph_signature)

@@ -22,6 +22,7 @@ from torch.export import ExportedProgram
 
 from .. import _torch
 from .autograd_function_op import AUTOGRAD_FUNCTION
+from .control_flow_op import control_flow_kind, subgraph_inputs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,7 +127,8 @@ def regions(ep_or_gm) -> Iterator[Region]:
 
     For passes and pattern matchers that must see inside regions rather
     than silently skip them. Also yields the regions inside an autograd
-    Function's forward and backward (at the depth of the Function's op).
+    Function's forward and backward, and inside the branches and bodies of
+    control-flow operators (``torch.cond``...), at the depth of the op.
     """
     yield from _walk(_graph_module(ep_or_gm), 0)
 
@@ -136,6 +138,9 @@ def _walk(gm: torch.fx.GraphModule, depth: int) -> Iterator[Region]:
         kind = _KIND.get(node.target) if node.op == "call_function" else None
         if kind == "autograd_function":  # no region: the regions in its forward and backward are
             for sub in node.args[:2]:
+                yield from _walk(getattr(gm, sub.target), depth)
+        elif node.op == "call_function" and control_flow_kind(node.target) is not None:
+            for sub, _passed in subgraph_inputs(node):  # the same: the regions in its branches
                 yield from _walk(getattr(gm, sub.target), depth)
         elif kind is not None:
             position = _SUBMODULE[kind]

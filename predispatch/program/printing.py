@@ -31,6 +31,7 @@ from torch.export import ExportedProgram
 from .. import _torch
 from ..ir.assumptions import assumptions
 from ..ir.autograd_function_op import AUTOGRAD_FUNCTION
+from ..ir.control_flow_op import control_flow_kind, subgraph_inputs
 from ..ir.program_meta import program_meta
 from ..policies.autocast_policy import autocast_policy
 
@@ -49,6 +50,8 @@ def _base_name(node: torch.fx.Node) -> str:
     if node.op == "call_function":
         if isinstance(node.target, _torch.OpOverload):
             return _torch.op_name_parts(node.target)[1]
+        if control_flow_kind(node.target) is not None:
+            return node.target.name()
         if isinstance(node.target, _torch.HigherOrderOperator):
             subs = _subgraphs(node)  # named for its (first) submodule
             return subs[0][0].target.removesuffix("_fwd") if subs else node.target.name()
@@ -141,6 +144,8 @@ def _subgraphs(node: torch.fx.Node) -> list[tuple[torch.fx.Node, tuple | None]]:
     its backward gradients and saved tensors."""
     if node.op != "call_function" or not isinstance(node.target, _torch.HigherOrderOperator):
         return []
+    if control_flow_kind(node.target) is not None:  # branches take its operands
+        return subgraph_inputs(node)
     subs = [a for a in node.args if isinstance(a, torch.fx.Node) and a.op == "get_attr"]
     if node.target is AUTOGRAD_FUNCTION:
         fwd, bwd = subs

@@ -201,8 +201,9 @@ def _data_dependence_as_export_error(specializing: bool):
         yield
     except _torch.data_dependence_errors() as e:
         remedy = ("the example's value is not known there" if specializing else
-                  "export with data_dependent='specialize' to take the example's branch, "
-                  "checked when the program runs")
+                  "write the branch at that line as torch.cond(pred, true_fn, false_fn, operands), "
+                  "which keeps both branches in the program, or export with "
+                  "data_dependent='specialize' to take the example's branch, checked when the program runs")
         raise ExportError(
             "data-dependent Python control flow (a Python bool/int/float/item() of a "
             f"tensor's value) cannot be exported soundly, at {exception_location(e)} ({_first_line(e)}); "

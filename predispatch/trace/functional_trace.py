@@ -220,7 +220,7 @@ def _overlapping_inputs(layout: _FlatInputs, flat_args: list, mutated: list[int]
 
 def _some_share_storage(inputs) -> bool:
     storages = [input_aliasing.storage(t) for t in inputs
-                if isinstance(t, torch.Tensor) and t.device.type != "meta" and t.numel() > 0]
+                if isinstance(t, torch.Tensor) and t.device.type != "meta" and _torch.may_be_nonempty(t)]
     return len(storages) != len(set(storages))
 
 

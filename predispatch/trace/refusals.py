@@ -12,7 +12,6 @@ import sys
 import torch
 import torch.autograd.forward_ad
 
-from .. import _torch
 from ..errors import ExportError, is_library_file, user_location
 from .._torch.patching import patched
 
@@ -30,6 +29,8 @@ _AUTOGRAD_CALL = ("autograd run inside the traced code (a gradient, a hook on th
                   "differentiate by hand, or recompute with torch.utils.checkpoint)")
 _TRANSFORM_CALL = ("a torch.func transform inside the forward: the functional pre-dispatch "
                    "trace cannot capture it")
+# (torch.cond, while_loop and map are captured: trace/control_flow; this says why another
+# path to dynamo, which cannot trace through the exporter's recording, is refused)
 CONTROL_FLOW_CALL = ("a control-flow operator: its branches or body are traced by dynamo, "
                       "which cannot trace through the exporter's recording (torch.export.export "
                       "keeps it, without functional regions)")
@@ -47,9 +48,6 @@ _REFUSED_CALLS = {
         "set_autocast_enabled", "set_autocast_dtype", "set_autocast_cpu_enabled",
         "set_autocast_cpu_dtype", "set_autocast_gpu_dtype", "set_autocast_cache_enabled")},
     **{(module, "seed"): _RNG_CALL for module in (torch, torch.random)},
-    (torch, "cond"): CONTROL_FLOW_CALL,
-    **{(_torch.control_flow_ops_module(), name): CONTROL_FLOW_CALL
-       for name in ("cond", "while_loop", "scan", "map", "associative_scan")},
 }
 
 

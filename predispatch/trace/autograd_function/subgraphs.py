@@ -2,7 +2,7 @@
 
 The trace meets an autograd.Function in the forward (:mod:`.capture`) and
 needs its forward and backward traced by the whole pipeline, a layer above
-it; the pipeline hands itself down for the span of an export
+it (a control-flow operator's branches too: :mod:`predispatch.trace.control_flow`); the pipeline hands itself down for the span of an export
 (:func:`subgraphs_traced_by`), as torch's ``reenter_make_fx`` finds the
 tracer that is running.
 """

@@ -16,6 +16,7 @@ from ... import _torch
 from ...ir.records import TraceRecord
 from ..autocast_cache import CastCache
 from ..autograd_function.capture import capturing_autograd_functions
+from ..control_flow.capture import capturing_control_flow
 from ..grad_mode_reads import noting_grad_mode_reads
 from ..host_random import HostDraws, refusing_host_randomness
 from ..layer_reuse import LayerReuse, note_no_reuse, reuse_enabled
@@ -112,6 +113,7 @@ def _forward_recorded(module, state: TraceState, eager_autocast_cache: bool, reu
         enter(swaps.set_calls_to_aliases(state))  # t.set_(source)
         enter(noting_grad_mode_reads())  # torch.is_grad_enabled() read by the module's code
         enter(capturing_autograd_functions())  # autograd.Function.apply
+        enter(capturing_control_flow())  # torch.cond, while_loop, map: their ops, branches traced
         enter(refusing_host_randomness(state.draws))  # Python's and numpy's generators
         enter(scalar_tensors_formatted_as_in_eager())  # f"{t}" of a 0-dim tensor: its value
         enter(inference_mode_as_no_grad())

@@ -1,0 +1,232 @@
+"""A control-flow operator's branches (or bodies) traced by the pipeline, on the same inputs.
+
+Each branch is traced as an autograd.Function's forward is
+(:func:`predispatch.trace.autograd_function.subgraphs.subgraph`: the whole
+pipeline, with the running trace suspended), on fresh fake inputs: the
+operands, then every tensor of the forward it may read (:mod:`.reads`). The
+subgraphs then take the same inputs, as torch's operators require: the
+operands, the reads some branch used, and the tensor constants of every
+branch (each branch's own constants, lifted to its last inputs, become
+inputs of all).
+"""
+from __future__ import annotations
+
+import dataclasses
+import inspect
+
+import torch
+
+from ... import _torch
+from ..._torch import pytree
+from ..._torch.patching import patches_suspended
+from ...errors import ExportError
+from ...ir.autograd_function_op import placeholders
+from ..autograd_function.subgraphs import subgraph
+from .reads import Read, reads_of, swapped_in
+
+
+_TENSOR = object()  # an output leaf that is a tensor
+_NUMBER = object()  # an int output the branches disagree on: a symbolic int of the operator's
+
+
+@dataclasses.dataclass(frozen=True)
+class Outputs:
+    """What a branch returned: its tree and leaves (a tensor leaf
+    :data:`_TENSOR`, a number as it is). The subgraph returns every leaf,
+    numbers too, as torch's operators do."""
+
+    spec: object
+    leaves: tuple
+
+    def rebuilt(self, results) -> object:
+        """The branch's result from the operator's: a number all branches
+        return is that number, as torch's graph uses it."""
+        return pytree.tree_unflatten([r if leaf is _TENSOR or leaf is _NUMBER else leaf
+                                      for leaf, r in zip(self.leaves, results)], self.spec)
+
+    @property
+    def all_tensors(self) -> bool:
+        return all(leaf is _TENSOR for leaf in self.leaves)
+
+    def merged(self, other: "Outputs") -> "Outputs | None":
+        """What both branches return (an int they disagree on: :data:`_NUMBER`), or None where
+        their trees or kinds of leaf differ."""
+        if self.spec != other.spec:
+            return None
+        leaves = []
+        for a, b in zip(self.leaves, other.leaves):
+            if a is _TENSOR or b is _TENSOR:
+                if a is not b:
+                    return None
+                leaves.append(a)
+            elif a == b and type(a) is type(b):
+                leaves.append(a)
+            elif type(a) is int and type(b) is int:
+                leaves.append(_NUMBER)
+            else:
+                return None
+        return Outputs(self.spec, tuple(leaves))
+
+
+@dataclasses.dataclass
+class Branches:
+    """The traced subgraphs (inputs: operands, ``reads``, ``constants``) and
+    what each returned."""
+
+    gms: list
+    reads: list[Read]
+    constants: list
+    outputs: list[Outputs]
+
+    def extra_inputs(self) -> list:
+        """The operator's inputs after the operands, in the forward's trace: a
+        constant that is a value of the forward (a tensor the branch reached
+        through a list, a dict: not found as a read) is that value."""
+        return [*(r.outer for r in self.reads),
+                *(c if _torch.is_traced(c) else _torch.traced_constant(c) for c in self.constants)]
+
+
+@dataclasses.dataclass(frozen=True)
+class Call:
+    """A control-flow call being traced: for messages and for the traces."""
+
+    op: str  # "torch.cond", "while_loop", "map", "scan"
+    where: str  # the user's line
+
+
+def trace_branches(call: Call, roles: list[str], fns: list, operands: list, unflatten) -> Branches:
+    """Each of ``fns`` (named by ``roles``: "true branch"...) traced on the
+    flat traced ``operands`` (a :class:`Row`: a row of one), called as
+    ``fn(*unflatten(operands))``."""
+    reads = reads_of(fns)
+    fake_mode = _torch.fake_mode_of(_some_tensor([*operands, *(r.outer for r in reads)]))
+    traced, outputs = [], []
+    cache = _torch.autocast_cache_default()  # eager's, read before the trace's patches are suspended
+    with _torch.outer_trace_suspended(fake_mode), patches_suspended():
+        inputs = [_fake_like(t) for t in [*operands, *(r.outer for r in reads)]]
+        for role, fn in zip(roles, fns):
+            body, returned = _body(call, role, fn, len(operands), reads, unflatten)
+            names = [*_operand_names(fn, len(operands)), *(r.name for r in reads)]
+            result = subgraph(body, inputs, names, cache)
+            if result.updated:
+                k = result.updated[0]
+                raise _refused(call, role, fn, f"updates its input {names[k]!r} in place" if k < len(operands) else
+                               f"updates {names[k]!r} in place, a tensor it reads (a buffer updated by a "
+                               "BatchNorm in training mode too: compute the new value outside the operator)")
+            traced.append(result)
+            outputs.append(returned[0])
+    gms = [t.gm for t in traced]
+    for t in traced:
+        _copied_once(t.gm, len(t.constants))
+    kept = _prune_unread(gms, len(operands), len(reads))
+    constants = _share_constants(gms, [t.constants for t in traced])
+    return Branches(gms, [reads[i] for i in kept], constants, outputs)
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+    """One row of a mapped tensor: what a map's body takes (contiguous, as torch traces it)."""
+
+    of: torch.Tensor
+
+
+def _fake_like(t):
+    if not isinstance(t, (torch.Tensor, Row)):  # a symbolic size: itself
+        return t
+    if isinstance(t, Row):
+        return torch.empty(t.of.shape[1:], dtype=t.of.dtype, device=t.of.device)
+    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
+
+
+def _some_tensor(values) -> torch.Tensor | None:
+    return next((v.of if isinstance(v, Row) else v for v in values if isinstance(v, (torch.Tensor, Row))), None)
+
+
+def _body(call: Call, role: str, fn, n_operands: int, reads: list[Read], unflatten):
+    """``fn`` as a flat function of the operands and the reads, returning its
+    leaves; what it returned (:class:`Outputs`, once traced)."""
+    returned = [None]
+
+    def body(*tensors):
+        with swapped_in(reads, tensors[n_operands:]):
+            out = fn(*unflatten(list(tensors[:n_operands])))
+        flat, spec = pytree.tree_flatten(out)
+        for o in flat:
+            if not isinstance(o, (torch.Tensor, bool, int, float)):
+                raise _refused(call, role, fn, f"returns {type(o).__name__} {o!r}, neither a tensor nor a number")
+            if isinstance(o, torch.Tensor) and any(_aliases(o, t) for t in tensors):
+                raise _refused(call, role, fn, "returns one of its inputs or a view of one (an alias); "
+                               "return a new tensor (.clone())")
+        returned[0] = Outputs(spec, tuple(_TENSOR if isinstance(o, torch.Tensor) else o for o in flat))
+        return tuple(flat)
+
+    return body, returned
+
+
+def _aliases(out: torch.Tensor, given) -> bool:
+    return out is given or isinstance(given, torch.Tensor) and _torch.shares_storage(out, given)
+
+
+def _refused(call: Call, role: str, fn, why: str) -> ExportError:
+    name = getattr(fn, "__qualname__", None) or type(fn).__name__
+    return ExportError(f"{call.op} at {call.where} cannot be exported soundly: its {role} ({name}) {why}; "
+                       f"torch's control-flow operators take functional branches, as torch.export requires")
+
+
+def _operand_names(fn, count: int) -> list[str]:
+    if isinstance(fn, torch.nn.Module):  # (a program's branch, exported again: its placeholders' names)
+        fn = fn.forward
+    try:
+        params = [p.name for p in inspect.signature(fn).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError):
+        params = []
+    return params[:count] if len(params) >= count else [f"arg{i}" for i in range(count)]
+
+
+def _copied_once(gm: torch.fx.GraphModule, n_constants: int) -> None:
+    """A constant the branch makes (``torch.tensor(data)``) is copied where
+    the operator's caller passes it (a fresh copy each call): its copy in the
+    branch goes."""
+    for node in placeholders(gm)[len(placeholders(gm)) - n_constants:] if n_constants else []:
+        for user in list(node.users):
+            if user.target is torch.ops.aten.lift_fresh_copy.default:
+                user.replace_all_uses_with(node)
+                gm.graph.erase_node(user)
+    gm.recompile()
+
+
+def _prune_unread(gms: list, n_operands: int, n_reads: int) -> list[int]:
+    """The reads no subgraph uses dropped from all; the kept ones' positions."""
+    read_nodes = [placeholders(gm)[n_operands:n_operands + n_reads] for gm in gms]
+    kept = [i for i in range(n_reads) if any(nodes[i].users for nodes in read_nodes)]
+    for gm, nodes in zip(gms, read_nodes):
+        for i, node in enumerate(nodes):
+            if i not in kept:
+                gm.graph.erase_node(node)
+        gm.recompile()
+    return kept
+
+
+def _share_constants(gms: list, constants: list[list]) -> list:
+    """Each subgraph's lifted constants (its last inputs) made inputs of
+    all, in branch order: a subgraph takes the others' as unused inputs."""
+    own = [placeholders(gm)[len(placeholders(gm)) - len(cs):] for gm, cs in zip(gms, constants)]
+    for k, gm in enumerate(gms):
+        before = [n for j in range(k) for n in own[j]]
+        after = [n for j in range(k + 1, len(gms)) for n in own[j]]
+        anchor = own[k][0] if own[k] else None
+        for i, other in enumerate([*before, *after]):
+            _unused_input(gm, f"other_constant_{i}", other, before=anchor if i < len(before) else None)
+        gm.recompile()
+    return [c for cs in constants for c in cs]
+
+
+def _unused_input(gm: torch.fx.GraphModule, name: str, like: torch.fx.Node, before) -> None:
+    """A placeholder ``name`` with ``like``'s metadata, before ``before`` or after the last."""
+    last = placeholders(gm)[-1] if placeholders(gm) else None
+    where = gm.graph.inserting_before(before) if before is not None else (
+        gm.graph.inserting_after(last) if last is not None else gm.graph.inserting_before(None))
+    with where:
+        node = gm.graph.placeholder(name)
+    node.meta.update(like.meta)
