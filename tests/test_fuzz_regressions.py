@@ -2016,6 +2016,26 @@ def test_an_input_set_to_other_memory_then_written_in_grad_mode_is_refused():
         predispatch.export_predispatch(SwappedThenUpdated(), inputs((3, 4)))
 
 
+class SetInGradModeTo(nn.Module):
+    def __init__(self, source):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4, 4, generator=torch.Generator().manual_seed(0)))
+        self.source = source
+
+    def forward(self, x):
+        x.set_({"parameter": lambda: self.w, "computed": lambda: self.w * 2,
+                "leaf": lambda: self.w.detach().requires_grad_()}[self.source]())
+        return self.w.sum()
+
+
+@pytest.mark.parametrize("source", ["parameter", "computed", "leaf"])
+def test_an_input_set_in_grad_mode_to_a_tensor_that_requires_grad_is_refused(source):
+    """Eager links the caller's tensor to the source's history through set_'s node."""
+    with pytest.raises(predispatch.ExportError, match=r"set_\(\) in grad mode at .* gives a parameter, buffer or "
+                                                      r"input the memory of a tensor that requires grad"):
+        predispatch.export_predispatch(SetInGradModeTo(source), inputs((4, 4)))
+
+
 def test_an_input_written_in_grad_mode_then_set_to_other_memory_is_refused():
     """Eager keeps the history the write gave the caller's tensor, on the new memory."""
     with pytest.raises(predispatch.ExportError, match=r"x.set_\(v0\) gives a parameter, buffer or input that "

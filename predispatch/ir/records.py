@@ -40,9 +40,18 @@ class Kind(enum.Enum):
     SAVED_VALUE_UPDATE = "saved-value update"
     # a parameter, buffer or input (``input``) given another layout in place; ``node``: its value then
     RELAYOUT = "relayout"
+    # a parameter, buffer or input set_() in grad mode to the value ``node``: eager links the
+    # caller's tensor to that value's history through set_'s node (no derivative)
+    LINKED_BY_SET = "linked by set_()"
 
 
 WRITES = frozenset({Kind.NO_GRAD_WRITE, Kind.CALLERS_MODE_WRITE, Kind.DETACHED_ALIAS_WRITE})
+
+# the refusal of a LINKED_BY_SET (the recorder's, for a leaf; the history stage's, for the rest)
+LINKED_BY_SET = (
+    "set_() in grad mode at {where} gives a parameter, buffer or input the memory of a tensor that requires "
+    "grad: eager links the caller's tensor to that tensor's history through set_ (which has no derivative), "
+    "which a program cannot reproduce; set_ under no_grad, or set_ a detached tensor")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -95,13 +95,11 @@ def write_back_layout(target: torch.Tensor, value: torch.Tensor, source, layout:
             # its values too: the source, relaid itself, may no longer cover them all (nor
             # does the copy of the forward's memory a "value" source took)
             target.set_(source.untyped_storage(), source.storage_offset() + offset, size, stride)
-            if mode is None and layout["storage"] == "shared":
-                mode = "hidden"
-            if mode is None or layout.get("grad_mode") in ("grad", "caller"):
-                # set_ where autograd saw it links the tensor to the memory's history, as eager's
-                return _WRITE_BACK[mode](target, value) if mode is not None else target
-            # values only (no history given): set_ under no_grad keeps the tensor's own
-            # history, not the memory's (a grad-mode write of the tensor itself is refused)
+            if mode is None and layout["storage"] != "shared":
+                return target
+            # values only: eager's tensor keeps its own history across set_ (under no_grad;
+            # in grad mode linked to it through set_'s node), not the memory's (a history
+            # the forward gave it, before or after, or set_ linked it to, is refused)
             return target.copy_(value)
         if layout["storage"] == "value":
             if (tuple(value.stride()), value.storage_offset()) != (tuple(stride), offset):

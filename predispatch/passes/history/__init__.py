@@ -64,6 +64,8 @@ def _refuse_what_no_program_reproduces(facts: Facts) -> None:
     notes = facts.notes
     for event in notes.saved_value_updates:
         refusals.refuse(refusals.ONCE_DONE, event, facts)
+    for event in notes.links_by_set:
+        refusals.refuse(refusals.ONCE_DONE, event, facts)
     placeholders = {n.name: n for n in facts.graph.nodes if n.op == "placeholder"}
     for key in [k for k, layout in facts.layouts.items() if layout.get("as_started")]:
         kind, _, i = key.partition(":")

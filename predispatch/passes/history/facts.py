@@ -91,6 +91,7 @@ class Notes:
         self.writes = [e for e in events if e.kind in WRITES]
         self.saved_value_updates = [e for e in events if e.kind is Kind.SAVED_VALUE_UPDATE]
         self.relayouts = [e for e in events if e.kind is Kind.RELAYOUT]
+        self.links_by_set = [e for e in events if e.kind is Kind.LINKED_BY_SET]
         self._by_node: dict[torch.fx.Node, dict[Kind, Event]] = collections.defaultdict(dict)
         for e in events:
             if e.kind not in WRITES:

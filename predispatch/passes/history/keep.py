@@ -217,9 +217,32 @@ KEEPERS: dict[Kind, Callable[[Keeper, Event, torch.fx.Node], None]] = {
 def keep_written_histories(facts: Facts) -> list[Kept]:
     """Each write's history kept (see :class:`Keeper`); the histories kept."""
     keeper = Keeper(facts)
-    for event in facts.notes.writes:
+    for event in _in_order_of_effect(facts.notes.writes, keeper.hidden):
         keeper.keep(event)
     return keeper.kept
+
+
+def _in_order_of_effect(writes: list[Event], hidden: dict) -> list[Event]:
+    """The writes, a caller's-mode write whose segment ends in writes through
+    detached aliases (``hidden``: old -> new) ending where its own value
+    was made, before them: the recorder notes it at the segment's end, and
+    its value is the one the hidden writes then replaced, which keeps the
+    caller's-mode history under them."""
+    made_from = {new: old for old, new in hidden.items()}
+    ordered = list(writes)
+    for e in writes:
+        if e.kind is not Kind.CALLERS_MODE_WRITE:
+            continue
+        made, seen = e.new, set()
+        while made in made_from and made_from[made] is not e.old and made not in seen:
+            seen.add(made)
+            made = made_from[made]
+        if made is e.new:
+            continue
+        ordered.remove(e)
+        first = next(i for i, w in enumerate(ordered) if w.kind is Kind.DETACHED_ALIAS_WRITE and w.old is made)
+        ordered.insert(first, dataclasses.replace(e, node=made, at=made))
+    return ordered
 
 
 def _written_hidden(old: torch.fx.Node, new: torch.fx.Node, hidden: dict) -> bool:

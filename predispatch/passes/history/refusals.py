@@ -22,7 +22,7 @@ from torch.export.graph_signature import OutputKind
 from ... import _torch
 from ...errors import ExportError, node_location
 from ...ir.ops import KEEP_HISTORY
-from ...ir.records import WRITES, Kind
+from ...ir.records import LINKED_BY_SET, WRITES, Kind
 from .facts import Facts, chain, differentiated, history_origin, is_keep, is_view
 from .facts import reach, shape
 from .saved_for_backward import saves_its_input, saves_its_result
@@ -274,6 +274,15 @@ def written_with_history_after_relaid(e, facts: Facts, context=None) -> dict | N
     return {"where": location(*written)}
 
 
+def linked_to_a_history(e, facts: Facts, context=None) -> dict | None:
+    """A parameter, buffer or input ``set_()`` in grad mode to a value that
+    requires grad whatever the caller passes (a parameter, a leaf made in
+    the forward, what the forward computed from them)."""
+    if e.node not in facts.may_grad(inputs=False):
+        return None
+    return {"where": e.where}
+
+
 REFUSALS = (
     Refusal("views made before a relayout", frozenset({Kind.NO_GRAD_WRITE, Kind.DETACHED_ALIAS_WRITE}),
             BEFORE_KEEPING, views_made_before_a_relayout,
@@ -302,4 +311,7 @@ REFUSALS = (
             "autograd's sight (set_() or t_() under no_grad) and written at {where} with a value that may "
             "require grad: eager's history takes the layout the tensor had at the write, which the program, "
             "writing its memory back as it started, cannot reproduce; pass distinct tensors, or write a copy"),
+    Refusal("an input linked to a history by set_()", frozenset({Kind.LINKED_BY_SET}), ONCE_DONE,
+            linked_to_a_history,
+            LINKED_BY_SET),
 )

@@ -15,7 +15,7 @@ import torch.fx
 from ... import _torch
 from ...errors import ExportError, user_location
 from ...ir import ops
-from ...ir.records import Event, Kind
+from ...ir.records import LINKED_BY_SET, Event, Kind
 from .. import eager_layout
 from ..._torch.patching import patched
 from . import marks
@@ -43,7 +43,7 @@ def _traced_set(state: TraceState, set_, t, source=None, *args, **kwargs):
         return set_(t, *(() if source is None else (source,)), *args, **kwargs)
     if _torch.storage_of(t) == _torch.storage_of(source):
         return _relaid(t, source)
-    _refuse_linking_an_input_to_a_history(state, t, source)
+    _note_linking_an_input_to_a_history(state, t, source)
     _refuse_swapping_an_input_written_with_grad(state, t)
     before = _torch.current_node(t)
     out = set_(t, _alias_in_grad_mode(source))
@@ -58,17 +58,20 @@ def _traced_set(state: TraceState, set_, t, source=None, *args, **kwargs):
     return out
 
 
-def _refuse_linking_an_input_to_a_history(state: TraceState, t, source) -> None:
-    """``t.set_(source)`` in grad mode, ``t`` a parameter, buffer or input and
-    ``source`` requiring grad: eager links the caller's tensor to
-    ``source``'s history through a node with no derivative (set_'s), which
-    no program's write-back reproduces."""
-    if torch.is_grad_enabled() and id(t) in state.graph_inputs and source.requires_grad:
-        raise ExportError(
-            f"set_() in grad mode at {user_location()} gives a parameter, buffer or input the memory of "
-            "a tensor that requires grad: eager links the caller's tensor to that tensor's history "
-            "through set_ (which has no derivative), which a program cannot reproduce; set_ under "
-            "no_grad, or set_ a detached tensor")
+def _note_linking_an_input_to_a_history(state: TraceState, t, source) -> None:
+    """``t.set_(source)`` in grad mode, ``t`` a parameter, buffer or input:
+    where ``source`` requires grad, eager links the caller's tensor to its
+    history through set_'s node (no derivative), which no write-back
+    reproduces (the history stage's refusal table decides)."""
+    if not torch.is_grad_enabled() or id(t) not in state.graph_inputs:
+        return
+    if marks.LEAF.of(source):  # made to require grad in the forward: it does
+        raise ExportError(LINKED_BY_SET.format(where=user_location()))
+    own = marks.own_history(source)  # (a history of its own: the value's node has none)
+    node = own if isinstance(own, torch.fx.Node) else current_node(state, source)
+    if node is not None:
+        state.record.note(Event(Kind.LINKED_BY_SET, node, where=user_location()))
+        state.record.needed.append(node)
 
 
 def _refuse_swapping_an_input_written_with_grad(state: TraceState, t) -> None:
