@@ -2050,7 +2050,7 @@ class ViewInputWrittenThenCoverSwapped(nn.Module):
 
     def forward(self, y, z):
         v2 = y + 1.0
-        z[1:] = self.n
+        z[1:] = 2.0  # (from a tensor, self.n: refused earlier, y written in grad mode, then set_())
         with torch.no_grad():
             y.set_(v2)
         return z * 2

@@ -140,15 +140,18 @@ _torch.mark_side_effectful(grad_mode_read)
 
 
 @contextlib.contextmanager
-def noting_grad_mode_reads():
+def noting_grad_mode_reads(sync_grad_mode=lambda: None):
     """``torch.is_grad_enabled()`` in the user's code leaves a marker node in
     the graph, among the blocks' markers: the regions stage then knows
-    whether the mode a toggle passes back was the caller's when read."""
+    whether the mode a toggle passes back was the caller's when read.
+    ``sync_grad_mode()`` first marks a change of mode no torch-function mode
+    saw (a library call's no_grad block, ended by now) before the read."""
     def make(original):
         def call():
             frame = sys._getframe(2)  # through patched()'s dispatch
             tracer = _torch.current_tracer()
             if tracer is not None and not is_library_file(frame.f_code.co_filename):
+                sync_grad_mode()
                 node = tracer.graph.call_function(grad_mode_read, ())
                 node.meta[GRAD_MODE_READ] = (frame.f_code, _instructions(frame.f_code)[1][_current(frame)])
             return original()

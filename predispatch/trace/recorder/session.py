@@ -111,7 +111,8 @@ def _forward_recorded(module, state: TraceState, eager_autocast_cache: bool, reu
         stamper = enter(stamping_stack_traces())
         # what bypasses torch-function modes, wrapped where it lives (see predispatch._torch.patching)
         enter(swaps.set_calls_to_aliases(state))  # t.set_(source)
-        enter(noting_grad_mode_reads())  # torch.is_grad_enabled() read by the module's code
+        # torch.is_grad_enabled() read by the module's code (after a hidden change's marker)
+        enter(noting_grad_mode_reads(functools.partial(grad_blocks.sync_grad_mode, state)))
         enter(capturing_autograd_functions())  # autograd.Function.apply
         enter(capturing_control_flow())  # torch.cond, while_loop, map: their ops, branches traced
         enter(refusing_host_randomness(state.draws))  # Python's and numpy's generators

@@ -56,10 +56,12 @@ def note_written(state: TraceState, tensors) -> None:
                 state.written[id(t)] = (t, node)
     # written from another floating tensor, which may give it a history (see swaps: a
     # parameter, buffer or input set_() to other memory after such a write is refused)
-    own = {id(t) for w in tensors for t in (w, marks.base(w))}
-    if any(id(a) not in own and (a.is_floating_point() or a.is_complex()) for a in called):
-        for t in tensors:
-            marks.WRITTEN_WITH_GRAD.set(marks.base(t))
+    # (the written tensors: those sharing their memory, as ``x[0] = v`` calls its view's copy_)
+    memory = {_torch.storage_of(t) for t in tensors}
+    if any(_torch.storage_of(a) not in memory and (a.is_floating_point() or a.is_complex()) for a in called):
+        for t in [*tensors, *called]:
+            if _torch.storage_of(t) in memory:
+                marks.WRITTEN_WITH_GRAD.set(marks.base(t))
 
 
 @dataclasses.dataclass(frozen=True)
