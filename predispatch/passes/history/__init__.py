@@ -66,10 +66,11 @@ def _refuse_what_no_program_reproduces(facts: Facts) -> None:
         refusals.refuse(refusals.ONCE_DONE, event, facts)
     for event in notes.links_by_set:
         refusals.refuse(refusals.ONCE_DONE, event, facts)
-    placeholders = {n.name: n for n in facts.graph.nodes if n.op == "placeholder"}
-    for key in [k for k, layout in facts.layouts.items() if layout.get("as_started")]:
+    as_started = [k for k, layout in facts.layouts.items() if layout.get("as_started")]
+    placeholders = _user_input_placeholders(facts) if as_started else {}
+    for key in as_started:
         kind, _, i = key.partition(":")
-        if kind == "input" and (node := placeholders.get(facts.signature.user_inputs[int(i)])) is not None:
+        if kind == "input" and (node := placeholders.get(int(i))) is not None:
             refusals.refuse(refusals.ONCE_DONE, Event(Kind.RELAYOUT, node, input=key), facts)
     relaid = _relaid_covers(facts)
     if relaid:  # the caller's views of them: as the trace made them, and as given (returned as they are)
@@ -83,17 +84,22 @@ def _relaid_covers(facts: Facts) -> dict:
     """The placeholders of user inputs other inputs view that the forward
     gave another shape, or other memory (set_()), and of the inputs viewing
     them -> the cover's placeholder."""
-    placeholders = {n.name: n for n in facts.graph.nodes if n.op == "placeholder"}
-    user = facts.signature.user_inputs if facts.input_views else []
+    placeholders = _user_input_placeholders(facts) if facts.input_views else {}
     relaid = {}
     for j, view in facts.input_views.items():
         layout = facts.layouts.get(f"input:{view.of}", {})
-        cover = placeholders.get(user[view.of])
+        cover = placeholders.get(view.of)
         if cover is not None and _relaid(layout, cover.meta["val"]):
             relaid[cover] = cover
-            if (node := placeholders.get(user[j])) is not None and node is not cover:
+            if (node := placeholders.get(j)) is not None and node is not cover:
                 relaid[node] = cover
     return relaid
+
+
+def _user_input_placeholders(facts: Facts) -> dict[int, torch.fx.Node]:
+    """User input position -> its placeholder (where the graph still has one)."""
+    by_name = {n.name: n for n in facts.graph.nodes if n.op == "placeholder"}
+    return {i: by_name[name] for i, name in enumerate(facts.signature.user_inputs) if name in by_name}
 
 
 def _relaid(layout: dict, val) -> bool:

@@ -54,14 +54,22 @@ def note_written(state: TraceState, tensors) -> None:
         for t in (written, marks.base(written)):
             if id(t) not in state.written and (node := current_node(state, t)) is not None:
                 state.written[id(t)] = (t, node)
-    # written from another floating tensor, which may give it a history (see swaps: a
-    # parameter, buffer or input set_() to other memory after such a write is refused)
-    # (the written tensors: those sharing their memory, as ``x[0] = v`` calls its view's copy_)
+    _note_inputs_written_from_a_tensor(state, tensors, called)
+
+
+def _note_inputs_written_from_a_tensor(state: TraceState, tensors, called: list) -> None:
+    """The parameters, buffers and inputs a grad-mode write reaches (through
+    a view: ``x[0] = v`` calls its view's copy_), where another floating
+    tensor of the call may give them a history (see swaps: set_() to other
+    memory after such a write is refused)."""
+    inputs = [c for t in (*tensors, *called) for c in (t, marks.base(t)) if id(c) in state.graph_inputs]
+    if not inputs:
+        return
     memory = {_torch.storage_of(t) for t in tensors}
     if any(_torch.storage_of(a) not in memory and (a.is_floating_point() or a.is_complex()) for a in called):
-        for t in [*tensors, *called]:
+        for t in inputs:
             if _torch.storage_of(t) in memory:
-                marks.WRITTEN_WITH_GRAD.set(marks.base(t))
+                marks.WRITTEN_WITH_GRAD.set(t)
 
 
 @dataclasses.dataclass(frozen=True)
