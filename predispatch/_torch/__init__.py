@@ -85,6 +85,7 @@ from .functionalization import (  # noqa: E402,F401
 from .runtime import (  # noqa: E402,F401
     as_boxed,
     boxed,
+    freeing_inputs,
     call_leaves,
     check_call_inputs,
     child_modules,

@@ -150,6 +150,16 @@ def boxed(fn):
     return fn
 
 
+def freeing_inputs(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """``gm`` (changed) taking its inputs as one list, which it clears (fx's
+    boxed codegen, as torch's ``aot_eager`` runs graphs): each input is
+    freed at its last use, as eager's autograd frees a saved tensor once its
+    node ran, not held to the graph's end by the caller's list."""
+    gm.graph.set_codegen(torch.fx.graph._BoxedCodeGen())
+    gm.recompile()
+    return gm  # its _boxed_call is True: AOTAutograd passes it the list
+
+
 def as_boxed(fn):
     """A compiled graph as a function of one list of inputs: ``fn`` itself where
     it takes AOTAutograd's boxed convention (inductor's), else ``fn(*args)``

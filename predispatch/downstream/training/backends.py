@@ -41,6 +41,7 @@ from ... import _torch
 from ...errors import BackwardAutocastMismatchError, ExportError
 from ...ir import generator_ops
 from .calls import CallNotSupportedError
+from .in_place import write_into_dead_operands
 from .runners import run_backward, run_forward, without_dead_random_ops
 
 BACKENDS = ("eager", "inductor")
@@ -168,8 +169,10 @@ def _op_by_op(gm: torch.fx.GraphModule, _example_inputs):
 def _aot_compile(flat, examples, graphs, compiler):
     """AOTAutograd's joint trace with its default partitioner; each graph run
     op by op, or compiled by ``compiler``."""
-    def compiled(gm, example_inputs):
-        return _torch.as_boxed(compiler(_graph_copy(gm), example_inputs) if compiler else gm)
+    def compiled(gm, example_inputs, backward=False):
+        if compiler is None:  # op by op: inputs freed at their last use, dead operands written into
+            return _torch.freeing_inputs(write_into_dead_operands(_graph_copy(gm), backward))
+        return _torch.as_boxed(compiler(_graph_copy(gm), example_inputs))
 
     def forward(gm, example_inputs):
         graphs["forward"] = gm
@@ -177,7 +180,7 @@ def _aot_compile(flat, examples, graphs, compiler):
 
     def backward(gm, example_inputs):
         graphs["backward"] = gm = without_dead_random_ops(gm)
-        return run_backward(gm, compiled(gm, example_inputs))
+        return run_backward(gm, compiled(gm, example_inputs, backward=True))
 
     return _torch.aot_module_simplified(flat, examples, fw_compiler=forward, bw_compiler=backward)
 
