@@ -2,7 +2,7 @@
 
 - ``"eager"`` (the default): AOTAutograd's joint trace
   (``aot_module_simplified``), split by its default partitioner, each graph
-  run op by op.
+  run op by op, in eager's memory (``in_place.py``, ``_torch.freeing_inputs``).
 - ``"inductor"``: what ``torch.compile(backend="inductor")`` does with a
   graph, through its own entry point, inductor's ``compile_fx``
   (``_torch.inductor``): AOTAutograd with inductor's decompositions,
