@@ -233,10 +233,10 @@ class _CastBack(torch.nn.Module):
 
 def test_run_time_module_calls_ops_cheaply_and_keeps_its_graph():
     """ep.module()'s code calls aten ops through their C++ entry points and
-    the ``.to()`` guard ``_assert_tensor_metadata`` through its Python binding
-    (a sixth of the boxed call's cost); its graph keeps the aten ops (for
-    passes and pattern matchers), the program's code is left as it was, and
-    the guard still fires."""
+    the ``.to()`` guard ``_assert_tensor_metadata`` through a check that names
+    the cast and calls its Python binding (a sixth of the boxed call's cost);
+    its graph keeps the aten ops (for passes and pattern matchers), the
+    program's code is left as it was, and the guard still fires, saying why."""
     assert_matches_eager(_CastBack(), (torch.randn(2, 4),))
     ep = predispatch.export_predispatch(_CastBack(), (torch.randn(2, 4),))
     program = ep.module()
@@ -246,12 +246,14 @@ def test_run_time_module_calls_ops_cheaply_and_keeps_its_graph():
                    if n.op == "call_function"}
     assert program_ops >= {guard, torch.ops.aten.linear.default, torch.ops.aten.matmul.default}
     program_code = "".join(m.code for m in all_graph_modules(program))
-    assert "torch._assert_tensor_metadata(" in program_code
+    assert "dtype_guard(" in program_code
     assert "aten_linear_default(" in program_code and "torch.ops.aten.linear" not in program_code
     ep_code = "".join(m.code for m in all_graph_modules(ep.graph_module))
     assert "torch.ops.aten.linear.default(" in ep_code and "aten_linear_default" not in ep_code
     with torch.autocast("cpu", dtype=torch.bfloat16):  # x @ w is bf16 now, not the traced float32
-        with pytest.raises(RuntimeError, match="dtype mismatch"):
+        with pytest.raises(RuntimeError, match=r"cast at .*test_core.py:\d+ .* was traced for a float32 tensor; "
+                           r"this call gives it bfloat16: this call runs under torch.autocast\('cpu', "
+                           r"dtype=torch.bfloat16\), the program was exported under no autocast"):
             program(torch.randn(2, 4))
 
 

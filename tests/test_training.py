@@ -154,6 +154,38 @@ def test_forward_called_under_ambient_autocast_matches_eager():
     assert train(x).dtype == module(x).dtype == torch.float32
 
 
+class CastsLogits(TwoLinear):
+    """``.float()`` of a float32 tensor is a no-op at export: not in the program."""
+
+    def forward(self, x):
+        return super().forward(x).float()
+
+
+@pytest.mark.parametrize("export_under, call_under", [(False, True), (True, False)])
+def test_a_call_under_another_autocast_than_a_skipped_cast_was_traced_for_is_refused(export_under, call_under):
+    """Under autocast the logits are bf16, and eager's ``.float()`` casts them:
+    a program exported without it would return bf16, silently (and the other
+    way round). Refused as ep.module() refuses it, naming the cast's line."""
+    module, x = CastsLogits(), torch.randn(3, 4)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=export_under):
+        train = compiled(module, (x,))
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=call_under):
+        with pytest.raises(CallNotSupportedError, match=r"cannot take this call: .*exported under"):
+            train(x)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=export_under):  # as exported: eager's result
+        assert train(x).dtype == module(x).dtype == torch.float32
+        torch.testing.assert_close(train(x), module(x))
+
+
+def test_a_skipped_cast_names_its_line():
+    module, x = CastsLogits(), torch.randn(3, 4)
+    train = compiled(module, (x,))
+    with torch.autocast("cpu", dtype=torch.bfloat16), pytest.raises(
+            CallNotSupportedError, match=r"cast at .*test_training.py:\d+ in forward: return super\(\).forward\(x\).float\(\)"
+                                         r" was traced for a float32 tensor; this call gives it bfloat16"):
+        train(x)
+
+
 # --- bug 14: a difference that cannot change the backward is not reported
 
 

@@ -14,10 +14,22 @@ hidden 256, 4 layers, 4 heads, train mode (BERT's and GPT-2's dropout 0.1),
 256, 4 blocks) and a ResNet (basic blocks 1-1-1-1, BatchNorm updating its
 statistics), a batch of 8 with labels. Each in fp32 and under
 ``torch.autocast("cpu", torch.bfloat16)`` (the forward under it, the
-backward outside, as one trains with it: the programs are exported with
-``backward_pass_autocast="off"``, the state their backward runs in).
+backward outside, as one trains with it: the programs are exported under
+it, as they are called, with ``backward_pass_autocast="off"``, the state
+their backward runs in; a program exported outside autocast and called
+under it is refused where a ``.float()`` of the logits was a no-op when
+traced).
 
-How it measures (one thread):
+How it measures (one thread, glibc's malloc keeping the memory it frees:
+``GLIBC_TUNABLES`` with high mmap and trim thresholds, set for every way by
+re-running the bench with them; ``--system-malloc`` keeps glibc's
+defaults). Under the defaults, a tensor over 32 MiB (a vocabulary's logits
+and their gradient, 60 MiB) is mapped afresh unless a freed block is at
+hand, and its 15,000 page faults cost more than the op writing it: which
+way's step finds one depends on what the step before it, of another way,
+freed, and one way's median moves by 10-15% between runs. A caching
+allocator (jemalloc or TCMalloc, as PyTorch's CPU performance guide
+recommends) does what the tunables do.
 
 * the steady step: in one process per model and dtype, each way with its
   own copy of the model and optimizer, two warm-up steps each (the
@@ -157,9 +169,11 @@ def autocast_for(dtype: str):
     return torch.autocast("cpu", enabled=False)
 
 
-def export(model, inputs):
-    """The program, its backward assumed to run outside autocast (as one trains with autocast)."""
-    return predispatch.export_predispatch(model, (), inputs, backward_pass_autocast="off")
+def export(model, inputs, dtype: str):
+    """The program, exported under the autocast it is called under, its
+    backward assumed to run outside autocast (as one trains with autocast)."""
+    with autocast_for(dtype):
+        return predispatch.export_predispatch(model, (), inputs, backward_pass_autocast="off")
 
 
 def make_way(way: str, model, inputs, dtype: str):
@@ -169,7 +183,7 @@ def make_way(way: str, model, inputs, dtype: str):
     if way == "torch.compile(model)":
         return torch.compile(model), 0.0
     start = time.process_time()
-    ep = export(model, inputs)
+    ep = export(model, inputs, dtype)
     exported = time.process_time() - start
     if way == "torch.compile(ep.module())":
         return torch.compile(ep.module()), exported
@@ -383,6 +397,8 @@ def parse_args(argv):
     p.add_argument("--no-first-step", action="store_true", help="skip the fresh-process first steps and memory")
     p.add_argument("--json", default=None, help="write all measurements to this file")
     p.add_argument("--from-json", default=None, metavar="PATH", help="print the report of a --json file again")
+    p.add_argument("--system-malloc", action="store_true",
+                   help="glibc's malloc defaults (not the tunables that keep freed memory)")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
@@ -399,8 +415,22 @@ def setup() -> None:
         pass
 
 
+# glibc's malloc keeping what it frees: no block mapped afresh per large tensor
+KEEP_FREED_MEMORY = "glibc.malloc.mmap_threshold=4294967296:glibc.malloc.trim_threshold=17179869184"
+
+
+def with_kept_memory(argv: list[str]) -> None:
+    """Run this bench again with ``KEEP_FREED_MEMORY`` (glibc reads it at start)."""
+    if os.environ.get("GLIBC_TUNABLES") != KEEP_FREED_MEMORY:
+        os.environ["GLIBC_TUNABLES"] = KEEP_FREED_MEMORY
+        os.execv(sys.executable, [sys.executable, __file__, *argv])
+
+
 def main(argv=None) -> None:
-    opts = parse_args(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    opts = parse_args(argv)
+    if not opts.system_malloc and not opts.from_json:
+        with_kept_memory(argv)
     setup()
     if opts.child:
         kind, dtype, way = opts.child.split(":", 2)
@@ -420,7 +450,8 @@ def main(argv=None) -> None:
     dtypes = [d.strip() for d in opts.dtypes.split(",") if d.strip()]
     load = os.getloadavg()[0]
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, steps {opts.steps}, "
-          f"load average {load:.2f} on {os.cpu_count()} cores", flush=True)
+          f"load average {load:.2f} on {os.cpu_count()} cores, "
+          f"malloc: {'glibc defaults' if opts.system_malloc else 'freed memory kept'}", flush=True)
     start = time.perf_counter()
     results = [measure(kind, dtype, opts) for kind in models for dtype in dtypes]
     report(results)

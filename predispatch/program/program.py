@@ -105,7 +105,7 @@ class PredispatchProgram(ExportedProgram):
         check_ambient_autocast_at_calls(unlifted, record.get("ambient_autocast"))
         restore_module_order(unlifted, program_meta(self).get("module_order", []))
         leave_grad_mode(unlifted, record.get("grad_mode_after"))
-        use_run_time_calls(unlifted)
+        use_run_time_calls(unlifted, record.get("ambient_autocast"))
         mark_switch_regions(unlifted)
         return unlifted
 

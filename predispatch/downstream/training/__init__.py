@@ -92,7 +92,7 @@ def compile_training(ep, backend="eager", *, options: dict | None = None) -> Com
     shapes = ProgramShapes.of(ep)
     if len(shapes.dims) != len(leaves):  # not one placeholder per input leaf: traced per size
         shapes = ProgramShapes(tuple({} for _ in leaves), {})
-    module = for_autograd_tracing(ep.module())
+    module = for_autograd_tracing(ep.module(), program_meta(ep).get("ambient_autocast"))
     program = Program(module, in_spec, len(ep.graph_signature.user_outputs), policy, mutated_inputs(ep), shapes,
                       backend, reads_generators(module))
     train = CompiledTraining(program, program_meta(ep).get("grad_mode_after"))

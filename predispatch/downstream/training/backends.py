@@ -40,6 +40,8 @@ import torch.fx
 from ... import _torch
 from ...errors import BackwardAutocastMismatchError, ExportError
 from ...ir import generator_ops
+from ...program.ambient import AutocastCallError
+from ...program.run_time_calls import use_run_time_calls
 from .calls import CallNotSupportedError
 from .in_place import write_into_dead_operands
 from .runners import run_backward, run_forward, without_dead_random_ops
@@ -107,6 +109,8 @@ class Backend:
             return _aot_compile(flat, examples, graphs, self.compiler)
         except (ExportError, CallNotSupportedError, BackwardAutocastMismatchError):
             raise
+        except AutocastCallError as e:  # a call ep.module() refuses (its autocast, its dtypes)
+            raise CallNotSupportedError(f"the compiled program cannot take this call: {e}") from None
         except Exception as e:  # a backend's error, from deep inside torch: said once, plainly
             raise CompileError(f"compile_training(backend={self.name}) could not compile the program: "
                                f"{_first_line(e)}") from None
@@ -170,8 +174,10 @@ def _aot_compile(flat, examples, graphs, compiler):
     """AOTAutograd's joint trace with its default partitioner; each graph run
     op by op, or compiled by ``compiler``."""
     def compiled(gm, example_inputs, backward=False):
-        if compiler is None:  # op by op: inputs freed at their last use, dead operands written into
-            return _torch.freeing_inputs(write_into_dead_operands(_graph_copy(gm), backward))
+        if compiler is None:  # op by op: inputs freed at their last use, dead operands written into,
+            run = _torch.freeing_inputs(write_into_dead_operands(_graph_copy(gm), backward))
+            use_run_time_calls(run)  # each op called by its C++ entry point, as ep.module() calls it
+            return run
         return _torch.as_boxed(compiler(_graph_copy(gm), example_inputs))
 
     def forward(gm, example_inputs):

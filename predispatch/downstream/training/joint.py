@@ -12,7 +12,9 @@ from ..._torch import pytree
 from ... import _torch
 from ...ir import generator_ops
 from ...ir.autograd_function_op import AUTOGRAD_FUNCTION, run_autograd_function
+from ...program.ambient import dtype_guard
 from ...program.program import leave_caller_in_grad_mode
+from ...program.run_time_calls import DTYPE_GUARD
 from ...program.write_backs import read_before_mutation, write_back_under_no_grad, write_back_with_grad
 from .autocast import as_autocast_kwargs, autocast_entered
 from .calls import CallKey
@@ -50,10 +52,12 @@ _FOR_AUTOGRAD = {write_back_with_grad: _write_back_for_autograd,
                  AUTOGRAD_FUNCTION: _autograd_function_applied}
 
 
-def for_autograd_tracing(unlifted: torch.fx.GraphModule) -> torch.fx.GraphModule:
+def for_autograd_tracing(unlifted: torch.fx.GraphModule, exported_autocast: dict | None = None) -> torch.fx.GraphModule:
     """``ep.module()`` with its write-backs as the plain ops they run eagerly,
     so that AOTAutograd's trace gives a mutated input its autograd history;
-    Functions' ops as the autograd.Functions they run; no dtype guards."""
+    Functions' ops as the autograd.Functions they run; dtype guards checked
+    while tracing, not traced (``exported_autocast``: the autocast the
+    program was exported under, which their errors name)."""
     for node in list(unlifted.graph.nodes):
         if node.op == "call_function" and node.target is leave_caller_in_grad_mode:
             unlifted.graph.erase_node(node)  # the mode left to the caller: set after the compiled call
@@ -62,7 +66,7 @@ def for_autograd_tracing(unlifted: torch.fx.GraphModule) -> torch.fx.GraphModule
             for node in list(gm.graph.nodes):
                 if node.op == "call_function" and node.target in _FOR_AUTOGRAD:
                     node.target = _FOR_AUTOGRAD[node.target]
-            _drop_dtype_guards(gm)
+            _dtype_guards_checked_when_traced(gm, exported_autocast)
     return unlifted
 
 
@@ -72,18 +76,18 @@ def reads_generators(module: torch.nn.Module) -> bool:
                for gm in module.modules() if isinstance(gm, torch.fx.GraphModule) for node in gm.graph.nodes)
 
 
-_DTYPE_GUARD = torch.ops.aten._assert_tensor_metadata.default
-
-
-def _drop_dtype_guards(gm: torch.fx.GraphModule) -> None:
-    """torch.export's guard before each ``.to()`` goes: each kind of call is
-    traced for its dtypes, so it cannot fail, and it costs the step much: an
+def _dtype_guards_checked_when_traced(gm: torch.fx.GraphModule, exported_autocast: dict | None) -> None:
+    """torch.export's guard before each ``.to()``, checked on the trace's
+    tensors, which have the call's dtypes (each kind of call is traced for
+    its own): a call whose dtypes the program's casts were not traced for
+    is refused (``ambient.dtype_guard``), as ``ep.module()`` refuses it; and
+    no op is left in the graph. Left there, it would cost the step much: an
     op with side effects, AOTAutograd's partitioner copies it into the
     backward with what computes its input (for a language model's head, the
     whole vocabulary projection, computed a second time)."""
-    for node in list(gm.graph.nodes):
-        if node.op == "call_function" and node.target is _DTYPE_GUARD:
-            gm.graph.erase_node(node)
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target is DTYPE_GUARD:
+            node.target = dtype_guard(node, exported_autocast, emit=False)
     gm.recompile()
 
 
