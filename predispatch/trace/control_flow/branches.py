@@ -17,7 +17,7 @@ import inspect
 import torch
 
 from ... import _torch
-from ..._torch import pytree
+from ..._torch import control_flow, pytree
 from ..._torch.patching import patches_suspended
 from ...errors import ExportError
 from ...ir.autograd_function_op import placeholders
@@ -30,10 +30,33 @@ _NUMBER = object()  # an int output the branches disagree on: a symbolic int of 
 
 
 @dataclasses.dataclass(frozen=True)
+class Symbolic:
+    """An output leaf that is a symbolic number of the branch's trace (a
+    size, ``.item()``'s value, a comparison of them: a while_loop's condition
+    may return one): the operator's output there."""
+
+    kind: type  # int, bool or float
+
+
+_SYMBOLIC_KINDS = {torch.SymInt: int, torch.SymBool: bool, torch.SymFloat: float}
+
+
+def _leaf(o) -> object:
+    """How :class:`Outputs` keeps a returned leaf."""
+    if isinstance(o, torch.Tensor):
+        return _TENSOR
+    return Symbolic(_SYMBOLIC_KINDS[type(o)]) if type(o) in _SYMBOLIC_KINDS else o
+
+
+def _kind(leaf) -> type:
+    return leaf.kind if isinstance(leaf, Symbolic) else type(leaf)
+
+
+@dataclasses.dataclass(frozen=True)
 class Outputs:
     """What a branch returned: its tree and leaves (a tensor leaf
-    :data:`_TENSOR`, a number as it is). The subgraph returns every leaf,
-    numbers too, as torch's operators do."""
+    :data:`_TENSOR`, a symbolic number :class:`Symbolic`, a number as it
+    is). The subgraph returns every leaf, numbers too, as torch's operators do."""
 
     spec: object
     leaves: tuple
@@ -41,16 +64,21 @@ class Outputs:
     def rebuilt(self, results) -> object:
         """The branch's result from the operator's: a number all branches
         return is that number, as torch's graph uses it."""
-        return pytree.tree_unflatten([r if leaf is _TENSOR or leaf is _NUMBER else leaf
+        return pytree.tree_unflatten([leaf if _is_constant(leaf) else r
                                       for leaf, r in zip(self.leaves, results)], self.spec)
 
     @property
     def all_tensors(self) -> bool:
         return all(leaf is _TENSOR for leaf in self.leaves)
 
+    @property
+    def is_predicate(self) -> bool:
+        """One tensor, bool or symbolic bool (a while_loop's condition)."""
+        return len(self.leaves) == 1 and (self.leaves[0] is _TENSOR or _kind(self.leaves[0]) is bool)
+
     def merged(self, other: "Outputs") -> "Outputs | None":
-        """What both branches return (an int they disagree on: :data:`_NUMBER`), or None where
-        their trees or kinds of leaf differ."""
+        """What both branches return (an int they disagree on, or one symbolic
+        in either: :data:`_NUMBER`), or None where their trees or kinds of leaf differ."""
         if self.spec != other.spec:
             return None
         leaves = []
@@ -59,13 +87,17 @@ class Outputs:
                 if a is not b:
                     return None
                 leaves.append(a)
-            elif a == b and type(a) is type(b):
+            elif _is_constant(a) and _is_constant(b) and a == b and type(a) is type(b):
                 leaves.append(a)
-            elif type(a) is int and type(b) is int:
+            elif _kind(a) is int and _kind(b) is int:
                 leaves.append(_NUMBER)
             else:
                 return None
         return Outputs(self.spec, tuple(leaves))
+
+
+def _is_constant(leaf) -> bool:
+    return leaf is not _TENSOR and leaf is not _NUMBER and not isinstance(leaf, Symbolic)
 
 
 @dataclasses.dataclass
@@ -102,9 +134,11 @@ def trace_branches(call: Call, roles: list[str], fns: list, operands: list, unfl
     fake_mode = _torch.fake_mode_of(_some_tensor([*operands, *(r.outer for r in reads)]))
     traced, outputs = [], []
     cache = _torch.autocast_cache_default()  # eager's, read before the trace's patches are suspended
-    with _torch.outer_trace_suspended(fake_mode), patches_suspended():
-        inputs = [_fake_like(t) for t in [*operands, *(r.outer for r in reads)]]
+    with control_flow.branch_traced_apart(fake_mode), patches_suspended():
         for role, fn in zip(roles, fns):
+            # fresh inputs for each: a fake tensor remembers what .item() gave it, and a symbol a branch
+            # binds is its own (its checks go to its graph only)
+            inputs = [_fake_like(t) for t in [*operands, *(r.outer for r in reads)]]
             body, returned = _body(call, role, fn, len(operands), reads, unflatten)
             names = [*_operand_names(fn, len(operands)), *(r.name for r in reads)]
             result = subgraph(body, inputs, names, cache)
@@ -113,6 +147,7 @@ def trace_branches(call: Call, roles: list[str], fns: list, operands: list, unfl
                 raise _refused(call, role, fn, f"updates its input {names[k]!r} in place" if k < len(operands) else
                                f"updates {names[k]!r} in place, a tensor it reads (a buffer updated by a "
                                "BatchNorm in training mode too: compute the new value outside the operator)")
+            control_flow.write_runtime_asserts(result.gm, fake_mode)
             traced.append(result)
             outputs.append(returned[0])
     gms = [t.gm for t in traced]
@@ -152,12 +187,12 @@ def _body(call: Call, role: str, fn, n_operands: int, reads: list[Read], unflatt
             out = fn(*unflatten(list(tensors[:n_operands])))
         flat, spec = pytree.tree_flatten(out)
         for o in flat:
-            if not isinstance(o, (torch.Tensor, bool, int, float)):
+            if not isinstance(o, (torch.Tensor, bool, int, float, *_SYMBOLIC_KINDS)):
                 raise _refused(call, role, fn, f"returns {type(o).__name__} {o!r}, neither a tensor nor a number")
             if isinstance(o, torch.Tensor) and any(_aliases(o, t) for t in tensors):
                 raise _refused(call, role, fn, "returns one of its inputs or a view of one (an alias); "
                                "return a new tensor (.clone())")
-        returned[0] = Outputs(spec, tuple(_TENSOR if isinstance(o, torch.Tensor) else o for o in flat))
+        returned[0] = Outputs(spec, tuple(_leaf(o) for o in flat))
         return tuple(flat)
 
     return body, returned

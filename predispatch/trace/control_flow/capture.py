@@ -65,9 +65,9 @@ def _while_loop(where, cond_fn, body_fn, carried, additional):
     operands = [*carried, *additional]
     branches = trace_branches(call, ["condition", "body"], [cond_fn, body_fn], operands, lambda ops: ops)
     condition, body = branches.outputs
-    if len(condition.leaves) != 1 or not condition.all_tensors or not body.all_tensors:
+    if not condition.is_predicate or not body.all_tensors:
         raise ExportError(f"while_loop at {where} cannot be exported: its condition must return one "
-                          "tensor and its body tensors only (the carried values)")
+                          "boolean (a tensor or a bool) and its body tensors only (the carried values)")
     _bare_predicate(branches.gms[0])
     out = _recorded("while_loop", where, "while_loop", *branches.gms, tuple(carried),
                     (*additional, *branches.extra_inputs()))
