@@ -482,3 +482,52 @@ def test_torch_export_case_matches_eager(name):
         with as_exported:
             ep = assert_matches_eager(case.make(), args, **case.export_kwargs, **case.check)
         assert bool(_operators_in(ep)) == case.keeps_operator, case.mirrors
+
+
+class CheckedBranch(torch.nn.Module):
+    """A ``torch._check`` in one branch on a value the caller read too (``.item()`` of ``n``)."""
+
+    cond = staticmethod(torch.cond)
+
+    def forward(self, p, n, x):
+        y = x * n.item()
+
+        def positive(x, n):
+            k = n.item()
+            torch._check(k > 0)
+            return x * k
+
+        return self.cond(p, positive, lambda x, n: x - 1, (x, n)) + y
+
+
+class CheckedBranchAsDocumented(CheckedBranch):
+    """torch.cond as its documentation defines it: the branch the predicate picks, called. (Eager's
+    torch.cond compiles both branches with dynamo, which fails on the check of the branch not taken.)"""
+
+    cond = staticmethod(lambda p, true_fn, false_fn, operands: (true_fn if p else false_fn)(*operands))
+
+
+def _outcome(fn, *args):
+    """What a call gives: its result, or the type of what it raised."""
+    try:
+        return fn(*args)
+    except RuntimeError:
+        return RuntimeError
+
+
+@pytest.mark.parametrize("make, reference, example, calls", [
+    (WhileLoopChecks, WhileLoopChecks, (torch.tensor([0]), torch.zeros(1)),
+     [(torch.tensor([1]), torch.zeros(1)), (torch.tensor([3]), torch.zeros(1)), (torch.tensor([4]), torch.ones(1))]),
+    (CheckedBranch, CheckedBranchAsDocumented, (torch.tensor(True), torch.tensor(2), torch.ones(3)),
+     [(torch.tensor(False), torch.tensor(-1), torch.ones(3)), (torch.tensor(True), torch.tensor(-1), torch.ones(3)),
+      (torch.tensor(True), torch.tensor(3), torch.ones(3))]),
+])
+def test_checks_in_branches_hold_where_the_branch_runs(make, reference, example, calls):
+    """A branch's ``torch._check`` fails the call where the branch runs, and only there
+    (test_while_loop_assert_separation: the condition's and the body's checks apart)."""
+    program = predispatch.export_predispatch(make(), example).module()
+    for args in calls:
+        expected, got = _outcome(reference(), *args), _outcome(program, *args)
+        assert (got is RuntimeError) == (expected is RuntimeError), f"{args}: {got} where the reference gives {expected}"
+        if expected is not RuntimeError:
+            torch.testing.assert_close(got, expected)
