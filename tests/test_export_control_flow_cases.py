@@ -528,6 +528,6 @@ def test_checks_in_branches_hold_where_the_branch_runs(make, reference, example,
     program = predispatch.export_predispatch(make(), example).module()
     for args in calls:
         expected, got = _outcome(reference(), *args), _outcome(program, *args)
-        assert (got is RuntimeError) == (expected is RuntimeError), f"{args}: {got} where the reference gives {expected}"
+        assert (got is RuntimeError) == (expected is RuntimeError), f"{args}: {got}, the reference {expected}"
         if expected is not RuntimeError:
             torch.testing.assert_close(got, expected)

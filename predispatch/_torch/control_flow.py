@@ -69,20 +69,28 @@ def control_flow_calls_to(capture: Callable):
 
 
 @contextlib.contextmanager
-def branch_traced_apart(fake_mode):
+def branch_traced_apart(fake_mode, codes):
     """A branch's own trace in the middle of the forward's (every mode of the
     running trace off, :func:`~.tracing.outer_trace_suspended`), under
     torch.export's non-strict torch-function handler as the forward is: its
     rewrites (an index by a symbolic int made a ``select``, ``torch.tensor``
-    of symbolic numbers) hold in branches too."""
+    of symbolic numbers) hold in branches too. The frames of ``codes`` (the
+    user's branch functions) show in its nodes' stack traces, as a module's
+    ``forward`` does: the line inside the branch that made a node."""
     from torch._export.non_strict_utils import _NonStrictTorchFunctionHandler
+    from torch.fx.proxy import _STACK_TRACE_ANCHORS
 
     kept = [m for m in torch.overrides._get_current_function_mode_stack()
             if isinstance(m, _NonStrictTorchFunctionHandler)]
-    with outer_trace_suspended(fake_mode), contextlib.ExitStack() as stack:
-        for mode in kept:
-            stack.enter_context(mode)
-        yield
+    shown = {(code.co_filename, code.co_name) for code in codes} - _STACK_TRACE_ANCHORS
+    _STACK_TRACE_ANCHORS.update(shown)
+    try:
+        with outer_trace_suspended(fake_mode), contextlib.ExitStack() as stack:
+            for mode in kept:
+                stack.enter_context(mode)
+            yield
+    finally:
+        _STACK_TRACE_ANCHORS.difference_update(shown)
 
 
 def write_runtime_asserts(gm: torch.fx.GraphModule, fake_mode) -> None:

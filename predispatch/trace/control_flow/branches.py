@@ -19,10 +19,10 @@ import torch
 from ... import _torch
 from ..._torch import control_flow, pytree
 from ..._torch.patching import patches_suspended
-from ...errors import ExportError
+from ...errors import ExportError, node_location
 from ...ir.autograd_function_op import placeholders
 from ..autograd_function.subgraphs import subgraph
-from .reads import Read, reads_of, swapped_in
+from .reads import Read, reads_of, swapped_in, user_functions
 
 
 _TENSOR = object()  # an output leaf that is a tensor
@@ -134,7 +134,8 @@ def trace_branches(call: Call, roles: list[str], fns: list, operands: list, unfl
     fake_mode = _torch.fake_mode_of(_some_tensor([*operands, *(r.outer for r in reads)]))
     traced, outputs = [], []
     cache = _torch.autocast_cache_default()  # eager's, read before the trace's patches are suspended
-    with control_flow.branch_traced_apart(fake_mode), patches_suspended():
+    codes = [getattr(f, "__func__", f).__code__ for fn in fns for f in user_functions(fn)]
+    with control_flow.branch_traced_apart(fake_mode, codes), patches_suspended():
         for role, fn in zip(roles, fns):
             # fresh inputs for each: a fake tensor remembers what .item() gave it, and a symbol a branch
             # binds is its own (its checks go to its graph only)
@@ -143,10 +144,10 @@ def trace_branches(call: Call, roles: list[str], fns: list, operands: list, unfl
             names = [*_operand_names(fn, len(operands)), *(r.name for r in reads)]
             result = subgraph(body, inputs, names, cache)
             if result.updated:
-                k = result.updated[0]
+                k, at = result.updated[0], _first_update_location(result.gm, len(result.updated))
                 raise _refused(call, role, fn, f"updates its input {names[k]!r} in place" if k < len(operands) else
                                f"updates {names[k]!r} in place, a tensor it reads (a buffer updated by a "
-                               "BatchNorm in training mode too: compute the new value outside the operator)")
+                               "BatchNorm in training mode too: compute the new value outside the operator)", at)
             control_flow.write_runtime_asserts(result.gm, fake_mode)
             traced.append(result)
             outputs.append(returned[0])
@@ -202,13 +203,35 @@ def _aliases(out: torch.Tensor, given) -> bool:
     return out is given or isinstance(given, torch.Tensor) and _torch.shares_storage(out, given)
 
 
-def _refused(call: Call, role: str, fn, why: str) -> ExportError:
-    name = getattr(fn, "__qualname__", None) or type(fn).__name__
-    return ExportError(f"{call.op} at {call.where} cannot be exported soundly: its {role} ({name}) {why}; "
-                       f"torch's control-flow operators take functional branches, as torch.export requires")
+def _refused(call: Call, role: str, fn, why: str, at: str | None = None) -> ExportError:
+    """What torch refuses in a branch, said at the line inside the branch
+    that does it (``at``; else where the branch is defined) and the call's."""
+    user = (user_functions(fn) or [fn])[0]
+    name = getattr(user, "__qualname__", None) or type(user).__name__
+    at = at or _defined_at(user)
+    return ExportError(f"the {role} of {call.op} cannot be exported soundly, at {at}: the {role} ({name}) "
+                       f"{why}; torch's control-flow operators take functional branches, as torch.export "
+                       f"requires ({call.op} called at {call.where})")
+
+
+def _defined_at(fn) -> str:
+    code = getattr(getattr(fn, "__func__", fn), "__code__", None)
+    return f"{code.co_filename}:{code.co_firstlineno} in {code.co_name}" if code is not None else "unknown location"
+
+
+def _first_update_location(gm: torch.fx.GraphModule, n_updated: int) -> str | None:
+    """The user's line inside the branch that made the new value of the
+    first input it updates (the last outputs of its graph)."""
+    values = gm.graph.output_node().args[0]
+    node = values[len(values) - n_updated] if n_updated <= len(values) else None
+    where = node_location(node.stack_trace) if isinstance(node, torch.fx.Node) else "unknown location"
+    return None if where == "unknown location" else where
 
 
 def _operand_names(fn, count: int) -> list[str]:
+    """The user's parameter names (torch's wrapper's, such as while_loop's
+    ``flat_body_fn(*args)``, say nothing), where one names each operand."""
+    fn = (user_functions(fn) or [fn])[0]
     if isinstance(fn, torch.nn.Module):  # (a program's branch, exported again: its placeholders' names)
         fn = fn.forward
     try:
