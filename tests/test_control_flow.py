@@ -487,6 +487,26 @@ class NestedWhileLoops(torch.nn.Module):
         return _while_loop(lambda out_iter, it, y: out_iter.sum() < 2, outer_body_fn, (out_iter, it, y))
 
 
+class WhileLoopCarriesInts(torch.nn.Module):
+    """Python ints carried beside a tensor (any int in the branches: torch's unbacked symbols),
+    one used after the loop, one returned."""
+
+    def forward(self, x):
+        def body(i, steps, x):
+            return i + 1, steps + 2, x * 1.5 + i
+
+        i, steps, y = _while_loop(lambda i, steps, x: i < 3, body, (0, 1, x))
+        return y * steps, i
+
+
+class WhileLoopCarriesASize(torch.nn.Module):
+    """A dynamic size carried and halved: the loop runs as often as the size says."""
+
+    def forward(self, x):
+        n, y = _while_loop(lambda n, y: n > 1, lambda n, y: (n // 2, y * 2), (x.shape[0], x))
+        return y + n
+
+
 class LoopsAndRegions(torch.nn.Module):
     """while_loop and map inside and around no_grad and autocast blocks."""
 
@@ -565,6 +585,8 @@ CASES = {
     "while_loop_reads_a_parameter": (WhileLoopReadsAParameter, (torch.tensor(3), R(3)), {}),
     "while_loop_threshold_buffer": (WhileLoopThresholdBuffer, (torch.tensor(0), R(3, 2)), {}),
     "while_loop_updates_clones": (WhileLoopUpdatesClones, (R(2, 2),), {}),
+    # (an int carried with a tensor that requires grad: torch's while_loop has no autograd for it, eager neither)
+    "while_loop_carries_ints": (WhileLoopCarriesInts, (R(3),), {"inputs_require_grad": False}),
     "nested_while_loops": (NestedWhileLoops, (torch.tensor(0), torch.tensor(0), torch.tensor(1)), {}),
     "scan_with_state": (ScanWithState, (R(3), R(4, 3)), {}),
     "loops_and_regions": (LoopsAndRegions, (torch.tensor(2), R(2, 3), R(4, 2, 3)), {"atol": 3e-2, "rtol": 3e-2}),
@@ -616,6 +638,17 @@ def test_symbolic_shape_predicate_keeps_both_branches():
     assert COND in _ops_in(ep)
     for n in (3, 8):
         x = R(n, 4)
+        torch.testing.assert_close(ep.module()(x), module(x))
+
+
+def test_while_loop_carrying_a_dynamic_size():
+    """A size carried by a loop: one program for every size, as many iterations as each says."""
+    module = WhileLoopCarriesASize()
+    ep = assert_matches_eager(module, (R(6),), inputs_require_grad=False,
+                              dynamic_shapes=({0: Dim("n", min=2, max=64)},))
+    assert WHILE_LOOP in _ops_in(ep)
+    for n in (5, 17, 64):
+        x = R(n)
         torch.testing.assert_close(ep.module()(x), module(x))
 
 
@@ -966,5 +999,32 @@ inputs:
     xs: USER_INPUT
 outputs:
     getitem_1: USER_OUTPUT
+autocast policy: backward_pass_autocast='same_as_forward', on_backward_autocast_mismatch='error'
+""")
+
+    def test_while_loop_carrying_ints(self):
+        ep = predispatch.export_predispatch(WhileLoopCarriesInts(), (torch.ones(2),))
+        self.assertGraphExpectedInline(ep, """\
+def forward(x: f32[2]):
+    while_loop = while_loop(self.cond_graph_0, self.body_graph_0, (0, 1, x), ())
+    getitem = while_loop[0]
+    getitem_1 = while_loop[1]
+    getitem_2 = while_loop[2]
+    mul = aten.mul.Tensor(getitem_2, getitem_1)
+    return (mul, getitem)
+def cond_graph_0(i, steps, x: f32[2]):
+    lt = lt(i, 3)
+    return lt
+def body_graph_0(i, steps, x: f32[2]):
+    add = add(i, 1)
+    add_1 = add(steps, 2)
+    mul = aten.mul.Tensor(x, 1.5)
+    add_2 = aten.add.Tensor(mul, i)
+    return (add, add_1, add_2)
+inputs:
+    x: USER_INPUT
+outputs:
+    mul: USER_OUTPUT
+    getitem: USER_OUTPUT
 autocast policy: backward_pass_autocast='same_as_forward', on_backward_autocast_mismatch='error'
 """)

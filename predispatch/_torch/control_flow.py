@@ -93,6 +93,13 @@ def branch_traced_apart(fake_mode, codes):
         _STACK_TRACE_ANCHORS.difference_update(shown)
 
 
+def any_int(fake_mode) -> torch.SymInt:
+    """A fresh unbacked symbolic int: what a loop's branches are traced on for
+    an int it carries (any value an iteration may give it), as torch traces them."""
+    with fake_mode.shape_env.ignore_fresh_unbacked_symbols():
+        return fake_mode.shape_env.create_unbacked_symint()
+
+
 def write_runtime_asserts(gm: torch.fx.GraphModule, fake_mode) -> None:
     """The run-time checks a branch's trace deferred (its ``torch._check``
     on an ``.item()``, the range of a size it made) written into its graph,

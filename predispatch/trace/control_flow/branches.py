@@ -128,8 +128,8 @@ class Call:
 
 def trace_branches(call: Call, roles: list[str], fns: list, operands: list, unflatten) -> Branches:
     """Each of ``fns`` (named by ``roles``: "true branch"...) traced on the
-    flat traced ``operands`` (a :class:`Row`: a row of one), called as
-    ``fn(*unflatten(operands))``."""
+    flat traced ``operands`` (a :class:`Row`: a row of one; :class:`Carried`:
+    a loop's), called as ``fn(*unflatten(operands))``."""
     reads = reads_of(fns)
     fake_mode = _torch.fake_mode_of(_some_tensor([*operands, *(r.outer for r in reads)]))
     traced, outputs = [], []
@@ -139,7 +139,7 @@ def trace_branches(call: Call, roles: list[str], fns: list, operands: list, unfl
         for role, fn in zip(roles, fns):
             # fresh inputs for each: a fake tensor remembers what .item() gave it, and a symbol a branch
             # binds is its own (its checks go to its graph only)
-            inputs = [_fake_like(t) for t in [*operands, *(r.outer for r in reads)]]
+            inputs = [_fake_like(t, fake_mode) for t in [*operands, *(r.outer for r in reads)]]
             body, returned = _body(call, role, fn, len(operands), reads, unflatten)
             names = [*_operand_names(fn, len(operands)), *(r.name for r in reads)]
             result = subgraph(body, inputs, names, cache)
@@ -166,7 +166,17 @@ class Row:
     of: torch.Tensor
 
 
-def _fake_like(t):
+@dataclasses.dataclass(frozen=True)
+class Carried:
+    """A value a loop carries from one iteration to the next: an int of it
+    may be any int there (a fresh unbacked symbol, as torch traces it)."""
+
+    of: object  # a tensor, an int or a symbolic int
+
+
+def _fake_like(t, fake_mode):
+    if isinstance(t, Carried):
+        return control_flow.any_int(fake_mode) if isinstance(t.of, (int, torch.SymInt)) else _fake_like(t.of, None)
     if not isinstance(t, (torch.Tensor, Row)):  # a symbolic size: itself
         return t
     if isinstance(t, Row):
@@ -175,7 +185,8 @@ def _fake_like(t):
 
 
 def _some_tensor(values) -> torch.Tensor | None:
-    return next((v.of if isinstance(v, Row) else v for v in values if isinstance(v, (torch.Tensor, Row))), None)
+    values = [v.of if isinstance(v, (Row, Carried)) else v for v in values]
+    return next((v for v in values if isinstance(v, torch.Tensor)), None)
 
 
 def _body(call: Call, role: str, fn, n_operands: int, reads: list[Read], unflatten):
