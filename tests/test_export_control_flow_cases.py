@@ -13,6 +13,7 @@ once on inputs that take the other branch.
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 from unittest import mock
 
@@ -531,3 +532,52 @@ def test_checks_in_branches_hold_where_the_branch_runs(make, reference, example,
         assert (got is RuntimeError) == (expected is RuntimeError), f"{args}: {got}, the reference {expected}"
         if expected is not RuntimeError:
             torch.testing.assert_close(got, expected)
+
+
+class LinearsInBranches(torch.nn.Module):
+    """A Linear before a cond and one in each branch."""
+
+    def __init__(self):
+        super().__init__()
+        self.first = torch.nn.Linear(4, 4)
+        self.up = torch.nn.Linear(4, 4)
+        self.down = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        x = self.first(x)
+        return torch.cond(x.sum() > 0, lambda x: self.up(x), lambda x: self.down(x).relu(), (x,))
+
+
+def _quantization_ops(gm) -> dict:
+    """Per graph of a prepared or converted module (top level and branches, by name): its linears,
+    observers and (de)quantize ops, in order."""
+    kept = ("linear", "quantize", "dequantize", "activation_post_process")
+    return {name or "forward": [str(n.target) for n in m.graph.nodes
+                                if n.op in ("call_function", "call_module") and any(k in str(n.target) for k in kept)]
+            for name, m in gm.named_modules() if isinstance(m, torch.fx.GraphModule)}
+
+
+def test_pt2e_inside_branches_as_torch_flow_does():
+    """torchao's PT2E flow on torch.export's program of a cond with Linears in its branches
+    quantizes the Linear outside the cond only; on predispatch's program, predispatch's
+    prepare_pt2e/convert_pt2e do the same: the same ops in every graph, the same results."""
+    pytest.importorskip("torchao")
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+    from torchao.quantization.pt2e.quantizer.x86_inductor_quantizer import (
+        X86InductorQuantizer, get_default_x86_inductor_quantization_config)
+
+    def quantizer():
+        return X86InductorQuantizer().set_global(get_default_x86_inductor_quantization_config())
+
+    torch.manual_seed(0)
+    module, x = LinearsInBranches(), torch.randn(8, 4)
+    calibration = (x, -x)
+    theirs = prepare_pt2e(torch.export.export(copy.deepcopy(module), (x,)).module(), quantizer())
+    ours = predispatch.prepare_pt2e(predispatch.export_predispatch(copy.deepcopy(module), (x,)).module(), quantizer())
+    assert _quantization_ops(ours) == _quantization_ops(theirs)
+    for batch in calibration:
+        theirs(batch), ours(batch)
+    theirs, ours = convert_pt2e(theirs), predispatch.convert_pt2e(ours)
+    assert _quantization_ops(ours) == _quantization_ops(theirs)
+    for batch in calibration:
+        torch.testing.assert_close(ours(batch), theirs(batch), rtol=0, atol=0)
