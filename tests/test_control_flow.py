@@ -550,6 +550,25 @@ class ScanWithState(torch.nn.Module):
         return carry, out["y"]
 
 
+class ScanFreshCarry(torch.nn.Module):
+    """scan whose combine function returns a new tensor as its carry (AOTAutograd, torch.compile's
+    too, refuses a carry another output is computed from: "scan might be aliasing the input or the
+    output")."""
+
+    def __init__(self):
+        super().__init__()
+        self.decay = torch.nn.Parameter(torch.tensor([0.9, 0.5, 0.1]))
+
+    def forward(self, init, xs):
+        from torch._higher_order_ops.scan import scan
+
+        def combine(carry, x):
+            carry = carry * self.decay + x
+            return carry.clone(), carry.sin()
+
+        return scan(combine, init, xs)
+
+
 R = torch.randn
 
 CASES = {
@@ -589,6 +608,7 @@ CASES = {
     "while_loop_carries_ints": (WhileLoopCarriesInts, (R(3),), {"inputs_require_grad": False}),
     "nested_while_loops": (NestedWhileLoops, (torch.tensor(0), torch.tensor(0), torch.tensor(1)), {}),
     "scan_with_state": (ScanWithState, (R(3), R(4, 3)), {}),
+    "scan_fresh_carry": (ScanFreshCarry, (R(3), R(4, 3)), {}),
     "loops_and_regions": (LoopsAndRegions, (torch.tensor(2), R(2, 3), R(4, 2, 3)), {"atol": 3e-2, "rtol": 3e-2}),
 }
 
@@ -723,7 +743,7 @@ def test_identical_layers_with_cond():
 
 
 @pytest.mark.parametrize("name", ["regions_inside_branches", "map_with_args", "while_loop_reads_a_parameter",
-                                  "loops_and_regions"])
+                                  "loops_and_regions", "scan_fresh_carry"])
 def test_compile_training_through_control_flow(name):
     """compile_training's forward and backward graphs hold the operators: outputs and
     gradients as eager's, under grad mode and under an ambient no_grad."""

@@ -2,13 +2,14 @@
 
 Every test of PyTorch's ``test/export/test_export.py`` whose module calls
 ``torch.cond``, ``map`` (``functorch.experimental.control_flow.map``),
-``while_loop`` or ``scan`` has a row in :data:`CASES`: our own version of
-its module (the same construct, written here), and what the row checks.
-A row that torch.export exports is exported by predispatch and compared
-with eager by ``assert_matches_eager`` (outputs, which require grad,
-gradients of inputs and parameters, buffers and inputs afterwards, under
-grad mode on and off, re-export stable), once on the example inputs and
-once on inputs that take the other branch.
+``while_loop`` or ``scan`` has a row in :data:`CASES`, naming it: our own
+version of its module (the same construct, written here). torch.export
+exports each (2.13 and 2.15, when the table was written); predispatch
+exports each, and ``assert_matches_eager`` compares the program with eager
+(outputs, which require grad, gradients of inputs and parameters, buffers
+and inputs afterwards, under grad mode on and off, re-export stable), once
+on the example inputs and once on inputs that take the other branch.
+design/control-flow.md holds the audit's table.
 """
 from __future__ import annotations
 
