@@ -530,6 +530,41 @@ class LoopsAndRegions(torch.nn.Module):
         return x, frozen, mapped.float()
 
 
+class LoopsInRegionsRegionsInBodies(torch.nn.Module):
+    """while_loop and scan inside no_grad and autocast blocks; a map body and a scan combine
+    function with blocks of their own."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(3, 3)
+
+    def forward(self, i, x, xs):
+        from torch._higher_order_ops.scan import scan
+
+        with torch.no_grad():
+            _, frozen = _while_loop(lambda i, x: i > 0, lambda i, x: (i - 1, self.lin(x).tanh()), (i, x))
+        with torch.autocast("cpu", torch.bfloat16):
+            _, low = _while_loop(lambda i, x: i > 0, lambda i, x: (i - 1, self.lin(x).float().sin()), (i, x))
+
+        def row(r):
+            with torch.no_grad():
+                scale = r.abs().max()
+            with torch.autocast("cpu", torch.bfloat16):
+                y = self.lin(r)
+            return y.float() * scale
+
+        def combine(carry, r):
+            with torch.autocast("cpu", torch.bfloat16):
+                y = self.lin(r)
+            return carry + y.float(), y.float().cos()
+
+        mapped = _hop_map(row, xs)
+        with torch.no_grad():
+            total, _ = scan(combine, x, xs)
+        carry, ys = scan(combine, x, xs)
+        return frozen, low, mapped, total, carry, ys
+
+
 class ScanWithState(torch.nn.Module):
     """scan: a running carry and per-step outputs; the combine function reads a parameter and has a region."""
 
@@ -609,6 +644,8 @@ CASES = {
     "nested_while_loops": (NestedWhileLoops, (torch.tensor(0), torch.tensor(0), torch.tensor(1)), {}),
     "scan_with_state": (ScanWithState, (R(3), R(4, 3)), {}),
     "scan_fresh_carry": (ScanFreshCarry, (R(3), R(4, 3)), {}),
+    "loops_in_regions_regions_in_bodies": (LoopsInRegionsRegionsInBodies, (torch.tensor(2), R(3), R(4, 3)),
+                                           {"atol": 3e-2, "rtol": 3e-2}),
     "loops_and_regions": (LoopsAndRegions, (torch.tensor(2), R(2, 3), R(4, 2, 3)), {"atol": 3e-2, "rtol": 3e-2}),
 }
 
