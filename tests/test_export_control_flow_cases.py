@@ -582,3 +582,19 @@ def test_pt2e_inside_branches_as_torch_flow_does():
     assert _quantization_ops(ours) == _quantization_ops(theirs)
     for batch in calibration:
         torch.testing.assert_close(ours(batch), theirs(batch), rtol=0, atol=0)
+
+
+class IndexByItem(torch.nn.Module):
+    """Checks torch's runtime-assert pass writes at the top level, a program exported again runs as ops."""
+
+    def forward(self, x, idx):
+        i = idx.item()
+        torch._check(i >= 0)
+        torch._check(i < x.size(0))
+        return x[i] * 2
+
+
+def test_checks_of_a_program_exported_again_name_their_conditions():
+    """A check the first export wrote names its condition's node; exported again, the check
+    (now an op of the module) names the new graph's node: the same program (G7)."""
+    assert_matches_eager(IndexByItem(), (R(4, 3), torch.tensor(2)))
