@@ -9,6 +9,7 @@ those in PyTorch's test/export/test_export.py (named in their docstrings).
 from __future__ import annotations
 
 import io
+import re
 
 import pytest
 import torch
@@ -486,6 +487,26 @@ class NestedWhileLoops(torch.nn.Module):
         return _while_loop(lambda out_iter, it, y: out_iter.sum() < 2, outer_body_fn, (out_iter, it, y))
 
 
+class WhileLoopCarriesInts(torch.nn.Module):
+    """Python ints carried beside a tensor (any int in the branches: torch's unbacked symbols),
+    one used after the loop, one returned."""
+
+    def forward(self, x):
+        def body(i, steps, x):
+            return i + 1, steps + 2, x * 1.5 + i
+
+        i, steps, y = _while_loop(lambda i, steps, x: i < 3, body, (0, 1, x))
+        return y * steps, i
+
+
+class WhileLoopCarriesASize(torch.nn.Module):
+    """A dynamic size carried and halved: the loop runs as often as the size says."""
+
+    def forward(self, x):
+        n, y = _while_loop(lambda n, y: n > 1, lambda n, y: (n // 2, y * 2), (x.shape[0], x))
+        return y + n
+
+
 class LoopsAndRegions(torch.nn.Module):
     """while_loop and map inside and around no_grad and autocast blocks."""
 
@@ -509,6 +530,41 @@ class LoopsAndRegions(torch.nn.Module):
         return x, frozen, mapped.float()
 
 
+class LoopsInRegionsRegionsInBodies(torch.nn.Module):
+    """while_loop and scan inside no_grad and autocast blocks; a map body and a scan combine
+    function with blocks of their own."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(3, 3)
+
+    def forward(self, i, x, xs):
+        from torch._higher_order_ops.scan import scan
+
+        with torch.no_grad():
+            _, frozen = _while_loop(lambda i, x: i > 0, lambda i, x: (i - 1, self.lin(x).tanh()), (i, x))
+        with torch.autocast("cpu", torch.bfloat16):
+            _, low = _while_loop(lambda i, x: i > 0, lambda i, x: (i - 1, self.lin(x).float().sin()), (i, x))
+
+        def row(r):
+            with torch.no_grad():
+                scale = r.abs().max()
+            with torch.autocast("cpu", torch.bfloat16):
+                y = self.lin(r)
+            return y.float() * scale
+
+        def combine(carry, r):
+            with torch.autocast("cpu", torch.bfloat16):
+                y = self.lin(r)
+            return carry + y.float(), y.float().cos()
+
+        mapped = _hop_map(row, xs)
+        with torch.no_grad():
+            total, _ = scan(combine, x, xs)
+        carry, ys = scan(combine, x, xs)
+        return frozen, low, mapped, total, carry, ys
+
+
 class ScanWithState(torch.nn.Module):
     """scan: a running carry and per-step outputs; the combine function reads a parameter and has a region."""
 
@@ -527,6 +583,25 @@ class ScanWithState(torch.nn.Module):
 
         carry, out = scan(combine, init, xs)
         return carry, out["y"]
+
+
+class ScanFreshCarry(torch.nn.Module):
+    """scan whose combine function returns a new tensor as its carry (AOTAutograd, torch.compile's
+    too, refuses a carry another output is computed from: "scan might be aliasing the input or the
+    output")."""
+
+    def __init__(self):
+        super().__init__()
+        self.decay = torch.nn.Parameter(torch.tensor([0.9, 0.5, 0.1]))
+
+    def forward(self, init, xs):
+        from torch._higher_order_ops.scan import scan
+
+        def combine(carry, x):
+            carry = carry * self.decay + x
+            return carry.clone(), carry.sin()
+
+        return scan(combine, init, xs)
 
 
 R = torch.randn
@@ -564,8 +639,13 @@ CASES = {
     "while_loop_reads_a_parameter": (WhileLoopReadsAParameter, (torch.tensor(3), R(3)), {}),
     "while_loop_threshold_buffer": (WhileLoopThresholdBuffer, (torch.tensor(0), R(3, 2)), {}),
     "while_loop_updates_clones": (WhileLoopUpdatesClones, (R(2, 2),), {}),
+    # (an int carried with a tensor that requires grad: torch's while_loop has no autograd for it, eager neither)
+    "while_loop_carries_ints": (WhileLoopCarriesInts, (R(3),), {"inputs_require_grad": False}),
     "nested_while_loops": (NestedWhileLoops, (torch.tensor(0), torch.tensor(0), torch.tensor(1)), {}),
     "scan_with_state": (ScanWithState, (R(3), R(4, 3)), {}),
+    "scan_fresh_carry": (ScanFreshCarry, (R(3), R(4, 3)), {}),
+    "loops_in_regions_regions_in_bodies": (LoopsInRegionsRegionsInBodies, (torch.tensor(2), R(3), R(4, 3)),
+                                           {"atol": 3e-2, "rtol": 3e-2}),
     "loops_and_regions": (LoopsAndRegions, (torch.tensor(2), R(2, 3), R(4, 2, 3)), {"atol": 3e-2, "rtol": 3e-2}),
 }
 
@@ -615,6 +695,17 @@ def test_symbolic_shape_predicate_keeps_both_branches():
     assert COND in _ops_in(ep)
     for n in (3, 8):
         x = R(n, 4)
+        torch.testing.assert_close(ep.module()(x), module(x))
+
+
+def test_while_loop_carrying_a_dynamic_size():
+    """A size carried by a loop: one program for every size, as many iterations as each says."""
+    module = WhileLoopCarriesASize()
+    ep = assert_matches_eager(module, (R(6),), inputs_require_grad=False,
+                              dynamic_shapes=({0: Dim("n", min=2, max=64)},))
+    assert WHILE_LOOP in _ops_in(ep)
+    for n in (5, 17, 64):
+        x = R(n)
         torch.testing.assert_close(ep.module()(x), module(x))
 
 
@@ -689,7 +780,7 @@ def test_identical_layers_with_cond():
 
 
 @pytest.mark.parametrize("name", ["regions_inside_branches", "map_with_args", "while_loop_reads_a_parameter",
-                                  "loops_and_regions"])
+                                  "loops_and_regions", "scan_fresh_carry"])
 def test_compile_training_through_control_flow(name):
     """compile_training's forward and backward graphs hold the operators: outputs and
     gradients as eager's, under grad mode and under an ambient no_grad."""
@@ -793,16 +884,34 @@ def test_a_tensor_requiring_grad_outside_the_module_is_refused_in_a_body():
     assert "outside.param" in str(info.value)
 
 
-@pytest.mark.parametrize("module, why", [
-    (MutatesItsInput(), "updates its input 'x' in place"),
-    (MutatesABuffer(), "updates 'b_count' in place, a tensor it reads"),
-    (ReturnsItsInput(), "returns one of its inputs or a view of one"),
-    (ReturnsAViewOfItsInput(), "returns one of its inputs or a view of one"),
+class MutatesInALoopBody(torch.nn.Module):
+    def forward(self, x):
+        def body(i, x):
+            y = x * 2
+            y.add_(1)
+            x.mul_(y)
+            return i - 1, x.sin()
+
+        return _while_loop(lambda i, x: i > 0, body, (torch.tensor(2), x))
+
+
+@pytest.mark.parametrize("module, why, at", [
+    (MutatesItsInput(), "updates its input 'x' in place", r"in true_fn: x\.add_\(1\)"),
+    (MutatesABuffer(), "updates 'b_count' in place, a tensor it reads", r"in true_fn: self\.count\.add_\(1\)"),
+    (MutatesInALoopBody(), r"the body \(MutatesInALoopBody\.forward\.<locals>\.body\) updates its input 'x'",
+     r"in body: x\.mul_\(y\)"),
+    (ReturnsItsInput(), "returns one of its inputs or a view of one", "in <lambda>"),
+    (ReturnsAViewOfItsInput(), "returns one of its inputs or a view of one", "in <lambda>"),
 ])
-def test_what_torch_refuses_in_a_branch_is_refused_naming_the_line(module, why):
+def test_what_torch_refuses_in_a_branch_is_refused_naming_the_line(module, why, at):
+    """Named at the line inside the branch that does it (the update; where the branch is defined
+    for what it returns), and the operator's call."""
     with pytest.raises(predispatch.ExportError, match=why) as info:
         predispatch.export_predispatch(module, (R(2, 3),))
-    assert "test_control_flow.py" in str(info.value) and "torch.cond(" in str(info.value)
+    message = str(info.value)
+    assert re.search(r"cannot be exported soundly, at \S*test_control_flow\.py:\d+ " + at, message), message
+    call = r"called at \S*test_control_flow\.py:\d+ in (forward|_while_loop): return (torch\.cond|while_loop)\("
+    assert re.search(call, message), message
 
 
 class BranchesDisagree(torch.nn.Module):
@@ -947,5 +1056,32 @@ inputs:
     xs: USER_INPUT
 outputs:
     getitem_1: USER_OUTPUT
+autocast policy: backward_pass_autocast='same_as_forward', on_backward_autocast_mismatch='error'
+""")
+
+    def test_while_loop_carrying_ints(self):
+        ep = predispatch.export_predispatch(WhileLoopCarriesInts(), (torch.ones(2),))
+        self.assertGraphExpectedInline(ep, """\
+def forward(x: f32[2]):
+    while_loop = while_loop(self.cond_graph_0, self.body_graph_0, (0, 1, x), ())
+    getitem = while_loop[0]
+    getitem_1 = while_loop[1]
+    getitem_2 = while_loop[2]
+    mul = aten.mul.Tensor(getitem_2, getitem_1)
+    return (mul, getitem)
+def cond_graph_0(i, steps, x: f32[2]):
+    lt = lt(i, 3)
+    return lt
+def body_graph_0(i, steps, x: f32[2]):
+    add = add(i, 1)
+    add_1 = add(steps, 2)
+    mul = aten.mul.Tensor(x, 1.5)
+    add_2 = aten.add.Tensor(mul, i)
+    return (add, add_1, add_2)
+inputs:
+    x: USER_INPUT
+outputs:
+    mul: USER_OUTPUT
+    getitem: USER_OUTPUT
 autocast policy: backward_pass_autocast='same_as_forward', on_backward_autocast_mismatch='error'
 """)

@@ -20,8 +20,10 @@ import torch
 
 from torch.utils import _pytree as pytree
 
+from .data_dependence import checks_named_by_their_conditions
 from .functionalization import is_traced
 from .patching import patched
+from .tracing import outer_trace_suspended
 
 COND = torch.ops.higher_order.cond
 WHILE_LOOP = torch.ops.higher_order.while_loop
@@ -66,6 +68,50 @@ def control_flow_calls_to(capture: Callable):
         yield
 
 
+@contextlib.contextmanager
+def branch_traced_apart(fake_mode, codes):
+    """A branch's own trace in the middle of the forward's (every mode of the
+    running trace off, :func:`~.tracing.outer_trace_suspended`), under
+    torch.export's non-strict torch-function handler as the forward is: its
+    rewrites (an index by a symbolic int made a ``select``, ``torch.tensor``
+    of symbolic numbers) hold in branches too. The frames of ``codes`` (the
+    user's branch functions) show in its nodes' stack traces, as a module's
+    ``forward`` does: the line inside the branch that made a node."""
+    from torch._export.non_strict_utils import _NonStrictTorchFunctionHandler
+    from torch.fx.proxy import _STACK_TRACE_ANCHORS
+
+    kept = [m for m in torch.overrides._get_current_function_mode_stack()
+            if isinstance(m, _NonStrictTorchFunctionHandler)]
+    shown = {(code.co_filename, code.co_name) for code in codes} - _STACK_TRACE_ANCHORS
+    _STACK_TRACE_ANCHORS.update(shown)
+    try:
+        with outer_trace_suspended(fake_mode), contextlib.ExitStack() as stack:
+            for mode in kept:
+                stack.enter_context(mode)
+            yield
+    finally:
+        _STACK_TRACE_ANCHORS.difference_update(shown)
+
+
+def any_int(fake_mode) -> torch.SymInt:
+    """A fresh unbacked symbolic int: what a loop's branches are traced on for
+    an int it carries (any value an iteration may give it), as torch traces them."""
+    with fake_mode.shape_env.ignore_fresh_unbacked_symbols():
+        return fake_mode.shape_env.create_unbacked_symint()
+
+
+def write_runtime_asserts(gm: torch.fx.GraphModule, fake_mode) -> None:
+    """The run-time checks a branch's trace deferred (its ``torch._check``
+    on an ``.item()``, the range of a size it made) written into its graph,
+    where their symbols are bound, as torch's own branches hold them."""
+    from torch.fx.passes.runtime_assert import insert_deferred_runtime_asserts
+
+    shape_env = getattr(fake_mode, "shape_env", None)
+    if shape_env is not None:
+        insert_deferred_runtime_asserts(gm, shape_env, "control-flow branch", export=True)
+    checks_named_by_their_conditions(gm)
+
+
 def _captured(capture: Callable, kind: str, original: Callable) -> Callable:
     """The operator's call, captured where it is the forward's (torch's own
     rules call it on fake tensors below the trace: those run as torch's)."""
@@ -79,11 +125,21 @@ def _captured(capture: Callable, kind: str, original: Callable) -> Callable:
 
 def fake_outputs(kind: str, mode, args: tuple):
     """What the operator returns on fake tensors (torch's own rule: a cond's
-    two branches' outputs merged, a loop's body run once)."""
+    two branches' outputs merged, a loop's body run once), its tensors run
+    fresh, as torch's tracing of a loop runs them: a fake tensor remembers
+    the symbol ``.item()`` gave it, which a check in a branch would bind
+    otherwise (the check enforced where the operator is called, taken or not)."""
     # the modules (the package's names ``cond``, ``map``... are the functions)
     module = importlib.import_module(f"torch._higher_order_ops.{kind}")
     rule = getattr(module, f"{kind}_fake_tensor_mode")
+    with mode:
+        args = pytree.tree_map_only(torch.Tensor, _unremembered, args)
     if next(iter(inspect.signature(rule).parameters)) == "mode":  # a rule of the mode (scan's since 2.15)
         return rule(mode, *args)
     with mode:  # a fake kernel (register_fake)
         return rule(*args)
+
+
+def _unremembered(t: torch.Tensor) -> torch.Tensor:
+    """A fake tensor like ``t`` that remembers no value (``.item()``'s symbol, a constant's)."""
+    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)

@@ -27,6 +27,23 @@ ASSERT_SCALAR = torch.ops.aten._assert_scalar.default
 
 
 
+# the message torch's runtime-assert pass gives a check it writes
+_TORCH_CHECK_MESSAGE = re.compile(r"^(Runtime assertion failed for expression .* on node ')([^']*)(')$", re.S)
+
+
+def checks_named_by_their_conditions(gm: torch.fx.GraphModule) -> None:
+    """Each check torch's runtime-assert pass wrote names the node of its
+    condition: a check a program exported again runs itself (an op of its
+    graph, traced again) keeps the message of the first export, naming a
+    node the new graph may call otherwise (G7)."""
+    for node in gm.graph.find_nodes(op="call_function", target=ASSERT_SCALAR):
+        condition, message = node.args[0], node.args[1] if len(node.args) > 1 else None
+        match = _TORCH_CHECK_MESSAGE.match(message) if isinstance(message, str) else None
+        if match and isinstance(condition, torch.fx.Node) and match.group(2) != condition.name:
+            node.args = (condition, f"{match.group(1)}{condition.name}{match.group(3)}", *node.args[2:])
+    gm.recompile()
+
+
 def kept_as_they_are(gm: torch.fx.GraphModule, keep) -> bool:
     """The ``_assert_scalar`` nodes ``keep(message)`` names are checks the
     module made itself (a program exported again runs its own): torch's

@@ -19,6 +19,7 @@ from torch._functorch._aot_autograd.input_output_analysis import (
 from torch._functorch._aot_autograd.schemas import GraphSignature
 from torch._functorch._aot_autograd.utils import create_tree_flattened_fn
 
+from .data_dependence import checks_named_by_their_conditions
 from .patching import patched
 
 
@@ -115,7 +116,9 @@ def produce_aten_artifact(**kwargs):
     asserts = shape_env is not None and shape_env.deferred_runtime_asserts
     with patched(_export_trace, "_replace_unbacked_bindings", _unbacked_bindings_recomputed_where_any), \
             (contextlib.nullcontext() if asserts else torch._C.DisableTorchFunction()):
-        return _export_trace._produce_aten_artifact(**kwargs)
+        artifact = _export_trace._produce_aten_artifact(**kwargs)
+    checks_named_by_their_conditions(artifact.gm)
+    return artifact
 
 
 @contextlib.contextmanager

@@ -77,7 +77,9 @@ class _Namer:
     def __init__(self, graph: torch.fx.Graph, placeholder_names=None):
         self.names: dict[torch.fx.Node, str] = {}
         placeholders = [n for n in graph.nodes if n.op == "placeholder"]
-        names = placeholder_names or [n.name for n in placeholders]
+        # a value passed in that is no node (an int a loop carries): the placeholder's own name
+        names = [given if given is not None else n.name
+                 for given, n in zip(placeholder_names or [None] * len(placeholders), placeholders)]
         self.names.update(zip(placeholders, names))
         for node in graph.nodes:
             if node.op == "get_attr":
@@ -131,7 +133,8 @@ def _format_graphs(name: str, gm: torch.fx.GraphModule, placeholder_names=None) 
         args += [f"{k}={namer.arg(v)}" for k, v in node.kwargs.items()]
         lines.append(f"    {namer.names[node]} = {_op_name(node.target)}({', '.join(args)})")
         for sub, passed in _subgraphs(node):
-            names = None if passed is None else [namer.arg(a) for a in passed]
+            names = None if passed is None else [namer.arg(a) if isinstance(a, torch.fx.Node) else None
+                                                 for a in passed]
             inner += _format_graphs(f"{name}.{sub.target}" if name != "forward" else sub.target,
                                     getattr(gm, sub.target), names)
     return ["\n".join(lines), *inner]

@@ -17,12 +17,12 @@ import inspect
 import torch
 
 from ... import _torch
-from ..._torch import pytree
+from ..._torch import control_flow, pytree
 from ..._torch.patching import patches_suspended
-from ...errors import ExportError
+from ...errors import ExportError, node_location
 from ...ir.autograd_function_op import placeholders
 from ..autograd_function.subgraphs import subgraph
-from .reads import Read, reads_of, swapped_in
+from .reads import Read, reads_of, swapped_in, user_functions
 
 
 _TENSOR = object()  # an output leaf that is a tensor
@@ -30,10 +30,33 @@ _NUMBER = object()  # an int output the branches disagree on: a symbolic int of 
 
 
 @dataclasses.dataclass(frozen=True)
+class Symbolic:
+    """An output leaf that is a symbolic number of the branch's trace (a
+    size, ``.item()``'s value, a comparison of them: a while_loop's condition
+    may return one): the operator's output there."""
+
+    kind: type  # int, bool or float
+
+
+_SYMBOLIC_KINDS = {torch.SymInt: int, torch.SymBool: bool, torch.SymFloat: float}
+
+
+def _leaf(o) -> object:
+    """How :class:`Outputs` keeps a returned leaf."""
+    if isinstance(o, torch.Tensor):
+        return _TENSOR
+    return Symbolic(_SYMBOLIC_KINDS[type(o)]) if type(o) in _SYMBOLIC_KINDS else o
+
+
+def _kind(leaf) -> type:
+    return leaf.kind if isinstance(leaf, Symbolic) else type(leaf)
+
+
+@dataclasses.dataclass(frozen=True)
 class Outputs:
     """What a branch returned: its tree and leaves (a tensor leaf
-    :data:`_TENSOR`, a number as it is). The subgraph returns every leaf,
-    numbers too, as torch's operators do."""
+    :data:`_TENSOR`, a symbolic number :class:`Symbolic`, a number as it
+    is). The subgraph returns every leaf, numbers too, as torch's operators do."""
 
     spec: object
     leaves: tuple
@@ -41,16 +64,21 @@ class Outputs:
     def rebuilt(self, results) -> object:
         """The branch's result from the operator's: a number all branches
         return is that number, as torch's graph uses it."""
-        return pytree.tree_unflatten([r if leaf is _TENSOR or leaf is _NUMBER else leaf
+        return pytree.tree_unflatten([leaf if _is_constant(leaf) else r
                                       for leaf, r in zip(self.leaves, results)], self.spec)
 
     @property
     def all_tensors(self) -> bool:
         return all(leaf is _TENSOR for leaf in self.leaves)
 
+    @property
+    def is_predicate(self) -> bool:
+        """One tensor, bool or symbolic bool (a while_loop's condition)."""
+        return len(self.leaves) == 1 and (self.leaves[0] is _TENSOR or _kind(self.leaves[0]) is bool)
+
     def merged(self, other: "Outputs") -> "Outputs | None":
-        """What both branches return (an int they disagree on: :data:`_NUMBER`), or None where
-        their trees or kinds of leaf differ."""
+        """What both branches return (an int they disagree on, or one symbolic
+        in either: :data:`_NUMBER`), or None where their trees or kinds of leaf differ."""
         if self.spec != other.spec:
             return None
         leaves = []
@@ -59,13 +87,17 @@ class Outputs:
                 if a is not b:
                     return None
                 leaves.append(a)
-            elif a == b and type(a) is type(b):
+            elif _is_constant(a) and _is_constant(b) and a == b and type(a) is type(b):
                 leaves.append(a)
-            elif type(a) is int and type(b) is int:
+            elif _kind(a) is int and _kind(b) is int:
                 leaves.append(_NUMBER)
             else:
                 return None
         return Outputs(self.spec, tuple(leaves))
+
+
+def _is_constant(leaf) -> bool:
+    return leaf is not _TENSOR and leaf is not _NUMBER and not isinstance(leaf, Symbolic)
 
 
 @dataclasses.dataclass
@@ -96,23 +128,27 @@ class Call:
 
 def trace_branches(call: Call, roles: list[str], fns: list, operands: list, unflatten) -> Branches:
     """Each of ``fns`` (named by ``roles``: "true branch"...) traced on the
-    flat traced ``operands`` (a :class:`Row`: a row of one), called as
-    ``fn(*unflatten(operands))``."""
+    flat traced ``operands`` (a :class:`Row`: a row of one; :class:`Carried`:
+    a loop's), called as ``fn(*unflatten(operands))``."""
     reads = reads_of(fns)
     fake_mode = _torch.fake_mode_of(_some_tensor([*operands, *(r.outer for r in reads)]))
     traced, outputs = [], []
     cache = _torch.autocast_cache_default()  # eager's, read before the trace's patches are suspended
-    with _torch.outer_trace_suspended(fake_mode), patches_suspended():
-        inputs = [_fake_like(t) for t in [*operands, *(r.outer for r in reads)]]
+    codes = [getattr(f, "__func__", f).__code__ for fn in fns for f in user_functions(fn)]
+    with control_flow.branch_traced_apart(fake_mode, codes), patches_suspended():
         for role, fn in zip(roles, fns):
+            # fresh inputs for each: a fake tensor remembers what .item() gave it, and a symbol a branch
+            # binds is its own (its checks go to its graph only)
+            inputs = [_fake_like(t, fake_mode) for t in [*operands, *(r.outer for r in reads)]]
             body, returned = _body(call, role, fn, len(operands), reads, unflatten)
             names = [*_operand_names(fn, len(operands)), *(r.name for r in reads)]
             result = subgraph(body, inputs, names, cache)
             if result.updated:
-                k = result.updated[0]
+                k, at = result.updated[0], _first_update_location(result.gm, len(result.updated))
                 raise _refused(call, role, fn, f"updates its input {names[k]!r} in place" if k < len(operands) else
                                f"updates {names[k]!r} in place, a tensor it reads (a buffer updated by a "
-                               "BatchNorm in training mode too: compute the new value outside the operator)")
+                               "BatchNorm in training mode too: compute the new value outside the operator)", at)
+            control_flow.write_runtime_asserts(result.gm, fake_mode)
             traced.append(result)
             outputs.append(returned[0])
     gms = [t.gm for t in traced]
@@ -130,7 +166,17 @@ class Row:
     of: torch.Tensor
 
 
-def _fake_like(t):
+@dataclasses.dataclass(frozen=True)
+class Carried:
+    """A value a loop carries from one iteration to the next: an int of it
+    may be any int there (a fresh unbacked symbol, as torch traces it)."""
+
+    of: object  # a tensor, an int or a symbolic int
+
+
+def _fake_like(t, fake_mode):
+    if isinstance(t, Carried):
+        return control_flow.any_int(fake_mode) if isinstance(t.of, (int, torch.SymInt)) else _fake_like(t.of, None)
     if not isinstance(t, (torch.Tensor, Row)):  # a symbolic size: itself
         return t
     if isinstance(t, Row):
@@ -139,7 +185,8 @@ def _fake_like(t):
 
 
 def _some_tensor(values) -> torch.Tensor | None:
-    return next((v.of if isinstance(v, Row) else v for v in values if isinstance(v, (torch.Tensor, Row))), None)
+    values = [v.of if isinstance(v, (Row, Carried)) else v for v in values]
+    return next((v for v in values if isinstance(v, torch.Tensor)), None)
 
 
 def _body(call: Call, role: str, fn, n_operands: int, reads: list[Read], unflatten):
@@ -152,12 +199,12 @@ def _body(call: Call, role: str, fn, n_operands: int, reads: list[Read], unflatt
             out = fn(*unflatten(list(tensors[:n_operands])))
         flat, spec = pytree.tree_flatten(out)
         for o in flat:
-            if not isinstance(o, (torch.Tensor, bool, int, float)):
+            if not isinstance(o, (torch.Tensor, bool, int, float, *_SYMBOLIC_KINDS)):
                 raise _refused(call, role, fn, f"returns {type(o).__name__} {o!r}, neither a tensor nor a number")
             if isinstance(o, torch.Tensor) and any(_aliases(o, t) for t in tensors):
                 raise _refused(call, role, fn, "returns one of its inputs or a view of one (an alias); "
                                "return a new tensor (.clone())")
-        returned[0] = Outputs(spec, tuple(_TENSOR if isinstance(o, torch.Tensor) else o for o in flat))
+        returned[0] = Outputs(spec, tuple(_leaf(o) for o in flat))
         return tuple(flat)
 
     return body, returned
@@ -167,13 +214,35 @@ def _aliases(out: torch.Tensor, given) -> bool:
     return out is given or isinstance(given, torch.Tensor) and _torch.shares_storage(out, given)
 
 
-def _refused(call: Call, role: str, fn, why: str) -> ExportError:
-    name = getattr(fn, "__qualname__", None) or type(fn).__name__
-    return ExportError(f"{call.op} at {call.where} cannot be exported soundly: its {role} ({name}) {why}; "
-                       f"torch's control-flow operators take functional branches, as torch.export requires")
+def _refused(call: Call, role: str, fn, why: str, at: str | None = None) -> ExportError:
+    """What torch refuses in a branch, said at the line inside the branch
+    that does it (``at``; else where the branch is defined) and the call's."""
+    user = (user_functions(fn) or [fn])[0]
+    name = getattr(user, "__qualname__", None) or type(user).__name__
+    at = at or _defined_at(user)
+    return ExportError(f"the {role} of {call.op} cannot be exported soundly, at {at}: the {role} ({name}) "
+                       f"{why}; torch's control-flow operators take functional branches, as torch.export "
+                       f"requires ({call.op} called at {call.where})")
+
+
+def _defined_at(fn) -> str:
+    code = getattr(getattr(fn, "__func__", fn), "__code__", None)
+    return f"{code.co_filename}:{code.co_firstlineno} in {code.co_name}" if code is not None else "unknown location"
+
+
+def _first_update_location(gm: torch.fx.GraphModule, n_updated: int) -> str | None:
+    """The user's line inside the branch that made the new value of the
+    first input it updates (the last outputs of its graph)."""
+    values = gm.graph.output_node().args[0]
+    node = values[len(values) - n_updated] if n_updated <= len(values) else None
+    where = node_location(node.stack_trace) if isinstance(node, torch.fx.Node) else "unknown location"
+    return None if where == "unknown location" else where
 
 
 def _operand_names(fn, count: int) -> list[str]:
+    """The user's parameter names (torch's wrapper's, such as while_loop's
+    ``flat_body_fn(*args)``, say nothing), where one names each operand."""
+    fn = (user_functions(fn) or [fn])[0]
     if isinstance(fn, torch.nn.Module):  # (a program's branch, exported again: its placeholders' names)
         fn = fn.forward
     try:

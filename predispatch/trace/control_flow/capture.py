@@ -20,7 +20,7 @@ from ... import _torch
 from ..._torch import control_flow, pytree
 from ...errors import ExportError, user_location
 from ...ir.control_flow_op import CONTROL_FLOW
-from .branches import Call, Row, trace_branches
+from .branches import Call, Carried, Row, trace_branches
 
 
 def capturing_control_flow():
@@ -59,15 +59,18 @@ def _cond(where, pred, true_fn, false_fn, operands):
 
 def _while_loop(where, cond_fn, body_fn, carried, additional):
     call = Call("while_loop", where)
-    if not all(isinstance(t, torch.Tensor) for t in (*carried, *additional)):
-        raise ExportError(f"while_loop at {where} cannot be exported yet: it carries a Python number; "
-                          "carry it as a tensor")
-    operands = [*carried, *additional]
+    other = next((v for v in (*carried, *additional) if isinstance(v, (bool, float)) or
+                  not isinstance(v, (torch.Tensor, int, torch.SymInt))), None)
+    if other is not None:
+        raise ExportError(f"while_loop at {where} cannot be exported: it carries {type(other).__name__} "
+                          f"{other!r}; carry tensors and ints (torch's operator takes those)")
+    operands = [*(Carried(v) for v in carried), *additional]
     branches = trace_branches(call, ["condition", "body"], [cond_fn, body_fn], operands, lambda ops: ops)
     condition, body = branches.outputs
-    if len(condition.leaves) != 1 or not condition.all_tensors or not body.all_tensors:
+    if not condition.is_predicate:
+        shown = condition.rebuilt(["<tensor>"] * len(condition.leaves))
         raise ExportError(f"while_loop at {where} cannot be exported: its condition must return one "
-                          "tensor and its body tensors only (the carried values)")
+                          f"boolean (a tensor or a bool), not {shown}")
     _bare_predicate(branches.gms[0])
     out = _recorded("while_loop", where, "while_loop", *branches.gms, tuple(carried),
                     (*additional, *branches.extra_inputs()))

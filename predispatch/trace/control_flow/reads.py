@@ -17,6 +17,7 @@ import types
 import torch
 
 from ... import _torch
+from ...errors import is_library_file
 
 
 @dataclasses.dataclass
@@ -85,6 +86,30 @@ def _sources(functions, depth: int = 0):
                 yield "module", value, ""
             elif isinstance(value, (types.FunctionType, types.MethodType, functools.partial)) and depth < 4:
                 yield from _sources([value], depth + 1)
+
+
+def user_functions(fn, depth: int = 0) -> list:
+    """The user's functions ``fn`` is or wraps (torch's own wrappers, such as
+    while_loop's ``flat_body_fn``, hold the user's in their closure; a
+    module's ``forward``; ``functools.partial``), outermost first."""
+    if isinstance(fn, torch.nn.Module):
+        fn = fn.forward
+    if isinstance(fn, functools.partial):
+        return user_functions(fn.func, depth)
+    code = getattr(getattr(fn, "__func__", fn), "__code__", None)
+    if code is None or depth > 4:
+        return []
+    if not is_library_file(code.co_filename):
+        return [fn]
+    found = []
+    for cell in getattr(getattr(fn, "__func__", fn), "__closure__", None) or ():
+        try:
+            value = cell.cell_contents
+        except ValueError:  # not yet bound
+            continue
+        if callable(value) and not isinstance(value, type):
+            found += user_functions(value, depth + 1)
+    return found
 
 
 @contextlib.contextmanager
