@@ -23,6 +23,8 @@ from .ops import (  # noqa: E402,F401
     ASSERT_TENSOR_METADATA_BINDING,
     is_uncaptured_control_flow,
     decompose_by,
+    pre_dispatch_pushes_without_uncaching,
+    pre_dispatch_cached_ops,
     DispatchKey,
     ENTER_AUTOCAST,
     EXIT_AUTOCAST,

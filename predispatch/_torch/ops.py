@@ -8,7 +8,9 @@ import torch
 import torch.fx
 from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
 from torch._C import DispatchKey
-from torch._ops import HigherOrderOperator
+from torch._ops import HigherOrderOperator, _set_mode_pre_dispatch
+
+from .patching import patched
 
 
 SET_GRAD_ENABLED = torch._C._set_grad_enabled
@@ -68,6 +70,36 @@ def decompose_by(should_decompose):
         for op, kernel in python_kernels.items():
             op.py_kernels[cia] = kernel
             op._dispatch_cache.clear()
+
+
+@contextlib.contextmanager
+def pre_dispatch_pushes_without_uncaching():
+    """While tracing, a pre-dispatch mode pushed (FunctionalTensorMode entering
+    itself again for each composite it decomposes, ``with self:``) skips
+    torch's loop over every cached op that drops the op's PreDispatch entry:
+    torch never caches that entry (Note [Not Caching Per-Dispatch-Key Mode
+    Handlers] in torch/_ops.py: ``_get_dispatch`` returns the pre-dispatch
+    handler uncached), so the loop drops nothing; it cost ~90 calls a push,
+    8k of a 4-block ResNet export's 415k. tests/test_trace_cost.py checks
+    that no op caches the key."""
+    from torch.utils import _python_dispatch
+
+    def replacement(original):
+        def push(mode):
+            if getattr(mode, "_dispatch_key", None) == DispatchKey.PreDispatch:
+                _set_mode_pre_dispatch(mode)
+            else:
+                original(mode)
+        return push
+
+    with patched(_python_dispatch, "_push_mode", replacement):
+        yield
+
+
+def pre_dispatch_cached_ops() -> list:
+    """The ops whose Python dispatch cache holds a pre-dispatch entry (none, as torch caches them)."""
+    keys = set(torch._C._functionality_to_backend_keys(DispatchKey.PreDispatch))
+    return [op for op in torch._ops.get_cached_ops() if keys & set(op._dispatch_cache)]
 
 
 def impure_by_op(impure_random: bool | None = None):

@@ -44,10 +44,12 @@ def recording(module: torch.nn.Module, record: TraceRecord, strip, reuse_layers:
     eager_autocast_cache = torch.is_autocast_cache_enabled()  # make_fx turns it off
 
     def recorded_forward(*args, **kwargs):
-        state = TraceState(record, _cast_sources(module, args, kwargs), HostDraws())
+        # one walk of the module tree each, before the forward (what a rebinding replaces too)
+        params = dict(module.named_parameters(remove_duplicate=False))
+        buffers = dict(module.named_buffers(remove_duplicate=False))
+        state = TraceState(record, _cast_sources(params, buffers, args, kwargs), HostDraws())
         views.note_input_views(state, _torch.pytree.tree_leaves((args, kwargs)))
-        state.graph_inputs = _graph_input_keys(module, _torch.pytree.tree_leaves((args, kwargs)), strip)
-        buffers = dict(module.named_buffers(remove_duplicate=False))  # what a rebinding replaces
+        state.graph_inputs = _graph_input_keys(params, buffers, _torch.pytree.tree_leaves((args, kwargs)), strip)
         try:
             with _forward_recorded(module, state, eager_autocast_cache, reuse_layers) as reuse:
                 out = forward(*args, **kwargs)
@@ -56,9 +58,11 @@ def recording(module: torch.nn.Module, record: TraceRecord, strip, reuse_layers:
                 out = _finish(state, out)
         except UnregisteredGradTensor as e:
             raise named_in(module, e, strip) from None
-        rebound = rebound_buffers(buffers, as_rebound(dict(module.named_buffers(remove_duplicate=False))), strip)
+        buffers_after = dict(module.named_buffers(remove_duplicate=False))
+        rebound = rebound_buffers(buffers, as_rebound(buffers_after), strip)
         record.rebound_buffers = {f"buffer:{name}": t for name, t in rebound.items()}
-        _note_mutation_kinds(record, module, _torch.pytree.tree_leaves((args, kwargs)), strip)
+        _note_mutation_kinds(record, module.named_parameters(remove_duplicate=False), buffers_after,
+                             _torch.pytree.tree_leaves((args, kwargs)), strip)
         return out
 
     # torch.export's wrapper flattens what the user's module (its _export_root) returns: checked before
@@ -89,10 +93,10 @@ def _forward_replaced(module: torch.nn.Module, forward):
             del module.forward
 
 
-def _cast_sources(module: torch.nn.Module, args, kwargs) -> CastCache:
+def _cast_sources(params: dict, buffers: dict, args, kwargs) -> CastCache:
     """What autocast may cache casts of: parameters, buffers, inputs (what at run time)."""
     return CastCache({id(t): _torch.current_node(t) for t in (
-        *module.parameters(), *module.buffers(), *_torch.pytree.tree_leaves((args, kwargs)))
+        *params.values(), *buffers.values(), *_torch.pytree.tree_leaves((args, kwargs)))
         if _torch.is_traced(t) and t.is_floating_point()})
 
 
@@ -142,13 +146,13 @@ def _finish(state: TraceState, out):
     return out
 
 
-def _graph_input_keys(module, flat_inputs, strip) -> dict:
+def _graph_input_keys(params: dict, buffers: dict, flat_inputs, strip) -> dict:
     """id of each parameter, buffer and input -> its key in the record (one
     given twice, or tied: its first, as it is written back)."""
     keys = {}
-    for n, p in module.named_parameters(remove_duplicate=False):
+    for n, p in params.items():
         keys.setdefault(id(p), f"param:{strip(n)}")
-    for n, b in module.named_buffers(remove_duplicate=False):
+    for n, b in buffers.items():
         keys.setdefault(id(b), f"buffer:{strip(n)}")
     for i, t in enumerate(flat_inputs):
         if isinstance(t, torch.Tensor):
@@ -156,11 +160,12 @@ def _graph_input_keys(module, flat_inputs, strip) -> dict:
     return keys
 
 
-def _note_mutation_kinds(record: TraceRecord, module, flat_inputs, strip) -> None:
-    for name, t in module.named_parameters(remove_duplicate=False):
+def _note_mutation_kinds(record: TraceRecord, named_params, buffers: dict, flat_inputs, strip) -> None:
+    """The kind of each mutation of a parameter, buffer (as the forward left them) and input."""
+    for name, t in named_params:
         if (kind := _torch.mutation_kind(t)) is not None:
             record.mutation_kinds[f"param:{strip(name)}"] = kind
-    for name, t in module.named_buffers(remove_duplicate=False):
+    for name, t in buffers.items():
         if f"buffer:{name}" in record.rebound_buffers or was_rebound(t):  # written back as the forward left it
             record.mutation_kinds[f"buffer:{strip(name)}"] = "rebound"
         elif (kind := _torch.mutation_kind(t)) is not None:
