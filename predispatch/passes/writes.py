@@ -40,12 +40,24 @@ def _node(graph, target, args, kwargs, val):
     return node
 
 
+# ops whose new tensor no gradient can reach (its values are not its inputs')
+FACTORIES = frozenset({aten.empty_like.default, aten.zeros_like.default, aten.ones_like.default,
+                       aten.full_like.default, aten.empty.memory_format, aten.empty_strided.default,
+                       aten.zeros.default, aten.ones.default, aten.full.default})
+
+
+def _same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return (a.shape, a.stride(), a.dtype, a.device) == (b.shape, b.stride(), b.dtype, b.device)
+
+
 def _copy_as_differentiable_ops(graph: torch.fx.Graph, node: torch.fx.Node) -> torch.fx.Node:
     dst, src = node.args[0], node.args[1]
     want, have = dst.meta["val"], src.meta["val"]
     if have.dtype != want.dtype or have.device != want.device:
         src = _node(graph, aten._to_copy.default, (src,), {"dtype": want.dtype, "device": want.device},
                     have.to(dtype=want.dtype, device=want.device))
+    if dst.target in FACTORIES and _same_layout(src.meta["val"], want):  # no gradient to give dst
+        return src
     if node.meta.get(VALUES_ONLY):  # the recorder's write of values: dst's history is not the memory's
         dst = _node(graph, aten.detach.default, (dst,), {}, want)
     take_dst = _node(graph, aten.scalar_tensor.default, (False,), {"dtype": torch.bool, "device": want.device},
