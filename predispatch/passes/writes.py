@@ -50,13 +50,24 @@ def _same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
     return (a.shape, a.stride(), a.dtype, a.device) == (b.shape, b.stride(), b.dtype, b.device)
 
 
+def _is_the_value(src: torch.fx.Node, dst: torch.fx.Node, copy: torch.fx.Node) -> bool:
+    """Can ``src`` stand for the copy of it into ``dst``? Where ``dst`` is a
+    factory's (no gradient for it) and ``src`` memory of its own (an op's
+    result aliasing none of its inputs), laid out as ``dst``, read by the
+    copy only (else two values the program holds apart would be one tensor)."""
+    op = src.target
+    return (dst.target in FACTORIES and src.op == "call_function" and isinstance(op, torch._ops.OpOverload)
+            and all(r.alias_info is None for r in op._schema.returns) and list(src.users) == [copy]
+            and _same_layout(src.meta["val"], dst.meta["val"]))
+
+
 def _copy_as_differentiable_ops(graph: torch.fx.Graph, node: torch.fx.Node) -> torch.fx.Node:
     dst, src = node.args[0], node.args[1]
     want, have = dst.meta["val"], src.meta["val"]
     if have.dtype != want.dtype or have.device != want.device:
         src = _node(graph, aten._to_copy.default, (src,), {"dtype": want.dtype, "device": want.device},
                     have.to(dtype=want.dtype, device=want.device))
-    if dst.target in FACTORIES and _same_layout(src.meta["val"], want):  # no gradient to give dst
+    if _is_the_value(src, dst, node):
         return src
     if node.meta.get(VALUES_ONLY):  # the recorder's write of values: dst's history is not the memory's
         dst = _node(graph, aten.detach.default, (dst,), {}, want)
