@@ -66,7 +66,11 @@ def _note_inputs_written_from_a_tensor(state: TraceState, tensors, called: list)
     if not inputs:
         return
     memory = {_torch.storage_of(t) for t in tensors}
-    if any(_torch.storage_of(a) not in memory and (a.is_floating_point() or a.is_complex()) for a in called):
+    written = {id(marks.detach_result(t)) for t in tensors}
+    # another tensor to autograd: not one of the written ones or their views (a detach of
+    # them shares their memory, not their history: y.copy_(y.detach().requires_grad_()))
+    if any(id(marks.detach_result(a)) not in written and (a.is_floating_point() or a.is_complex())
+           for a in called):
         for t in inputs:
             if _torch.storage_of(t) in memory:
                 marks.WRITTEN_WITH_GRAD.set(t)
