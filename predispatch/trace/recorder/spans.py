@@ -67,13 +67,20 @@ def _note_inputs_written_from_a_tensor(state: TraceState, tensors, called: list)
         return
     memory = {_torch.storage_of(t) for t in tensors}
     written = {id(marks.detach_result(t)) for t in tensors}
-    # another tensor to autograd: not one of the written ones or their views (a detach of
-    # them shares their memory, not their history: y.copy_(y.detach().requires_grad_()))
-    if any(id(marks.detach_result(a)) not in written and (a.is_floating_point() or a.is_complex())
-           for a in called):
+    if any(_another_tensor(a, memory, written) and (a.is_floating_point() or a.is_complex()) for a in called):
         for t in inputs:
             if _torch.storage_of(t) in memory:
                 marks.WRITTEN_WITH_GRAD.set(t)
+
+
+def _another_tensor(a, memory: set, written: set) -> bool:
+    """Is ``a`` another tensor than the written ones to autograd: of other
+    memory, or a detach of theirs (their memory, an autograd identity of its
+    own: ``y.copy_(y.detach().requires_grad_())``)?"""
+    if _torch.storage_of(a) not in memory:
+        return True
+    root = marks.detach_result(a)
+    return bool(marks.DETACH_RESULT.of(root)) and id(root) not in written
 
 
 @dataclasses.dataclass(frozen=True)
