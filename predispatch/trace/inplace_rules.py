@@ -105,12 +105,17 @@ def _memory_order(t) -> list[int] | None:
     is not the identity: eager's in-place draw fills ``t`` in memory order,
     and a functional variant may draw into a contiguous result instead
     (``bernoulli.p``), other numbers at each place. None where ``t`` is
-    contiguous or its strides are symbolic."""
+    contiguous or its strides are symbolic. (The strides' order is looked
+    at first: where it is the identity the answer is None whatever
+    ``is_contiguous()`` says, which with a symbolic size is a sympy
+    evaluation, traced, of about a thousand calls.)"""
     strides = t.stride()
-    if t.is_contiguous() or not all(isinstance(s, int) for s in strides):
+    if not all(isinstance(s, int) for s in strides):
         return None
     order = sorted(range(t.dim()), key=lambda d: -strides[d])
-    return None if order == list(range(t.dim())) else order
+    if order == list(range(t.dim())) or t.is_contiguous():
+        return None
+    return order
 
 
 def _by_name(op, args, kwargs) -> dict:
