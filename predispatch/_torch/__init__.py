@@ -46,6 +46,7 @@ from .ops import (  # noqa: E402,F401
     saved_for_backward,
     SET_GRAD_ENABLED,
     without_default_arguments,
+    returns_new_memory,
     written_arguments,
 )
 from .functionalization import (  # noqa: E402,F401

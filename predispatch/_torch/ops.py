@@ -161,6 +161,11 @@ def written_arguments(func) -> tuple:
     return _WRITTEN[func]
 
 
+def returns_new_memory(op) -> bool:
+    """Is ``op`` an op overload whose results alias none of its inputs (its schema says so)?"""
+    return isinstance(op, torch._ops.OpOverload) and all(r.alias_info is None for r in op._schema.returns)
+
+
 OP_TYPES = (torch._ops.OpOverload, torch._ops.OpOverloadPacket, HigherOrderOperator)
 
 

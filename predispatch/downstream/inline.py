@@ -16,6 +16,7 @@ from ..ir.regions import delete_unused_submodules, function_calls, graph_modules
 from ..ir.regions import inline_region, regions
 from ..ir.program_meta import program_meta, set_program_meta
 from ..program.program import PredispatchProgram
+from ..program.run_time_calls import DTYPE_GUARD
 
 
 def inline_regions(ep: ExportedProgram) -> ExportedProgram:
@@ -75,7 +76,6 @@ def inline_regions(ep: ExportedProgram) -> ExportedProgram:
     return new
 
 
-_DTYPE_GUARD = torch.ops.aten._assert_tensor_metadata.default
 
 
 def _drop_guards_of_autocast_dtypes(gm: torch.fx.GraphModule) -> None:
@@ -86,7 +86,7 @@ def _drop_guards_of_autocast_dtypes(gm: torch.fx.GraphModule) -> None:
     stale = []
 
     def check(node):
-        if node.target is _DTYPE_GUARD:
+        if node.target is DTYPE_GUARD:
             dtype = node.args[0].meta["val"].dtype
             traced = node.kwargs["dtype"] if "dtype" in node.kwargs else node.args[3]
             if dtype != traced:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import torch
 import torch.fx
 
+from .. import _torch
 from ..ir.meta_keys import VALUES_ONLY
 
 aten = torch.ops.aten
@@ -55,10 +56,8 @@ def _is_the_value(src: torch.fx.Node, dst: torch.fx.Node, copy: torch.fx.Node) -
     factory's (no gradient for it) and ``src`` memory of its own (an op's
     result aliasing none of its inputs), laid out as ``dst``, read by the
     copy only (else two values the program holds apart would be one tensor)."""
-    op = src.target
-    return (dst.target in FACTORIES and src.op == "call_function" and isinstance(op, torch._ops.OpOverload)
-            and all(r.alias_info is None for r in op._schema.returns) and list(src.users) == [copy]
-            and _same_layout(src.meta["val"], dst.meta["val"]))
+    return (dst.target in FACTORIES and src.op == "call_function" and _torch.returns_new_memory(src.target)
+            and list(src.users) == [copy] and _same_layout(src.meta["val"], dst.meta["val"]))
 
 
 def _copy_as_differentiable_ops(graph: torch.fx.Graph, node: torch.fx.Node) -> torch.fx.Node:

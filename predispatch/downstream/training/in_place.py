@@ -43,8 +43,7 @@ def _fresh(node: torch.fx.Node) -> bool:
         return False
     if node.target is operator.getitem:
         return _fresh(node.args[0])
-    op = node.target
-    return isinstance(op, _torch.OpOverload) and all(r.alias_info is None for r in op._schema.returns)
+    return _torch.returns_new_memory(node.target)
 
 
 def _layout(node) -> tuple | None:
