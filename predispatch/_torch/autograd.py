@@ -8,6 +8,7 @@ import torch.fx
 from torch._functorch._aot_autograd.graph_capture_wrappers import disable_autocast
 from torch._functorch._aot_autograd.utils import _is_tangent
 from torch._functorch.aot_autograd import aot_module_simplified
+from torch._functorch.partitioners import default_partition
 
 
 @contextlib.contextmanager
@@ -87,3 +88,14 @@ def retrace_subgraph(gm: torch.fx.GraphModule, example_inputs: list) -> torch.fx
     from torch._higher_order_ops.utils import reenter_make_fx
 
     return reenter_make_fx(gm)(*example_inputs)
+
+
+def partitioned_after(rewrite):
+    """AOTAutograd's default partitioner (``aot_module_simplified``'s
+    ``partition_fn``), after ``rewrite`` changed the joint graph in place."""
+    def partition(joint: torch.fx.GraphModule, joint_inputs, **kwargs):
+        rewrite(joint.graph)
+        joint.recompile()
+        return default_partition(joint, joint_inputs, **kwargs)
+
+    return partition

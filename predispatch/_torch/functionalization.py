@@ -74,6 +74,17 @@ def same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
     return StorageWeakRef(a.untyped_storage()) == StorageWeakRef(b.untyped_storage())
 
 
+def memory_of(t: torch.Tensor):
+    """A handle comparing equal for plain (or fake) tensors sharing memory;
+    None for a tensor without storage of its own (a subclass, sparse)."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    try:
+        return StorageWeakRef(t.untyped_storage())
+    except (NotImplementedError, RuntimeError):
+        return None
+
+
 def mutation_kind(t: torch.Tensor) -> str | None:
     """How a traced input was mutated: None, "hidden" (hidden from autograd,
     like BatchNorm's running stats), "no_grad" or "grad"."""

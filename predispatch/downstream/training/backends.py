@@ -43,6 +43,7 @@ from ...ir import generator_ops
 from ...program.ambient import AutocastCallError
 from ...program.run_time_calls import use_run_time_calls
 from .calls import CallNotSupportedError
+from .equal_calls import merge_equal_calls
 from .in_place import write_into_dead_operands
 from .runners import run_backward, run_forward, without_dead_random_ops
 
@@ -188,7 +189,8 @@ def _aot_compile(flat, examples, graphs, compiler):
         graphs["backward"] = gm = without_dead_random_ops(gm)
         return run_backward(gm, compiled(gm, example_inputs, backward=True))
 
-    return _torch.aot_module_simplified(flat, examples, fw_compiler=forward, bw_compiler=backward)
+    return _torch.aot_module_simplified(flat, examples, fw_compiler=forward, bw_compiler=backward,
+                                        partition_fn=_torch.partitioned_after(merge_equal_calls))
 
 
 def _inductor_hook(graphs: dict):
