@@ -126,6 +126,7 @@ from .tracing import (  # noqa: E402,F401
     clear_fake_dispatch_cache,
     copy_node,
     current_tracer,
+    torch_fns_recorded,
     data_dependence_errors,
     defines_setup_context,
     dispatched_ops,
@@ -232,6 +233,7 @@ from .symbolic import (  # noqa: E402,F401
     size_bindings,
     symbol_of,
     symbolic_examples,
+    symbols_learned,
     value_range,
 )
 from . import inductor  # noqa: E402,F401  (imports inductor itself on first use)

@@ -126,3 +126,13 @@ def may_be_nonempty(t: torch.Tensor) -> bool:
     from torch.fx.experimental.symbolic_shapes import guard_or_true
 
     return guard_or_true(t.numel() > 0)
+
+
+def symbols_learned(sizes) -> int:
+    """How many of their symbols the shape env of ``sizes`` (symbolic ints,
+    any of them) has learned an equal for (``s70 == s53``, ``s3 == 4``):
+    each changes how sizes print; 0 where none is symbolic."""
+    for v in sizes:
+        if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            return len(v.node.shape_env.replacements)
+    return 0

@@ -143,6 +143,30 @@ def current_tracer():
     return None if mode is None else mode.tracer
 
 
+@contextlib.contextmanager
+def torch_fns_recorded(tracer, made_under: dict):
+    """Each node ``tracer`` makes meanwhile -> the torch function its
+    ``torch_fn`` metadata names (by name and count only, which can be
+    ambiguous: every property getter is ``__get__``)."""
+    had_own = "create_node" in tracer.__dict__
+    create = tracer.create_node
+
+    def create_node(*args, **kwargs):
+        node = create(*args, **kwargs)
+        if "torch_fn" in node.meta:
+            made_under[node] = tracer.torch_fn_metadata
+        return node
+
+    tracer.create_node = create_node
+    try:
+        yield made_under
+    finally:
+        if had_own:
+            tracer.create_node = create
+        else:
+            del tracer.create_node
+
+
 def grad_mode_marker(enabled: bool) -> torch.fx.Node:
     """Set grad mode, and record it in the trace as make_fx's pre-dispatch
     torch-function mode records a ``_set_grad_enabled`` call it sees."""

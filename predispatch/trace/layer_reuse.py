@@ -114,10 +114,6 @@ def _dims(values) -> tuple:
     return tuple(v if isinstance(v, int) else str(v) for v in values)
 
 
-def _tensor_meta(t: torch.Tensor) -> tuple:
-    return (_dims(t.shape), _dims(t.stride()), t.dtype, t.device.type, t.requires_grad)
-
-
 _SCALARS = frozenset({int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout,
                       torch.memory_format})
 
@@ -238,8 +234,17 @@ def _state(module: torch.nn.Module) -> list:
                            *module.named_buffers(remove_duplicate=False))]
 
 
+_SYMBOLIC = (torch.SymInt, torch.SymFloat, torch.SymBool)
+
+
+def _raw_meta(t: torch.Tensor) -> tuple:
+    """A tensor's metadata as a key holds it, symbolic sizes as they are (:func:`_frozen` writes them)."""
+    return (tuple(t.shape), tuple(t.stride()), t.dtype, t.device.type, t.requires_grad)
+
+
 def _key(module, flat: list, spec, state: list):
-    """What a call shares with another whose graph it may reuse; None where a
+    """What a call shares with another whose graph it may reuse, with its
+    symbolic sizes as they are (:func:`_frozen` makes it a key); None where a
     leaf cannot be compared (a tensor not traced)."""
     keep: list = []
     leaves = []
@@ -248,10 +253,10 @@ def _key(module, flat: list, spec, state: list):
         if isinstance(x, torch.Tensor):
             if not isinstance(x, _torch.FunctionalTensor):
                 return None
-            leaves.append((_tensor_meta(x), _torch.inner_value(x).requires_grad))
+            leaves.append((_raw_meta(x), _torch.inner_value(x).requires_grad))
             tensors.append(x)
         else:
-            leaves.append(_constant(x, keep))
+            leaves.append(("sym", x) if isinstance(x, _SYMBOLIC) else _constant(x, keep))
     for t in state:
         if not isinstance(t, _torch.FunctionalTensor):
             return None
@@ -260,8 +265,23 @@ def _key(module, flat: list, spec, state: list):
     for i, t in enumerate(tensors):
         storage = _torch.storage_of(t)
         aliasing.append((first.setdefault(id(t), i), storages.setdefault(storage, i)))
-    return (type(module), str(spec), tuple(leaves), tuple(_tensor_meta(t) for t in state),
+    return (type(module), str(spec), tuple(leaves), tuple(_raw_meta(t) for t in state),
             tuple(aliasing), torch.is_grad_enabled(), tuple(id(k) for k in keep)), keep
+
+
+def _frozen(raw):
+    """A raw key (:func:`_key`) as compared: each symbolic size written as the
+    shape env simplifies it now (once it learned ``s70 == s53``, a size that
+    was ``s70`` reads ``s53``)."""
+    if isinstance(raw, tuple):
+        return tuple(_frozen(v) for v in raw)
+    return str(raw) if isinstance(raw, _SYMBOLIC) else raw
+
+
+def _symbolic_sizes(raw) -> list:
+    if isinstance(raw, tuple):
+        return [s for v in raw for s in _symbolic_sizes(v)]
+    return [raw] if isinstance(raw, _SYMBOLIC) else []
 
 
 @contextlib.contextmanager
@@ -380,9 +400,11 @@ class _Template:
     call_site: str | None
 
 
-def _torch_fn_offsets(nodes, before: dict, after: dict) -> dict | None:
+def _torch_fn_offsets(nodes, before: dict, after: dict, made_under: dict) -> dict | None:
     """Each node's ``torch_fn`` as (function, count relative to the call's
-    start); None where a count cannot be told apart."""
+    start); None where a count cannot be told apart. ``made_under``: the
+    function each node was made under, where known (its name alone can be
+    ambiguous: every property getter is ``__get__``)."""
     grew = [f for f, n in after.items() if n != before.get(f, 0)]
     found = {}
     for node in nodes:
@@ -393,9 +415,9 @@ def _torch_fn_offsets(nodes, before: dict, after: dict) -> dict | None:
         if not count.isdigit():
             return None
         count = int(count)
-        matches = [(f, count - before.get(f, 0)) for f in grew
+        matches = [(f, count - before.get(f, 0)) for f in ([made_under[node]] if node in made_under else grew)
                    if f"{f.__class__.__name__}.{f.__name__}" == qualified
-                   and prefix == f.__name__ and before.get(f, 0) < count <= after[f]]
+                   and prefix == f.__name__ and before.get(f, 0) < count <= after.get(f, 0)]
         if len(matches) != 1:
             return None
         found[node] = matches[0]
@@ -418,6 +440,8 @@ class LayerReuse:
         self.from_one_call: dict = {}  # id of a template -> its layer_constants.FromOneCall (or None)
         self.named: dict = {}  # key -> the (globals, names) of the code its first complete replay ran
         self.last_log: dict = {}  # key -> the calls its last complete replay logged (the next one's guide)
+        self.raw_keys: dict = {}  # a key with symbolic sizes -> its raw key (:func:`_key`)
+        self.learned = 0  # the shape env's equals when the keys were written (:meth:`_keyed`)
         self.keep: list = []
         self.stamped: list[_Stamped] = []
         with _torch.torch_function_disabled():  # metadata reads, not the forward's
@@ -460,7 +484,8 @@ class LayerReuse:
             keyed = _key(module, flat, spec, state)
         if keyed is None:
             return forward(*args, **kwargs)
-        key, keep = keyed
+        raw, keep = keyed
+        key = self._keyed(raw)
         templates = self.templates.setdefault(key, [])
         self.keep.append(keep)  # objects the key names by id stay alive: ids stay unique
         if len(templates) >= _MAX_TEMPLATES or sum(t is None for _, t in templates) >= 2 or _hooked(module):
@@ -485,6 +510,37 @@ class LayerReuse:
         templates.append((log, template))
         self.report.templates += template is not None
         return out
+
+    def _keyed(self, raw) -> tuple:
+        """The key of a raw key (:func:`_frozen`); where the shape env learned
+        an equal since the keys were written, the tables' keys written anew first."""
+        sizes = _symbolic_sizes(raw)
+        if not sizes:
+            return _frozen(raw)
+        learned = _torch.symbols_learned(sizes)
+        if learned != self.learned:
+            self.learned = learned
+            self._rekey()
+        key = _frozen(raw)
+        self.raw_keys.setdefault(key, raw)
+        return key
+
+    def _rekey(self) -> None:
+        """Each table's keys as the shape env writes them now: two kinds whose
+        sizes were two symbols it has since learned are equal (the first
+        layer's input sequence ``s70``, the mask's ``s53``) are one kind."""
+        moved = {key: _frozen(raw) for key, raw in self.raw_keys.items()}
+        if all(old == new for old, new in moved.items()):
+            return
+        for table, merge in ((self.templates, list.__add__), (self.parametric, list.__add__),
+                             (self.named, lambda first, _: first), (self.last_log, lambda _, last: last)):
+            merged: dict = {}
+            for key, value in table.items():
+                new = moved.get(key, key)
+                merged[new] = merge(merged[new], value) if new in merged else value
+            table.clear()
+            table.update(merged)
+        self.raw_keys = {moved[key]: raw for key, raw in self.raw_keys.items()}
 
     def _matches(self, key, templates: list, log: tuple):
         """(template, the constants in its holes) a call with this log may be stamped from."""
@@ -526,13 +582,15 @@ class LayerReuse:
         counts, num_calls = dict(tracer.torch_fn_counts), dict(tracer.num_calls)
         depth, (module_key, (module_path, _)) = len(tracer.module_stack), list(tracer.module_stack.items())[-1]
         start, written, views = _torch.last_node(tracer.graph), self.recorder.written_so_far(), self.recorder.views_made()
-        out = forward(*args, **kwargs)
+        with _torch.torch_fns_recorded(tracer, {}) as made_under:
+            out = forward(*args, **kwargs)
         with _torch.torch_function_disabled():  # metadata reads, not the layer's
             return out, self._template(inputs, in_nodes, counters, counts, num_calls, depth, module_key,
-                                       module_path, caller, start, out, (mark, written, views, len(state)))
+                                       module_path, caller, start, out, (mark, written, views, len(state)),
+                                       made_under)
 
     def _template(self, inputs, in_nodes, counters, counts, num_calls, depth, module_key, module_path,
-                  caller, start, out, mark):
+                  caller, start, out, mark, made_under):
         """The call's template, or None where a later call could not be stamped from it."""
         tracer = _torch.current_tracer()
         nodes = list(_torch.nodes_after(start))
@@ -542,7 +600,7 @@ class LayerReuse:
             return None
         out_flat, out_spec = _torch.pytree.tree_flatten(out)
         outputs = _outputs(out_flat, inputs, set(nodes))
-        offsets = _torch_fn_offsets(nodes, counts, tracer.torch_fn_counts)
+        offsets = _torch_fn_offsets(nodes, counts, tracer.torch_fn_counts, made_under)
         writes = _writes(self.recorder.written_since(written), set(nodes), out_flat,
                          {id(t): i for i, t in enumerate(inputs[len(inputs) - n_state:])})
         module_calls = {p: (num_calls.get(p, 0), n) for p, n in tracer.num_calls.items()
