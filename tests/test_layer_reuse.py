@@ -7,6 +7,7 @@ calls were stamped: layers whose graph depends on anything outside the key
 (their index, a per-layer constant, a buffer they update, a host random
 draw, a region inside) are traced, never stamped.
 """
+import collections
 import random
 
 import pytest
@@ -532,3 +533,65 @@ def test_per_layer_constants_decomposed_otherwise_are_traced():
     assert report.stamped == 2  # p=3 and p=4 dispatch what p=1 does
     with layer_reuse.reuse_layers(True):
         assert_matches_eager(module, args)
+
+
+class _Instantier(collections.OrderedDict):
+    """transformers' ``ACT2FN``: each lookup makes a new module of the class stored."""
+
+    def __getitem__(self, key):
+        return super().__getitem__(key)()
+
+
+_ACTIVATIONS = _Instantier(silu=nn.SiLU, prelu=nn.PReLU)  # a PReLU made has a parameter
+
+
+class LooksUpItsActivation(Block):
+    def forward(self, x):
+        return x + _ACTIVATIONS["silu"](self.lin(self.norm(x)))
+
+
+def test_a_layer_reading_a_dict_that_makes_a_module_per_lookup_is_stamped():
+    """Saving the Python state the layer reaches reads the dict's items as
+    stored: reading them through its ``__getitem__`` made a PReLU, whose new
+    parameter the replay saw as a tensor from outside the layer (every
+    linear-attention layer of Qwen3-Next was traced)."""
+    torch.manual_seed(0)
+    module = Stack(LooksUpItsActivation)
+    _, report = export_both(module, _x())
+    assert (report.templates, report.stamped) == (1, 3)
+    with layer_reuse.reuse_layers(True):
+        assert_matches_eager(module, _x())
+
+
+@torch.library.custom_op("predispatch_test::scaled", mutates_args=())
+def _scaled(x: torch.Tensor, factor: float) -> torch.Tensor:
+    return x * factor
+
+
+@_scaled.register_fake
+def _(x, factor):
+    return torch.empty_like(x)
+
+
+def _scaled_setup(ctx, inputs, output):
+    ctx.factor = inputs[1]
+
+
+_scaled.register_autograd(lambda ctx, grad: (grad * ctx.factor, None), setup_context=_scaled_setup)
+
+
+class CallsACustomOp(Block):
+    def forward(self, x):
+        return x + _scaled(self.lin(self.norm(x)), 0.5)
+
+
+def test_a_layer_calling_a_custom_op_is_stamped():
+    """The custom op's node carries ``eager_input_vals`` (its inputs as eager
+    gave them, for inductor), which a stamp copies: a stamp's are alike
+    (Qwen3-Next's MoE layers call transformers' ``grouped_mm_fallback``)."""
+    torch.manual_seed(0)
+    module = Stack(CallsACustomOp)
+    _, report = export_both(module, _x())
+    assert (report.templates, report.stamped) == (1, 3)
+    with layer_reuse.reuse_layers(True):
+        assert_matches_eager(module, _x())

@@ -48,7 +48,8 @@ from .recorder.spans import Settled
 _ENV = "PREDISPATCH_LAYER_REUSE"
 _enabled: list[bool] = []
 _MAX_TEMPLATES = 4  # distinct logs per key before a key is traced without replays
-_COPIED_META = frozenset({"val", "tensor_meta", "nn_module_stack", "torch_fn", "stack_trace"})
+_COPIED_META = frozenset({"val", "tensor_meta", "nn_module_stack", "torch_fn", "stack_trace",
+                          "eager_input_vals"})  # a custom op's inputs as eager gave them: a stamp's alike
 
 
 @contextlib.contextmanager

@@ -82,6 +82,13 @@ def _same_sequence(a: list, b: list) -> bool:
     return len(a) == len(b) and all(x is y or _same(x, y) for x, y in zip(a, b))
 
 
+def _read_dict(d: dict) -> dict:
+    """A dict's items as stored: a subclass's own ``__getitem__`` is not
+    called (transformers' ``ACT2FN`` makes a new module each time, and
+    ``dict.copy`` of an OrderedDict subclass calls it for every key)."""
+    return dict(dict.items(d))
+
+
 def _same_dict(a: dict, b: dict) -> bool:
     if len(a) != len(b):
         return False
@@ -264,7 +271,7 @@ _RULES = (
     _Rule("iterator", lambda cls: hasattr(cls, "__next__"), unseeable=True),
     _Rule("cache", lambda cls: callable(getattr(cls, "cache_info", None)) and callable(getattr(cls, "cache_clear", None)),
           _cache_counters, operator.eq, lambda cache, _: cache.cache_clear()),
-    _Rule("dict", lambda cls: issubclass(cls, dict), dict.copy, _same_dict, _put_back_dict, _dict_values),
+    _Rule("dict", lambda cls: issubclass(cls, dict), _read_dict, _same_dict, _put_back_dict, _dict_values),
     _Rule("list", lambda cls: issubclass(cls, list), list.copy, _same_sequence, _put_back_list, _elements),
     _Rule("set", lambda cls: issubclass(cls, set), list, _same_members, _put_back_set, _elements),
     _Rule("deque", lambda cls: issubclass(cls, collections.deque), list, _same_sequence, _put_back_deque, _elements),
