@@ -595,3 +595,29 @@ def test_a_layer_calling_a_custom_op_is_stamped():
     assert (report.templates, report.stamped) == (1, 3)
     with layer_reuse.reuse_layers(True):
         assert_matches_eager(module, _x())
+
+
+class SolvesInPlace(Block):
+    """The chunked delta rule's triangular solve (Qwen3-Next's linear
+    attention): rows of a tensor the layer made written in place, in grad
+    mode, each from rows written before it."""
+
+    def forward(self, x):
+        attn = torch.tril(self.lin(self.norm(x)) @ x.transpose(-1, -2), -1)
+        for i in range(1, attn.shape[-1]):
+            row, sub = attn[..., i, :i].clone(), attn[..., :i, :i].clone()
+            attn[..., i, :i] = row + (row.unsqueeze(-1) * sub).sum(-2)
+        return x + attn @ x
+
+
+def test_a_layer_writing_rows_of_its_own_tensor_in_a_loop_is_stamped():
+    """Each row written is a view whose base is written again after: read at
+    the end of the traced call, it is replayed from the base; those replays
+    are nodes of the call (they were made after the template's nodes were
+    taken, and no Qwen3-Next linear-attention layer was a template)."""
+    torch.manual_seed(0)
+    module = Stack(SolvesInPlace)
+    _, report = export_both(module, _x())
+    assert (report.templates, report.stamped) == (1, 3)
+    with layer_reuse.reuse_layers(True):
+        assert_matches_eager(module, _x())

@@ -594,15 +594,17 @@ class LayerReuse:
                   caller, start, out, mark, made_under):
         """The call's template, or None where a later call could not be stamped from it."""
         tracer = _torch.current_tracer()
-        nodes = list(_torch.nodes_after(start))
         mark, written, views, n_state = mark  # inputs: the call's tensors, then its state (n_state of them)
+        # first: a view it wrote whose base it wrote again is replayed from the base here, a node of the call's
+        written = self.recorder.written_since(written)
+        nodes = list(_torch.nodes_after(start))
         updates = _state_updates(inputs, counters, n_state, set(nodes))
         if self.recorder.reuse_mark() != mark or None in in_nodes or updates is None:
             return None
         out_flat, out_spec = _torch.pytree.tree_flatten(out)
         outputs = _outputs(out_flat, inputs, set(nodes))
         offsets = _torch_fn_offsets(nodes, counts, tracer.torch_fn_counts, made_under)
-        writes = _writes(self.recorder.written_since(written), set(nodes), out_flat,
+        writes = _writes(written, set(nodes), out_flat,
                          {id(t): i for i, t in enumerate(inputs[len(inputs) - n_state:])})
         module_calls = {p: (num_calls.get(p, 0), n) for p, n in tracer.num_calls.items()
                         if n != num_calls.get(p, 0)}
