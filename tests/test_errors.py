@@ -416,6 +416,33 @@ def test_a_dataclass_output_is_returned_as_the_dataclass():
     assert isinstance(out, _Pair) and isinstance(out.second["inner"], _Pair)
 
 
+class _KeylessOutput:
+    """diffusers' ``BaseOutput``: a type registered without keys (no ``flatten_with_keys_fn``)."""
+
+    def __init__(self, sample):
+        self.sample = sample
+
+
+torch.utils._pytree.register_pytree_node(
+    _KeylessOutput, lambda o: ([o.sample], None), lambda leaves, _: _KeylessOutput(leaves[0]))
+
+
+class _ReturnsKeyless(torch.nn.Module):
+    def forward(self, x):
+        return _KeylessOutput(x.sin()), x.cos()
+
+
+def test_an_output_of_a_type_registered_without_keys_is_exported_as_torch_export_does():
+    """torch.export flattens outputs without their paths; so does the check
+    of what a program can return (a diffusers U-Net returned its output and
+    the export failed inside torch's flattening)."""
+    from predispatch.testing.eager import assert_matches_eager
+
+    ep = assert_matches_eager(_ReturnsKeyless(), (torch.randn(3),))
+    out = ep.module()(torch.randn(3))
+    assert isinstance(out[0], _KeylessOutput)
+
+
 def test_a_transformers_cache_output_says_use_cache_false():
     transformers = pytest.importorskip("transformers")
     config = transformers.GPT2Config(n_embd=16, n_layer=1, n_head=2, vocab_size=32, n_positions=16)

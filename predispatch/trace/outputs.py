@@ -24,16 +24,29 @@ def checked_outputs(module: torch.nn.Module, out):
     registered; raises ExportError for a value no program can return."""
     registered = set()
     while True:
-        leaves, _ = _torch.pytree.tree_flatten_with_path(out)
-        path, bad = next(((p, x) for p, x in leaves if not _torch.is_output_leaf(x)), (None, None))
-        if path is None:
+        bad = next((x for x in _torch.pytree.tree_leaves(out) if not _torch.is_output_leaf(x)), _NONE)
+        if bad is _NONE:
             return out
         cls = type(bad)
         if dataclasses.is_dataclass(bad) and cls not in registered:
             torch.export.register_dataclass(cls, serialized_type_name=f"{cls.__module__}.{cls.__qualname__}")
             registered.add(cls)
             continue
-        raise ExportError(_unflattenable(module, _torch.pytree.keystr(path), cls))
+        raise ExportError(_unflattenable(module, _where(out, bad), cls))
+
+
+_NONE = object()
+
+
+def _where(out, bad) -> str:
+    """The path of ``bad`` in ``out`` (``[0].cache``); empty where a type on
+    the way was registered without keys (diffusers' outputs are), which
+    flattening without paths takes, as torch.export does."""
+    try:
+        leaves, _ = _torch.pytree.tree_flatten_with_path(out)
+    except ValueError:
+        return ""
+    return next((_torch.pytree.keystr(p) for p, x in leaves if x is bad), "")
 
 
 def _unflattenable(module: torch.nn.Module, where: str, cls: type) -> str:
