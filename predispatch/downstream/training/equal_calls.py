@@ -35,7 +35,7 @@ def _mergeable(node: torch.fx.Node) -> bool:
         return True
     return (_torch.op_library(target) == "aten" and _torch.is_functional_overload(target)
             and torch.Tag.nondeterministic_seeded not in target.tags
-            and target._opname not in _UNDEFINED)
+            and _torch.op_name_parts(target)[1] not in _UNDEFINED)
 
 
 def _writes(node: torch.fx.Node) -> bool:
