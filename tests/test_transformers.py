@@ -431,3 +431,38 @@ def test_dropout_in_train_mode_draws_the_same_masks():
     torch.manual_seed(1)
     first = ep.module()(**inputs).logits
     assert not torch.equal(first, ep.module()(**inputs).logits), "dropout is not a no-op"
+
+
+@pytest.mark.parametrize("model_type", ["qwen3_next", "qwen3_5"])
+def test_linear_attention_layers_are_stamped_and_match_eager(model_type):
+    """Qwen3-Next and Qwen3.5 interleave chunked linear-attention layers (a
+    triangular solve written row by row into a tensor of the layer's, a loop
+    over 64-token chunks) with full-attention ones: with two chunks and four
+    layers of each kind alternating as their configs do, every layer after
+    the first of its kind is stamped, the program is the one traced without
+    reuse, and it matches eager (train mode, gradients included)."""
+    import sys
+    from pathlib import Path
+
+    import predispatch
+    from predispatch.testing import assert_same_program
+    from predispatch.trace import layer_reuse
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+    from transformers_sweep import model_class, tiny_config
+
+    torch.manual_seed(0)
+    config = tiny_config(model_type)
+    text = getattr(config, "text_config", config)
+    text.num_hidden_layers = 4
+    text.layer_types = ["linear_attention", "full_attention"] * 2
+    model = model_class(model_type)(text if model_type == "qwen3_5" else config).train()
+    ids = torch.randint(0, text.vocab_size, (1, 128))
+    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    with layer_reuse.reuse_layers(False):
+        plain = predispatch.export_predispatch(model, (), inputs)
+    reused = predispatch.export_predispatch(model, (), inputs)
+    report = layer_reuse.last_report
+    assert_same_program(plain, reused)
+    assert (report.templates, report.stamped) == (2, 2)
+    assert_matches_eager(model, (), inputs)

@@ -318,6 +318,53 @@ CASES += [Case(f"{kind}-L{layers}-{mode}{'-dyn' if dynamic else ''}", "modes",
                layers=layers, quick=kind == "bert" and layers == 4 and not dynamic)
           for kind in MODE_MODELS for layers in (4, 12) for dynamic in ((False, True) if layers == 4 else (False,))
           for mode in ("train", "eval")]
+# --------------------------------------------------------------------------
+# Long scans and a U-Net (issue 42): Qwen3-Next and Qwen3.5 at 8 layers (three
+# chunked linear-attention layers to one full-attention layer, as their
+# configs interleave them; 1 x 512 tokens, eight 64-token chunks per
+# linear-attention layer; eval mode, their MoE's routing included), and
+# diffusers' UNet2DConditionModel (three levels of distinct widths, cross
+# attention, train mode). Export time, and the layers stamped.
+
+
+def linear_attention_lm(model_type: str, layers: int = 8, tokens: int = 512):
+    from transformers_sweep import model_class, tiny_config
+
+    torch.manual_seed(0)
+    config = tiny_config(model_type)
+    text = getattr(config, "text_config", config)
+    text.num_hidden_layers = layers
+    text.layer_types = ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(layers)]
+    model = model_class(model_type)(text if model_type == "qwen3_5" else config)
+    ids = torch.randint(0, text.vocab_size, (1, tokens))
+    return model.eval(), ExportInputs({"input_ids": ids, "attention_mask": torch.ones_like(ids)})
+
+
+def unet():
+    from diffusers import UNet2DConditionModel
+
+    torch.manual_seed(0)
+    model = UNet2DConditionModel(
+        sample_size=32, in_channels=4, out_channels=4, layers_per_block=2, block_out_channels=(32, 64, 64),
+        down_block_types=("CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "DownBlock2D"),
+        up_block_types=("UpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D"), cross_attention_dim=32,
+        attention_head_dim=8, norm_num_groups=16)
+    return model.train(), (torch.randn(2, 4, 32, 32), torch.tensor([10, 20]), torch.randn(2, 8, 32))
+
+
+def diffusers_installed() -> bool:
+    """The U-Net case needs diffusers (``pip install -e .[bench]``)."""
+    try:
+        import diffusers  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+CASES += [Case(f"{kind}-L8", "scans", lambda kind=kind: linear_attention_lm(kind), layers=8)
+          for kind in ("qwen3_next", "qwen3_5")]
+CASES += [Case("unet", "scans", unet)]
+
 CASE_BY_NAME = {c.name: c for c in CASES}
 LLAMA_SERIES = ("llama", "llama-L8", "llama-L32")  # the Llama at 2, 8, 32 layers
 
@@ -627,7 +674,7 @@ def run_case(case: Case, opts) -> Result:
         iters = opts.iters_regions if case.group == "regions" else opts.iters
         iters = iters if case.group in ("real", "regions") else 0
         memory = not opts.no_memory and not (opts.quick and case.group == "regions") \
-            and case.group not in ("masked", "dynamic", "modes")  # export time only
+            and case.group not in ("masked", "dynamic", "modes", "scans")  # export time only
         measure_in_process(case, res, opts.repeat, memory, iters, CLOCKS[opts.clock])
     print_case(res, time.perf_counter() - start)
     return res
@@ -1127,6 +1174,9 @@ def select(opts) -> list[Case]:
     if not timm_installed():
         print("the vision cases skipped: timm is not installed (torch 2.14 and later)", flush=True)
         cases = [c for c in cases if not c.name.startswith(("vit-", "resnet-"))]
+    if not diffusers_installed():
+        print("the U-Net case skipped: diffusers is not installed (pip install -e .[bench])", flush=True)
+        cases = [c for c in cases if c.name != "unet"]
     return cases
 
 
