@@ -621,3 +621,26 @@ def test_a_layer_writing_rows_of_its_own_tensor_in_a_loop_is_stamped():
     assert (report.templates, report.stamped) == (1, 3)
     with layer_reuse.reuse_layers(True):
         assert_matches_eager(module, _x())
+
+
+class ReadsGradMode(Block):
+    """diffusers' blocks: ``if torch.is_grad_enabled() and self.gradient_checkpointing``."""
+
+    gradient_checkpointing = False
+
+    def forward(self, x):
+        if torch.is_grad_enabled() and self.gradient_checkpointing:
+            raise AssertionError("not taken")
+        return x + self.lin(self.norm(x))
+
+
+def test_a_layer_reading_the_grad_mode_is_stamped():
+    """The read leaves a marker node (the regions stage reads where the code
+    read the mode); a stamp in the same grad mode copies it, with the same
+    code and offset (no diffusers transformer block was a template)."""
+    torch.manual_seed(0)
+    module = Stack(ReadsGradMode)
+    _, report = export_both(module, _x())
+    assert (report.templates, report.stamped) == (1, 3)
+    with layer_reuse.reuse_layers(True):
+        assert_matches_eager(module, _x())

@@ -41,6 +41,8 @@ import torch
 
 from .. import _torch
 from . import layer_constants
+from ..ir.meta_keys import GRAD_MODE_READ
+from .grad_mode_reads import grad_mode_read
 from .host_random import host_generator_states, restore_host_generators
 from .python_state import PythonState, Watch
 from .recorder.spans import Settled
@@ -867,6 +869,8 @@ def _copyable(nodes, in_nodes: set, depth: int) -> bool:
     copy shares), with no metadata but torch's own, no unbacked symbols."""
     made = set()
     for node in nodes:
+        if _is_grad_mode_read(node):  # where the layer's code read the grad mode: the same code, read again
+            continue
         if node.op != "call_function" or not (
                 _torch.is_functional_overload(node.target) or node.target is _GETITEM
                 or (_is_symbolic(node) and _is_size_arithmetic(node.target))):
@@ -879,6 +883,13 @@ def _copyable(nodes, in_nodes: set, depth: int) -> bool:
             return False
         made.add(node)
     return True
+
+
+def _is_grad_mode_read(node) -> bool:
+    """A marker of the layer's code reading the grad mode (:mod:`.grad_mode_reads`):
+    no inputs, its code and offset as metadata; a stamp, in the same grad mode, reads it again."""
+    return node.op == "call_function" and node.target is grad_mode_read and not node.args \
+        and node.meta.keys() <= {GRAD_MODE_READ}
 
 
 def _is_symbolic(node) -> bool:
