@@ -106,9 +106,14 @@ def call_reading_through(state: TraceState, call: TorchCall, run, read_written: 
 
 def _read_node(state: TraceState, mark: torch.fx.Node, value: torch.fx.Node, reader: torch.fx.Node, through, t) -> torch.fx.Node:
     """``op(*leading, value)`` (``through``), right after ``mark``, stamped as
-    the first node that reads it (``reader``)."""
+    the first node that reads it (``reader``); a leaf set_() to other memory
+    reads it through its own history first (:func:`_own_before_swap`)."""
     op, leading = through
     graph = mark.graph
+    own = _own_before_swap(t, value) if op is ops.REQUIRES_GRAD else None
+    if own is not None:
+        mark = _read_node(state, mark, value, reader, (ops.KEEP_HISTORY, (own,)), t)
+        value = mark
     with graph.inserting_after(mark):
         read = graph.call_function(op, (*leading, value))
     if op is ops.KEEP_HISTORY:
@@ -116,6 +121,17 @@ def _read_node(state: TraceState, mark: torch.fx.Node, value: torch.fx.Node, rea
     read.meta.update({k: v for k, v in reader.meta.items() if k in ("stack_trace", "nn_module_stack")})
     read.meta["val"] = value.meta.get("val")
     return read
+
+
+def _own_before_swap(t, value: torch.fx.Node) -> torch.fx.Node | None:
+    """The node of ``t``'s own history where ``t``, made to require grad, was
+    given other memory by set_() (its value is that memory's, with the
+    memory's history: a parameter's, say); eager's ``t`` is still itself, a
+    leaf of its own. None otherwise."""
+    if not marks.SWAPPED.of(t):
+        return None
+    own = marks.own_history(t)
+    return own if isinstance(own, torch.fx.Node) and own is not value else None
 
 
 def read_leaf_outputs(state: TraceState, out):
@@ -129,6 +145,13 @@ def read_leaf_outputs(state: TraceState, out):
         if through is None:
             return t
         op, leading = through
+        own = _own_before_swap(t, _torch.current_node(t)) if op is ops.REQUIRES_GRAD else None
+        if own is not None:  # a leaf set_() to other memory: its own history first, then the leaf
+            kept = ops.KEEP_HISTORY(t, t)
+            node = _torch.current_node(kept)
+            node.args = (own, node.args[1])
+            mark_own_read(state, node, t)
+            return op(kept)
         out = op(*(t for _ in leading), t)  # its leading arguments are nodes: set below
         node = _torch.current_node(out)
         node.args = (*leading, *node.args[len(leading):])
