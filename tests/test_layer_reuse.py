@@ -60,13 +60,19 @@ def _x():
     return (torch.randn(2, 3, 8),)
 
 
-def test_same_layers_are_stamped_and_match_eager():
+def assert_stamped_from_the_first(block):
+    """Four layers of ``block``: the first traced, three stamped from it, the
+    program the one without reuse (:func:`export_both`), and eager's results."""
     torch.manual_seed(0)
-    module = Stack(Block)
+    module = Stack(block)
     _, report = export_both(module, _x())
     assert (report.templates, report.stamped) == (1, 3)
     with layer_reuse.reuse_layers(True):
         assert_matches_eager(module, _x())
+
+
+def test_same_layers_are_stamped_and_match_eager():
+    assert_stamped_from_the_first(Block)
 
 
 class ByIndex(Block):
@@ -116,12 +122,7 @@ class Counting(Block):
 def test_buffer_update_is_stamped():
     """Each stamped layer updates its own buffer, in the mode the template's
     update was made in (here grad mode: written back with grad)."""
-    torch.manual_seed(0)
-    module = Stack(Counting)
-    _, report = export_both(module, _x())
-    assert (report.templates, report.stamped) == (1, 3)
-    with layer_reuse.reuse_layers(True):
-        assert_matches_eager(module, _x())
+    assert_stamped_from_the_first(Counting)
 
 
 class WithRegion(Block):
@@ -555,12 +556,7 @@ def test_a_layer_reading_a_dict_that_makes_a_module_per_lookup_is_stamped():
     stored: reading them through its ``__getitem__`` made a PReLU, whose new
     parameter the replay saw as a tensor from outside the layer (every
     linear-attention layer of Qwen3-Next was traced)."""
-    torch.manual_seed(0)
-    module = Stack(LooksUpItsActivation)
-    _, report = export_both(module, _x())
-    assert (report.templates, report.stamped) == (1, 3)
-    with layer_reuse.reuse_layers(True):
-        assert_matches_eager(module, _x())
+    assert_stamped_from_the_first(LooksUpItsActivation)
 
 
 @torch.library.custom_op("predispatch_test::scaled", mutates_args=())
@@ -589,12 +585,7 @@ def test_a_layer_calling_a_custom_op_is_stamped():
     """The custom op's node carries ``eager_input_vals`` (its inputs as eager
     gave them, for inductor), which a stamp copies: a stamp's are alike
     (Qwen3-Next's MoE layers call transformers' ``grouped_mm_fallback``)."""
-    torch.manual_seed(0)
-    module = Stack(CallsACustomOp)
-    _, report = export_both(module, _x())
-    assert (report.templates, report.stamped) == (1, 3)
-    with layer_reuse.reuse_layers(True):
-        assert_matches_eager(module, _x())
+    assert_stamped_from_the_first(CallsACustomOp)
 
 
 class SolvesInPlace(Block):
@@ -615,12 +606,7 @@ def test_a_layer_writing_rows_of_its_own_tensor_in_a_loop_is_stamped():
     the end of the traced call, it is replayed from the base; those replays
     are nodes of the call (they were made after the template's nodes were
     taken, and no Qwen3-Next linear-attention layer was a template)."""
-    torch.manual_seed(0)
-    module = Stack(SolvesInPlace)
-    _, report = export_both(module, _x())
-    assert (report.templates, report.stamped) == (1, 3)
-    with layer_reuse.reuse_layers(True):
-        assert_matches_eager(module, _x())
+    assert_stamped_from_the_first(SolvesInPlace)
 
 
 class ReadsGradMode(Block):
@@ -638,9 +624,4 @@ def test_a_layer_reading_the_grad_mode_is_stamped():
     """The read leaves a marker node (the regions stage reads where the code
     read the mode); a stamp in the same grad mode copies it, with the same
     code and offset (no diffusers transformer block was a template)."""
-    torch.manual_seed(0)
-    module = Stack(ReadsGradMode)
-    _, report = export_both(module, _x())
-    assert (report.templates, report.stamped) == (1, 3)
-    with layer_reuse.reuse_layers(True):
-        assert_matches_eager(module, _x())
+    assert_stamped_from_the_first(ReadsGradMode)

@@ -29,12 +29,16 @@ _UNDEFINED = frozenset({"empty", "empty_like", "empty_strided", "empty_permuted"
                         "new_empty_strided"})  # their memory is whatever was there: two are not equal
 
 
+def _writes_nothing(target) -> bool:
+    """An aten op whose schema writes nothing."""
+    return _torch.op_library(target) == "aten" and _torch.is_functional_overload(target)
+
+
 def _mergeable(node: torch.fx.Node) -> bool:
     target = node.target
     if target is operator.getitem:
         return True
-    return (_torch.op_library(target) == "aten" and _torch.is_functional_overload(target)
-            and torch.Tag.nondeterministic_seeded not in target.tags
+    return (_writes_nothing(target) and torch.Tag.nondeterministic_seeded not in target.tags
             and _torch.op_name_parts(target)[1] not in _UNDEFINED)
 
 
@@ -42,7 +46,7 @@ def _writes(node: torch.fx.Node) -> bool:
     """May ``node`` change a value another node reads (so calls after it differ)?"""
     if node.op != "call_function" or node.target is operator.getitem or _is_arithmetic(node.target):
         return False
-    return not (_torch.op_library(node.target) == "aten" and _torch.is_functional_overload(node.target))
+    return not _writes_nothing(node.target)
 
 
 def _is_arithmetic(target) -> bool:
