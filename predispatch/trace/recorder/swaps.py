@@ -55,7 +55,20 @@ def _traced_set(state: TraceState, set_, t, source=None, *args, **kwargs):
     marks.DETACHED.set(t)
     marks.DETACH_RESULT.set(t)
     note_swapped(state, t, before)
+    _note_views_left_behind(state, t)
     return out
+
+
+def _note_views_left_behind(state: TraceState, t) -> None:
+    """The grad-mode views of ``t`` made before ``t.set_()`` stay on the old
+    memory, yet share ``t``'s version counter: eager regenerates each one's
+    history from ``t``'s when ``t`` is next updated in grad mode, as it
+    does a view of a detached alias (:func:`.detached._give_own_history`),
+    whose values the update does not change either."""
+    memory = _torch.storage_of(t)
+    for view in list(state.grad_views.values()):
+        if view is not t and marks.counter_owner(view) is t and _torch.storage_of(view) != memory:
+            state.detached_views.add(view)
 
 
 def _note_linking_an_input_to_a_history(state: TraceState, t, source) -> None:
