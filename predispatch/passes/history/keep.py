@@ -43,12 +43,17 @@ def insert_keep(facts: Facts, old: torch.fx.Node, new: torch.fx.Node, after: tor
     kept.append(Kept(about.kind if about is not None else Kind.CALLERS_MODE_WRITE, old, new, tuple(later),
                      getattr(about, "eager_view", None), getattr(about, "swapped", False),
                      target is KEEP_HISTORY_IF_NO_GRAD))
-    graph = facts.graph
-    with graph.inserting_after(after):
-        node = graph.create_node("call_function", target, (old, new), name="keep_history")
-    node.meta.update({k: v for k, v in new.meta.items() if k in ("val", "stack_trace", "nn_module_stack")})
+    node = _keep_node(target, old, new, after)
     for user in later:
         _read_kept(facts, user, new, node)
+    return node
+
+
+def _keep_node(target, old: torch.fx.Node, new: torch.fx.Node, after: torch.fx.Node) -> torch.fx.Node:
+    """``target(old, new)`` right after ``after``, with ``new``'s value."""
+    with after.graph.inserting_after(after):
+        node = after.graph.create_node("call_function", target, (old, new), name="keep_history")
+    node.meta.update({k: v for k, v in new.meta.items() if k in ("val", "stack_trace", "nn_module_stack")})
     return node
 
 
@@ -170,6 +175,7 @@ class Keeper:
         replay = self._first_view_replay_in_segment(e)  # inside the segment, a replay in an enable_grad block
         self.moved[id(e)] = _before_view_replays(self.facts, replay if replay is not None else e.at)
         e = dataclasses.replace(e, at=self.moved[id(e)])
+        self._keep_for_grad_reads_between(e, old)
         if not self._callers_mode_write_needs_keep(e, old):
             return
         merge_replays(e.new, self.facts.position[e.at], self.facts.position)  # a relaid value: read through replays
@@ -179,6 +185,33 @@ class Keeper:
             return
         self._note(e, old, insert_keep(self.facts, old, e.new, e.at, self.kept, about=e,
                                        target=KEEP_HISTORY_IF_NO_GRAD))
+
+    def _keep_for_grad_reads_between(self, e: Event, old: torch.fx.Node) -> None:
+        """A segment of several writes of one tensor: a value between ``old``
+        and ``e.new`` (an earlier write's) read in grad mode inside the
+        segment (a view replayed in an enable_grad block) reads
+        ``keep_history_if_no_grad(old, value)``: under a no_grad caller
+        each write of the segment kept ``old``'s history, and eager's view
+        regenerates its history from it."""
+        facts = self.facts
+        if not (old in facts.may_grad(caller_on=False) or old in self.nodes):
+            return
+        for value in _written_between(old, e.new):
+            position, modes = facts.position, facts.modes  # (again after each insertion)
+            readers = [u for u in value.users
+                       if modes.get(u) is True and position.get(u, len(position)) <= position[e.at]]
+            if not readers or not same_dtype(old, value):
+                continue
+            at = _before_view_replays(facts, min(readers, key=position.get))
+            if position[at] < position[value]:
+                at = value
+            if modes.get(at) is not None:  # (not in the caller's mode there: the write's history stands)
+                continue
+            node = _keep_node(KEEP_HISTORY_IF_NO_GRAD, history_source(old), value, at)
+            for reader in readers:
+                reader.replace_input_with(value, node)
+            self.kept.append(Kept(e.kind, history_source(old), value, tuple(readers), e.eager_view, e.swapped, True))
+            self._inserted(node, at)
 
     def _first_view_replay_in_segment(self, e: Event) -> torch.fx.Node | None:
         position = self.facts.position
@@ -255,6 +288,22 @@ def _written_hidden(old: torch.fx.Node, new: torch.fx.Node, hidden: dict) -> boo
         if old is new:
             return True
     return False
+
+
+def _written_between(old: torch.fx.Node, new: torch.fx.Node) -> list[torch.fx.Node]:
+    """The values a tensor took between ``old`` and ``new``, where each write
+    computed the next from the one before (its first operand, as a
+    functionalized in-place op or a view's scatter into its base does);
+    none where the graph does not show that chain."""
+    between, node = [], new
+    while node is not old:
+        if not (isinstance(node, torch.fx.Node) and node.op == "call_function" and node.args
+                and isinstance(node.args[0], torch.fx.Node)):
+            return []
+        node = node.args[0]
+        if node is not old:
+            between.append(node)
+    return between
 
 
 def _before_view_replays(facts: Facts, node: torch.fx.Node) -> torch.fx.Node:
