@@ -113,6 +113,44 @@ def test_set__of_a_fresh_intermediate():
     both(f, torch.randn(4), torch.randn(4))
 
 
+@pytest.mark.parametrize("then", ["mul_", "zero_", "unsqueeze_ then mul_", "nothing"])
+def test_set__leaves_earlier_views_on_the_old_memory_following_the_tensors_history(then):
+    """Views made before ``t.set_()`` keep the old memory's values but share
+    ``t``'s version counter: eager regenerates their history from ``t``'s
+    next update in grad mode (a view of a view too)."""
+    def f(x, y):
+        t = x * 2.0
+        col = t[:, 0]
+        part = col[1:]
+        with torch.no_grad():
+            t.set_(y * 3)
+        if "unsqueeze_" in then:
+            t.unsqueeze_(0)
+        if "mul_" in then:
+            t.mul_(y[0, 0])
+        if then == "zero_":
+            t.zero_()
+        return col * 1, part, t
+    both(f, torch.randn(4, 4), torch.randn(4, 4))
+
+
+@pytest.mark.parametrize("writes", [("base", "view"), ("base", "other view", "view"), ("base", "view of view")])
+def test_views_replayed_between_callers_mode_writes_keep_the_bases_history(writes):
+    """Under a no_grad caller, each write of a caller's-mode segment keeps
+    the base's history; a grad-mode view replayed between two of them (in
+    grad mode, as eager regenerates it) reads it."""
+    def f(x):
+        with torch.enable_grad():
+            base = x @ x
+            row, column = base[0], base[:, 1]
+            tail = row[1:]
+        for w in writes:
+            {"base": base, "view": row, "other view": column, "view of view": tail}[w].mul_(0.5)
+        with torch.enable_grad():
+            return torch.tanh(row) + column.sum() + tail.sum()
+    both(f, torch.randn(4, 4))
+
+
 class AssignsData(torch.nn.Module):
     """``t.data = v``: ``t`` takes ``v``'s memory and layout, keeping its
     autograd identity (a parameter stays the leaf it was)."""
