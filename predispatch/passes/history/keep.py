@@ -23,6 +23,7 @@ from ...ir.records import Event, Kind
 from .refusals import BEFORE_KEEPING, refuse
 from ...ir.blocks import grad_modes
 from .facts import Facts, Kept, chain, history_source, is_view, reach, same_dtype, users_after
+from .views import REPLAYED_IN_GRAD_MODE
 
 
 def insert_keep(facts: Facts, old: torch.fx.Node, new: torch.fx.Node, after: torch.fx.Node, kept: list,
@@ -217,7 +218,7 @@ class Keeper:
         position = self.facts.position
         end = position[e.at]
         replays = [u for u in e.new.users
-                   if self.facts.notes.has(u, Kind.GRAD_VIEW) and position.get(u, len(position)) <= end]
+                   if self.facts.notes.has(u, *REPLAYED_IN_GRAD_MODE) and position.get(u, len(position)) <= end]
         return min(replays, key=position.get) if replays else None
 
     def _callers_mode_write_needs_keep(self, e: Event, old: torch.fx.Node) -> bool:
@@ -308,9 +309,10 @@ def _written_between(old: torch.fx.Node, new: torch.fx.Node) -> list[torch.fx.No
 
 def _before_view_replays(facts: Facts, node: torch.fx.Node) -> torch.fx.Node:
     """A caller's-mode segment whose value is replayed into views in an
-    enable_grad block (:func:`.views.replay_in_grad_mode`) ends, for its keep,
-    in the caller's mode before them: the replays read the kept value."""
-    while node.op != "root" and (facts.notes.has(node, Kind.GRAD_VIEW) or node in facts.replay_blocks):
+    enable_grad block (:func:`.views.replay_in_grad_mode`: views made in grad
+    mode, the caller's views among the inputs, ...) ends, for its keep, in
+    the caller's mode before them: the replays read the kept value."""
+    while node.op != "root" and (facts.notes.has(node, *REPLAYED_IN_GRAD_MODE) or node in facts.replay_blocks):
         node = node.prev
     return node
 

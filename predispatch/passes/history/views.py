@@ -28,6 +28,8 @@ from .facts import NO_HISTORY, Facts, chain, is_view
 # eager's view has its history in any mode: the caller's views among its inputs (and the
 # synthetic base they are seen through), the regenerated
 _ANY_MODE = (Kind.INPUT_VIEW, Kind.SYNTHETIC_BASE, Kind.REGENERATED_VIEW)
+# the replays :func:`replay_in_grad_mode` may place in an enable_grad block
+REPLAYED_IN_GRAD_MODE = (Kind.GRAD_VIEW, *_ANY_MODE)
 
 
 def replay_in_grad_mode(facts: Facts) -> None:
@@ -37,7 +39,7 @@ def replay_in_grad_mode(facts: Facts) -> None:
     no_grad caller eager's view keeps its history (its base's, even when the
     base was written under no_grad); a replay under no_grad has none."""
     notes = facts.notes
-    replays = notes.nodes(facts.graph, Kind.GRAD_VIEW, *_ANY_MODE)
+    replays = notes.nodes(facts.graph, *REPLAYED_IN_GRAD_MODE)
     if not replays:
         return
     modes = facts.modes
