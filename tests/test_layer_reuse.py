@@ -625,3 +625,27 @@ def test_a_layer_reading_the_grad_mode_is_stamped():
     read the mode); a stamp in the same grad mode copies it, with the same
     code and offset (no diffusers transformer block was a template)."""
     assert_stamped_from_the_first(ReadsGradMode)
+
+
+class DropsByIndex(Block):
+    """Stochastic depth as timm builds it: an ``Identity`` at rate 0 (the
+    first layer), a module of its own class elsewhere."""
+
+    def __init__(self, width=8, index=0):
+        super().__init__(width, index)
+        self.drop = nn.Identity() if index == 0 else nn.Dropout(0.0)
+
+    def forward(self, x):
+        return x + self.drop(self.lin(self.norm(x)).relu())
+
+
+def test_a_layer_with_other_submodules_is_not_replayed_with_the_others():
+    """The first layer's submodules differ (its code does too): it is traced
+    as a module of its own, not replayed to be compared with the others; the
+    second is the template, the last two stamped."""
+    torch.manual_seed(0)
+    module = Stack(DropsByIndex)
+    _, report = export_both(module, _x())
+    assert (report.traced, report.templates, report.stamped) == (1, 1, 2)
+    with layer_reuse.reuse_layers(True):
+        assert_matches_eager(module, _x())

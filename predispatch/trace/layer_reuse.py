@@ -906,10 +906,14 @@ _GETITEM = operator.getitem
 
 def _repeated_modules(root: torch.nn.Module) -> list:
     """The outermost submodules (with submodules of their own: layers, not
-    single ops) whose class and parameter and buffer shapes repeat."""
+    single ops) whose class, submodules' classes, and parameter and buffer
+    shapes repeat. (A layer whose submodules differ, a stochastic depth that
+    is an ``Identity`` at rate 0, runs other code: replaying it to compare
+    with the others would be wasted.)"""
     def signature(m):
-        return (type(m), tuple((n, _dims(t.shape), t.dtype) for n, t in (
-            *m.named_parameters(remove_duplicate=False), *m.named_buffers(remove_duplicate=False))))
+        return (type(m), tuple((n, type(c)) for n, c in m.named_modules(remove_duplicate=False)),
+                tuple((n, _dims(t.shape), t.dtype) for n, t in (
+                    *m.named_parameters(remove_duplicate=False), *m.named_buffers(remove_duplicate=False))))
 
     by_class: dict = {}
     for m in root.modules():
