@@ -113,7 +113,7 @@ def test_set__of_a_fresh_intermediate():
     both(f, torch.randn(4), torch.randn(4))
 
 
-@pytest.mark.parametrize("then", ["mul_", "zero_", "unsqueeze_ then mul_", "nothing"])
+@pytest.mark.parametrize("then", ["mul_", "zero_", "unsqueeze_ then mul_", "set_ again then mul_", "nothing"])
 def test_set__leaves_earlier_views_on_the_old_memory_following_the_tensors_history(then):
     """Views made before ``t.set_()`` keep the old memory's values but share
     ``t``'s version counter: eager regenerates their history from ``t``'s
@@ -124,6 +124,9 @@ def test_set__leaves_earlier_views_on_the_old_memory_following_the_tensors_histo
         part = col[1:]
         with torch.no_grad():
             t.set_(y * 3)
+        if "set_ again" in then:
+            with torch.no_grad():
+                t.set_(x * 5)
         if "unsqueeze_" in then:
             t.unsqueeze_(0)
         if "mul_" in then:

@@ -137,12 +137,21 @@ def _finish(state: TraceState, out):
     grad_blocks.refuse_unrestored_hidden_blocks(state)
     if not torch.is_grad_enabled():  # a bare switch left grad mode off: the no_grad span ends
         spans.end_no_grad_span(state)  # with the forward, before the outputs are read
+        with torch.enable_grad():  # the outputs read as eager's tensors are: with their histories
+            out = _outputs_read(state, out)
+    else:
+        out = _outputs_read(state, out)
+    state.draws.note_torch_call(out, None)  # a draw returned is replayed too
+    return out
+
+
+def _outputs_read(state: TraceState, out):
+    """The outputs as the program returns them: read through their ops (a
+    leaf, an own history), views brought up to date."""
     out = leaves.read_leaf_outputs(state, out)
     views.sync_no_grad_view_outputs(state, out)
-    if torch.is_grad_enabled():
-        spans.end_grad_mode_segment(state)
+    spans.end_grad_mode_segment(state)
     views.sync_grad_view_outputs(state, out)
-    state.draws.note_torch_call(out, None)  # a draw returned is replayed too
     return out
 
 

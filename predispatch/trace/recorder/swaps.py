@@ -66,8 +66,10 @@ def _note_views_left_behind(state: TraceState, t) -> None:
     does a view of a detached alias (:func:`.detached._give_own_history`),
     whose values the update does not change either."""
     memory = _torch.storage_of(t)
+    noted = {id(v) for v in state.detached_views}  # (by identity: a weak set's lookup would compare tensors)
     for view in list(state.grad_views.values()):
-        if view is not t and marks.counter_owner(view) is t and _torch.storage_of(view) != memory:
+        if (view is not t and id(view) not in noted and marks.counter_owner(view) is t
+                and _torch.storage_of(view) != memory):
             state.detached_views.add(view)
 
 
