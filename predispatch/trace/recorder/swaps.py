@@ -19,6 +19,8 @@ from ...ir.records import LINKED_BY_SET, Event, Kind
 from .. import eager_layout
 from ..._torch.patching import patched
 from . import marks
+from .detached import ViewOfUpdate
+from .leaves import mark_own_read
 from .observing import is_unobserved, unobserved
 from .state import TraceState
 from .views import current_node
@@ -68,9 +70,42 @@ def _note_views_left_behind(state: TraceState, t) -> None:
     memory = _torch.storage_of(t)
     noted = {id(v) for v in state.detached_views}  # (by identity: a weak set's lookup would compare tensors)
     for view in list(state.grad_views.values()):
-        if (view is not t and id(view) not in noted and marks.counter_owner(view) is t
-                and _torch.storage_of(view) != memory):
+        if view is t or marks.counter_owner(view) is not t or _torch.storage_of(view) == memory:
+            continue
+        if id(view) not in noted:
             state.detached_views.add(view)
+        # the swap bumped the version eager's view shares: its next read regenerates its history
+        if (own := marks.own_history(t)) is not None and (value := current_node(state, t)) is not None:
+            marks.OWN_HISTORY.set(view, ViewLeftBehind(state, own, value, t, view))
+            state.reads_through = True
+
+
+class ViewLeftBehind(ViewOfUpdate):
+    """The history of a grad-mode view that ``t.set_()`` left on the old
+    memory, as eager regenerates it at its next read: ``as_strided`` of
+    ``t`` as read then (the history the swap kept, on the new memory's
+    layout: a ``t_()`` before the swap counts), made where it is first read."""
+
+    def __init__(self, state: TraceState, own: torch.fx.Node, value: torch.fx.Node, t, view):
+        where = user_location()
+        super().__init__(value, t, view, where, state.record)
+        (_, _, t_offset), (_, _, offset) = _torch.layout(t), _torch.layout(view)
+        if offset < t_offset:
+            raise ExportError(
+                f"set_() at {where} gives a tensor memory that starts after a view of it made before "
+                "starts: eager regenerates the view's history over memory the tensor does not cover, "
+                "which a program cannot reproduce; take the view after the set_(), or set_ a clone")
+        self.state, self.own, self.swapped = state, own, t
+        self.offset = offset - t_offset + value.meta["val"].storage_offset()
+
+    def node(self) -> torch.fx.Node:
+        graph = self.update.graph
+        with graph.inserting_after(_torch.last_node(graph)):
+            read = graph.call_function(ops.KEEP_HISTORY, (self.own, self.update))
+        read.meta["val"] = self.update.meta.get("val")
+        mark_own_read(self.state, read, self.swapped)
+        self.update = read
+        return super().node()
 
 
 def _note_linking_an_input_to_a_history(state: TraceState, t, source) -> None:
