@@ -28,10 +28,13 @@ Rule, and why (each row a predicate on the in-place op):
 * **a resize past the storage's end**: the tensor moves to a grown copy
   (see :class:`GrowingResize`).
 
-A random fill draws into ``t`` in its memory order; ``bernoulli.p`` draws
-into a contiguous result instead, other numbers at each place where ``t``
-is laid out otherwise (dropout of a transpose): such a draw is made on
-``t`` permuted into memory order, in every grad mode.
+A random fill draws into ``t`` in its memory order. Its functional variant
+draws into a result laid out as ``t``, the same numbers at each place (and
+through the same kernel: CPU's ``normal_`` has a faster path for contiguous
+memory that draws other numbers), except ``bernoulli.p``, which draws into
+a contiguous result, other numbers at each place where ``t`` is laid out
+otherwise (dropout of a transpose): that draw is made on ``t`` permuted
+into memory order, in every grad mode.
 
 The history rows apply in grad mode only.
 """
@@ -53,6 +56,8 @@ _UNRECORDED = frozenset({"logical_and_", "logical_or_", "logical_xor_", "logical
 # in-place random fills: the draw reads the tensor's shape, not its values
 _DRAWS = frozenset({"normal_", "uniform_", "bernoulli_", "exponential_", "cauchy_",
                     "geometric_", "log_normal_", "random_"})
+# of those, the fills whose functional variant draws into a contiguous result (see above)
+_CONTIGUOUS_DRAWS = frozenset({"bernoulli_"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,12 +67,13 @@ class OutOfPlace:
     functional: _torch.OpOverload
     for_history: bool  # a row of the history kind (see the module docstring)
     random: bool  # a draw: ``self`` gives its shape, not a history
+    contiguous: bool = False  # a draw into a contiguous result, made in ``self``'s memory order
 
     def __call__(self, dispatch, op, args, kwargs):
         """Trace it with ``dispatch(func, args, kwargs)`` (the functional mode's)."""
         named = _by_name(op, args, kwargs)
         target = named["self"]
-        order = _memory_order(target) if self.random else None
+        order = _memory_order(target) if self.contiguous else None
         if self.random:
             named["self"] = dispatch(aten.detach.default, (target,), {})
         if order is not None:  # drawn in memory order (bernoulli.p's result is contiguous)
@@ -181,14 +187,14 @@ def _rule(op) -> OutOfPlace | Unrecorded | GrowingResize | None:
         return Unrecorded()
     if op is aten.resize_.default:
         return GrowingResize()
-    random = name in _DRAWS
+    random, contiguous = name in _DRAWS, name in _CONTIGUOUS_DRAWS
     functional = _functional_variant(op)
     if functional is None:
         return None
     if not _torch.has_own_functionalization_kernel(op) or _torch.has_composite_implicit_kernel(functional):
-        return OutOfPlace(functional, for_history=False, random=random)
+        return OutOfPlace(functional, for_history=False, random=random, contiguous=contiguous)
     if name in _COMPARISONS or random:
-        return OutOfPlace(functional, for_history=True, random=random)
+        return OutOfPlace(functional, for_history=True, random=random, contiguous=contiguous)
     return None
 
 
