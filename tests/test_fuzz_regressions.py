@@ -3388,3 +3388,31 @@ class ViewInputWrittenThenCoverSwappedOntoIt(nn.Module):
 def test_a_cover_swapped_onto_its_view_input_writes_back_all_it_wrote(how):
     y = inputs((3, 4))[0]
     assert_sound(ViewInputWrittenThenCoverSwappedOntoIt(how), (y, y[1]), inputs_require_grad=False)
+
+
+# (seed 60067, fortieth session) A linear of a vector updated in place in
+# the caller's mode, then set_() under no_grad to memory of another shape,
+# a view of it returned: where eager's linear of a vector is a view (torch
+# 2.13, 2.14), updated in place it stays one, and eager regenerates its
+# history through the new layout (no gradient reached the input); the
+# refusal looked at the updates' values, not the tensor they stay. Now
+# refused there; elsewhere it matches eager.
+
+class LinearOfAVectorUpdatedThenSwapped(nn.Module):
+    def __init__(self):
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.w = nn.Parameter(torch.randn(4, 4, generator=g) * 0.5)
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        v0 = self.lin(x[0])
+        v0.mul_(0.9).add_(v0, alpha=0.1)
+        with torch.no_grad():
+            v0.set_(self.w)
+        return v0[1:]
+
+
+def test_a_linear_of_a_vector_updated_then_swapped_to_another_shape():
+    assert_refused_where_eager_views(LinearOfAVectorUpdatedThenSwapped(), inputs((3, 4)),
+                                     match="is given another shape")

@@ -150,7 +150,7 @@ def history_of_another_shape(kept, facts: Facts, context=None) -> dict | None:
     va, vb = history.meta.get("val"), kept.new.meta.get("val")
     origin, in_callers_mode = history_origin(kept.old, through_views=kept.eager_view is False)
     leaf = origin.op == "placeholder"
-    view = not leaf and _torch.returns_a_view(origin)
+    view = not leaf and _torch.returns_a_view(_first_value(origin, facts))
     reshaped = not _same_elements_broadcast(tuple(va.shape), tuple(vb.shape))
     moved = kept.swapped and _layout(va) != _layout(vb)
     # the program reduces a gradient to the new shape, then to the history's, which must broadcast
@@ -168,6 +168,19 @@ def history_of_another_shape(kept, facts: Facts, context=None) -> dict | None:
             "eager": ("gives the parameter or input a .grad of the new shape" if leaf else
                       "gives the view history it keeps gradients through the new layout" if view else
                       "passes that history the gradients its readers make, not reduced to the new shape")}
+
+
+def _first_value(node: torch.fx.Node, facts: Facts) -> torch.fx.Node:
+    """The value the tensor holding ``node`` started as, back through the
+    writes the recorder noted (in place, eager's tensor stays the one it
+    was: a view, where its first value was one, such as ``linear`` of a
+    vector on some releases)."""
+    written_from = {e.new: e.old for e in facts.notes.writes}
+    seen = set()
+    while node in written_from and node not in seen:
+        seen.add(node)
+        node = written_from[node]
+    return node
 
 
 def _kept_history_shown(kept, facts: Facts, origin, leaf_in_callers_mode: bool, user_outputs_only: bool,
