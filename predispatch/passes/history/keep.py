@@ -197,7 +197,8 @@ class Keeper:
         facts = self.facts
         if not (old in facts.may_grad(caller_on=False) or old in self.nodes):
             return
-        for value in _written_between(old, e.new):
+        source = history_source(old)
+        for value in _written_between(old, e.new, facts.position):
             position, modes = facts.position, facts.modes  # (again after each insertion)
             readers = [u for u in value.users
                        if modes.get(u) is True and position.get(u, len(position)) <= position[e.at]]
@@ -208,10 +209,10 @@ class Keeper:
                 at = value
             if modes.get(at) is not None:  # (not in the caller's mode there: the write's history stands)
                 continue
-            node = _keep_node(KEEP_HISTORY_IF_NO_GRAD, history_source(old), value, at)
+            node = _keep_node(KEEP_HISTORY_IF_NO_GRAD, source, value, at)
             for reader in readers:
                 reader.replace_input_with(value, node)
-            self.kept.append(Kept(e.kind, history_source(old), value, tuple(readers), e.eager_view, e.swapped, True))
+            self.kept.append(Kept(e.kind, source, value, tuple(readers), e.eager_view, e.swapped, True))
             self._inserted(node, at)
 
     def _first_view_replay_in_segment(self, e: Event) -> torch.fx.Node | None:
@@ -291,15 +292,16 @@ def _written_hidden(old: torch.fx.Node, new: torch.fx.Node, hidden: dict) -> boo
     return False
 
 
-def _written_between(old: torch.fx.Node, new: torch.fx.Node) -> list[torch.fx.Node]:
+def _written_between(old: torch.fx.Node, new: torch.fx.Node, position: dict) -> list[torch.fx.Node]:
     """The values a tensor took between ``old`` and ``new``, where each write
     computed the next from the one before (its first operand, as a
     functionalized in-place op or a view's scatter into its base does);
-    none where the graph does not show that chain."""
-    between, node = [], new
+    none where the graph does not show that chain (the walk stops at
+    ``old``'s position: it does not go back through the whole graph)."""
+    between, node, start = [], new, position.get(old, -1)
     while node is not old:
         if not (isinstance(node, torch.fx.Node) and node.op == "call_function" and node.args
-                and isinstance(node.args[0], torch.fx.Node)):
+                and isinstance(node.args[0], torch.fx.Node)) or position.get(node, start) <= start:
             return []
         node = node.args[0]
         if node is not old:

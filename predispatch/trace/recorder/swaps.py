@@ -68,16 +68,19 @@ def _note_views_left_behind(state: TraceState, t) -> None:
     does a view of a detached alias (:func:`.detached._give_own_history`),
     whose values the update does not change either."""
     memory = _torch.storage_of(t)
+    left = [v for v in state.grad_views.values()
+            if v is not t and marks.counter_owner(v) is t and _torch.storage_of(v) != memory]
+    if not left:
+        return
     noted = {id(v) for v in state.detached_views}  # (by identity: a weak set's lookup would compare tensors)
-    for view in list(state.grad_views.values()):
-        if view is t or marks.counter_owner(view) is not t or _torch.storage_of(view) == memory:
-            continue
-        if id(view) not in noted:
-            state.detached_views.add(view)
-        # the swap bumped the version eager's view shares: its next read regenerates its history
-        if (own := marks.own_history(t)) is not None and (value := current_node(state, t)) is not None:
-            marks.OWN_HISTORY.set(view, ViewLeftBehind(state, own, value, t, view))
-            state.reads_through = True
+    state.detached_views.update(v for v in left if id(v) not in noted)
+    # the swap bumped the version eager's views share: each one's next read regenerates its history
+    own, value = marks.own_history(t), current_node(state, t)
+    if own is None or value is None:
+        return
+    for view in left:
+        marks.OWN_HISTORY.set(view, ViewLeftBehind(state, own, value, t, view))
+    state.reads_through = True
 
 
 class ViewLeftBehind(ViewOfUpdate):
