@@ -3416,3 +3416,41 @@ class LinearOfAVectorUpdatedThenSwapped(nn.Module):
 def test_a_linear_of_a_vector_updated_then_swapped_to_another_shape():
     assert_refused_where_eager_views(LinearOfAVectorUpdatedThenSwapped(), inputs((3, 4)),
                                      match="is given another shape")
+
+
+# (seed 60101, forty-first session) The same family: a linear of a vector
+# relaid in the caller's mode (unsqueeze_), overwritten (copy_), then set_()
+# under no_grad back to memory of its first shape. The refusal asked whether
+# the tensor the history came from (the copy, through the relayout's view)
+# started as a view; eager's tensor is the one the history is kept on, which
+# started as the linear's view. Refused on 2.13 and 2.14, where the program's
+# backward raised ("_HistoryBackward returned an invalid gradient", eager's
+# ran); elsewhere eager's backward raises (its history of shape (1, 4) meets
+# a gradient of shape (4,)), and so does the program's.
+
+class LinearOfAVectorRelaidThenSwappedBack(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.register_buffer("s", torch.zeros(4))
+
+    def forward(self, x):
+        v0 = self.lin(self.s)
+        v0.unsqueeze_(0)
+        v0.copy_(torch.full_like(v0, -1.0))
+        with torch.no_grad():
+            v0.set_(self.s)
+        return v0 * x[0]
+
+
+def test_a_linear_of_a_vector_relaid_overwritten_then_swapped_back():
+    module, args = LinearOfAVectorRelaidThenSwappedBack(), inputs((3, 4))
+    if linear_of_a_vector_is_a_view():
+        with pytest.raises(predispatch.ExportError, match=r"another shape \(4,\).*v0.set_"):
+            predispatch.export_predispatch(module, args)
+        return
+    with pytest.raises(RuntimeError, match="invalid gradient"):
+        module(*args).sum().backward()
+    program = predispatch.export_predispatch(module, args).module()
+    with pytest.raises(RuntimeError, match="invalid gradient"):
+        program(*args).sum().backward()

@@ -150,7 +150,7 @@ def history_of_another_shape(kept, facts: Facts, context=None) -> dict | None:
     va, vb = history.meta.get("val"), kept.new.meta.get("val")
     origin, in_callers_mode = history_origin(kept.old, through_views=kept.eager_view is False)
     leaf = origin.op == "placeholder"
-    view = not leaf and _torch.returns_a_view(_first_value(origin, facts))
+    view = not leaf and (_torch.returns_a_view(_first_value(origin, facts)) or _made_as_a_view(kept.old, facts))
     reshaped = not _same_elements_broadcast(tuple(va.shape), tuple(vb.shape))
     moved = kept.swapped and _layout(va) != _layout(vb)
     # the program reduces a gradient to the new shape, then to the history's, which must broadcast
@@ -181,6 +181,15 @@ def _first_value(node: torch.fx.Node, facts: Facts) -> torch.fx.Node:
         seen.add(node)
         node = written_from[node]
     return node
+
+
+def _made_as_a_view(node: torch.fx.Node, facts: Facts) -> bool:
+    """Did the forward make the tensor holding ``node`` as a view? Eager's
+    tensor is the one the history is kept on, also where that history comes
+    through a relayout's view of a later value (``unsqueeze_`` then
+    ``copy_``); an input is the caller's, whatever the trace holds it as."""
+    first = _first_value(node, facts)
+    return first.op == "call_function" and _torch.returns_a_view(first)
 
 
 def _kept_history_shown(kept, facts: Facts, origin, leaf_in_callers_mode: bool, user_outputs_only: bool,
