@@ -2,7 +2,8 @@
 
 - ``"eager"`` (the default): AOTAutograd's joint trace
   (``aot_module_simplified``), split by its default partitioner, each graph
-  run op by op, in eager's memory (``in_place.py``, ``_torch.freeing_inputs``).
+  run op by op, in eager's memory (``in_place.py``, ``_torch.freeing_inputs``),
+  buffers updated where they lie (``updates_in_place.py``).
 - ``"inductor"``: what ``torch.compile(backend="inductor")`` does with a
   graph, through its own entry point, inductor's ``compile_fx``
   (``_torch.inductor``): AOTAutograd with inductor's decompositions,
@@ -45,6 +46,7 @@ from ...program.run_time_calls import use_run_time_calls
 from .calls import CallNotSupportedError
 from .equal_calls import merge_equal_calls
 from .in_place import write_into_dead_operands
+from .updates_in_place import buffers_updated_in_place
 from .runners import run_backward, run_forward, without_dead_random_ops
 
 BACKENDS = ("eager", "inductor")
@@ -175,8 +177,9 @@ def _aot_compile(flat, examples, graphs, compiler):
     """AOTAutograd's joint trace with its default partitioner; each graph run
     op by op, or compiled by ``compiler``."""
     def compiled(gm, example_inputs, backward=False):
-        if compiler is None:  # op by op: inputs freed at their last use, dead operands written into,
-            run = _torch.freeing_inputs(write_into_dead_operands(_graph_copy(gm), backward))
+        if compiler is None:  # op by op: buffers updated where they lie, dead operands written into,
+            run = _graph_copy(gm) if backward else buffers_updated_in_place(_graph_copy(gm))
+            run = _torch.freeing_inputs(write_into_dead_operands(run, backward))  # inputs freed at last use
             use_run_time_calls(run)  # each op called by its C++ entry point, as ep.module() calls it
             return run
         return _torch.as_boxed(compiler(_graph_copy(gm), example_inputs))
@@ -189,8 +192,10 @@ def _aot_compile(flat, examples, graphs, compiler):
         graphs["backward"] = gm = without_dead_random_ops(gm)
         return run_backward(gm, compiled(gm, example_inputs, backward=True))
 
+    # updates of buffers nothing differentiates kept in the forward graph (copy_), as aot_eager keeps them
     return _torch.aot_module_simplified(flat, examples, fw_compiler=forward, bw_compiler=backward,
-                                        partition_fn=_torch.partitioned_after(merge_equal_calls))
+                                        partition_fn=_torch.partitioned_after(merge_equal_calls),
+                                        keep_inference_input_mutations=True)
 
 
 def _inductor_hook(graphs: dict):
