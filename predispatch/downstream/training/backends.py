@@ -192,10 +192,11 @@ def _aot_compile(flat, examples, graphs, compiler):
         graphs["backward"] = gm = without_dead_random_ops(gm)
         return run_backward(gm, compiled(gm, example_inputs, backward=True))
 
-    # updates of buffers nothing differentiates kept in the forward graph (copy_), as aot_eager keeps them
+    # op by op: updates of buffers nothing differentiates kept in the forward graph (copy_), as
+    # aot_eager keeps them; a callable gets the graphs aot_autograd(fw_compiler=...) would give it
     return _torch.aot_module_simplified(flat, examples, fw_compiler=forward, bw_compiler=backward,
                                         partition_fn=_torch.partitioned_after(merge_equal_calls),
-                                        keep_inference_input_mutations=True)
+                                        keep_inference_input_mutations=compiler is None)
 
 
 def _inductor_hook(graphs: dict):
