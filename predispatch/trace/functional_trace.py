@@ -441,7 +441,8 @@ def _write_backs(inputs: _CallInputs, starts: _InputStarts, on_layout_change,
         _torch.apply_pending_updates(f)
         relaid = _torch.has_metadata_mutation(f) or _torch.storage_changed(f)
         if relaid and on_layout_change is not None:
-            f, change = _written_as_started(i, f, _layout_change(i, f, starts, made, inputs.layout.key), starts)
+            f, change = _written_as_started(i, f, _layout_change(i, f, starts, made, inputs.layout.key), starts,
+                                            record)
             on_layout_change(key, change)
         if relaid or _torch.has_data_mutation(f):
             written.append((i, _torch.from_functional(f)))
@@ -468,7 +469,7 @@ def note_relaid_in(target: torch.Tensor, grad_mode: str | None) -> None:
     setattr(target, _RELAID_IN, grad_mode)
 
 
-def _written_as_started(i: int, f, change: LayoutChange, starts: _InputStarts) -> tuple:
+def _written_as_started(i: int, f, change: LayoutChange, starts: _InputStarts, record) -> tuple:
     """(the value written back, its layout change) of input ``i`` (``f``
     after the forward): an input other inputs are seen through (a cover),
     its memory written (through it or them) and then relaid on it (``t_()``,
@@ -484,7 +485,10 @@ def _written_as_started(i: int, f, change: LayoutChange, starts: _InputStarts) -
     if not isinstance(started, int) or change.offset < 0 or (
             _torch.storage_extent(change.size, change.stride, change.offset) > started):
         return f, change
-    _torch.apply_pending_updates(start)
+    last = _torch.last_node(_torch.current_tracer().graph)
+    _torch.apply_pending_updates(start)  # replayed from the memory written, at the forward's end
+    for node in _torch.nodes_after(last) if record is not None else ():
+        record.note(Event(Kind.REGENERATED_VIEW, node))  # with the memory's history in any mode, as eager's
     starts.written_as_started.add(i)
     return start, dataclasses.replace(change, as_started=True)
 
