@@ -92,12 +92,13 @@ def render_tree() -> str:
         top = path.relative_to(PACKAGE).parts[0]
         return (TREE_ORDER.index(top), str(path.parent), path.name != "__init__.py", path.name)
 
-    lines = ["```"]
+    rows = []
     for path in sorted(PACKAGE.rglob("*.py"), key=key):
         rel = path.relative_to(PACKAGE.parent)
         doc = (ast.get_docstring(ast.parse(path.read_text())) or "").strip().splitlines()
-        shown = f"{rel.parent}/" if path.name == "__init__.py" else str(rel)
-        lines.append(f"{shown:<49}{doc[0] if doc else ''}".rstrip())
+        rows.append((f"{rel.parent}/" if path.name == "__init__.py" else str(rel), doc[0] if doc else ""))
+    width = max(len(shown) for shown, _ in rows) + 3  # the longest path, then three spaces
+    lines = ["```", *(f"{shown:<{width}}{first}".rstrip() for shown, first in rows)]
     return "\n".join(lines + ["```"]) + "\n"
 
 
