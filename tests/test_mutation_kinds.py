@@ -140,6 +140,31 @@ def test_set__leaves_earlier_views_on_the_old_memory_following_the_tensors_histo
     both(f, torch.randn(4, 4), torch.randn(4, 4))
 
 
+class ViewLeftPastTheMemorySet(torch.nn.Module):
+    """A view made before ``t.set_()`` to memory that ends before the view
+    ends (a slice of a larger buffer, a row of it), read where it may
+    require grad: eager regenerates the view's history over memory ``t`` no
+    longer covers. (An input so set_: tests/fuzz_regressions, seed 61034.)"""
+
+    def __init__(self, source):
+        super().__init__()
+        self.source = source
+        self.register_buffer("l", torch.randn(5, 4))
+
+    def forward(self, x):
+        t = x * 2.0
+        v = t[2:]
+        with torch.no_grad():
+            t.set_(self.l[:2] if self.source == "slice" else self.l[0])
+        return v * 1.0
+
+
+@pytest.mark.parametrize("source", ["slice", "row"])
+def test_a_view_left_past_the_memory_set_gives_is_refused_naming_the_set_(source):
+    with pytest.raises(predispatch.ExportError, match=r"memory that ends before a view of it made before ends"):
+        predispatch.export_predispatch(ViewLeftPastTheMemorySet(source), (torch.randn(3, 4),))
+
+
 @pytest.mark.parametrize("writes", [("base", "view"), ("base", "other view", "view"), ("base", "view of view")])
 def test_views_replayed_between_callers_mode_writes_keep_the_bases_history(writes):
     """Under a no_grad caller, each write of a caller's-mode segment keeps

@@ -59,13 +59,16 @@ def _keep_written_histories(facts: Facts) -> None:
 
 
 def _refuse_what_no_program_reproduces(facts: Facts) -> None:
-    """Writes of values saved for backward, covers written back as their
+    """Writes of values saved for backward, inputs linked to a history,
+    views regenerated past their memory, covers written back as their
     memory started, views of inputs given another shape."""
     notes = facts.notes
     for event in notes.saved_value_updates:
         refusals.refuse(refusals.ONCE_DONE, event, facts)
     for event in notes.links_by_set:
         refusals.refuse(refusals.ONCE_DONE, event, facts)
+    for node in notes.nodes(facts.graph, Kind.REGENERATED_VIEW):  # a view's history regenerated past its memory
+        refusals.refuse(refusals.ONCE_DONE, notes.of(node, Kind.REGENERATED_VIEW), facts)
     as_started = [k for k, layout in facts.layouts.items() if layout.get("as_started")]
     placeholders = _user_input_placeholders(facts) if as_started else {}
     for key in as_started:

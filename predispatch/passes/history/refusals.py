@@ -296,6 +296,23 @@ def written_with_history_after_relaid(e, facts: Facts, context=None) -> dict | N
     return {"where": location(*written)}
 
 
+def regenerated_past_its_memory(e, facts: Facts, context=None) -> dict | None:
+    """A view's history regenerated (``as_strided`` of its base's update, as
+    eager regenerates it) over memory that ends before the view ends (the
+    base ``set_()`` to smaller memory since), where it may require grad."""
+    node = e.node
+    if node.target is not torch.ops.aten.as_strided.default or not facts.alive(node) or node not in facts.may_grad():
+        return None
+    val = node.args[0].meta.get("val")
+    if val is None:
+        return None
+    end = _torch.storage_extent(node.args[1], node.args[2], node.args[3] if len(node.args) > 3 else 0)
+    held = _torch.storage_extent(tuple(val.size()), tuple(val.stride()), 0)  # the update as held: its own copy
+    if not (isinstance(end, int) and isinstance(held, int) and end > held):
+        return None
+    return {"where": e.where or location(node)}
+
+
 def linked_to_a_history(e, facts: Facts, context=None) -> dict | None:
     """A parameter, buffer or input ``set_()`` in grad mode to a value that
     requires grad whatever the caller passes (a parameter, a leaf made in
@@ -333,6 +350,12 @@ REFUSALS = (
             "autograd's sight (set_() or t_() under no_grad) and written at {where} with a value that may "
             "require grad: eager's history takes the layout the tensor had at the write, which the program, "
             "writing its memory back as it started, cannot reproduce; pass distinct tensors, or write a copy"),
+    Refusal("a view regenerated past its memory", frozenset({Kind.REGENERATED_VIEW}), ONCE_DONE,
+            regenerated_past_its_memory,
+            "set_() at {where} gives a tensor memory that ends before a view of it made before ends, and "
+            "the view is read where it may require grad: eager regenerates the view's history over memory "
+            "the tensor does not cover, which a program cannot reproduce; take the view after the set_(), "
+            "or set_ a clone"),
     Refusal("an input linked to a history by set_()", frozenset({Kind.LINKED_BY_SET}), ONCE_DONE,
             linked_to_a_history,
             LINKED_BY_SET),

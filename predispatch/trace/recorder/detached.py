@@ -208,5 +208,6 @@ class ViewOfUpdate(marks.PendingHistory):
                                        (self.update, list(self.size), list(self.stride), self.offset))
         node.meta["val"] = _torch.fake_as_strided(self.update.meta["val"], self.size, self.stride, self.offset)
         self.record.note(Event(Kind.OWN_HISTORY_READ, node))  # the update's own history: no kept one replaces it
-        self.record.note(Event(Kind.REGENERATED_VIEW, node))  # in grad mode, read maybe under a no_grad caller
+        # in grad mode, read maybe under a no_grad caller; where: the change the view's history follows
+        self.record.note(Event(Kind.REGENERATED_VIEW, node, where=self.where))
         return node

@@ -100,12 +100,6 @@ class ViewLeftBehind(ViewOfUpdate):
                 "which a program cannot reproduce; take the view after the set_(), or set_ a clone")
         self.state, self.own, self.swapped = state, own, t
         self.offset = offset - t_offset + value.meta["val"].storage_offset()
-        end = _torch.storage_extent(self.size, self.stride, self.offset)
-        if isinstance(end, int) and end > _torch.storage_elements(t):
-            raise ExportError(
-                f"set_() at {where} gives a tensor memory that ends before a view of it made before "
-                "ends: eager regenerates the view's history over memory the tensor does not cover, "
-                "which a program cannot reproduce; take the view after the set_(), or set_ a clone")
 
     def node(self) -> torch.fx.Node:
         graph = self.update.graph
