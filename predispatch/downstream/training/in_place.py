@@ -46,7 +46,8 @@ def _fresh(node: torch.fx.Node) -> bool:
     return _torch.returns_new_memory(node.target)
 
 
-def _layout(node) -> tuple | None:
+def layout_of(node) -> tuple | None:
+    """(shape, strides, dtype, device) of a node's tensor value, None if it has none."""
     val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
     if not isinstance(val, torch.Tensor):
         return None
@@ -62,10 +63,10 @@ def _dies_here(operand, node: torch.fx.Node, any_layout: bool) -> bool:
     laid out as ``node``'s result (or ``any_layout`` will do)?"""
     if not (isinstance(operand, torch.fx.Node) and _fresh(operand) and list(operand.users) == [node]):
         return False
-    layout = _layout(operand)
-    if layout is None or layout[2:] != _layout(node)[2:]:  # dtype, device
+    layout = layout_of(operand)
+    if layout is None or layout[2:] != layout_of(node)[2:]:  # dtype, device
         return False
-    return any_layout and layout[0] == _layout(node)[0] or layout == _layout(node)
+    return any_layout and layout[0] == layout_of(node)[0] or layout == layout_of(node)
 
 
 def _only_a_gradient(node: torch.fx.Node, backward: bool) -> bool:
@@ -79,7 +80,7 @@ def _operand_to_write_into(node: torch.fx.Node, backward: bool) -> int | None:
     """The position (0 or 1) of the operand ``node`` can write its result into, if any."""
     if node.op != "call_function" or in_place_twin(node.target) is None or not node.args:
         return None
-    if _layout(node) is None:
+    if layout_of(node) is None:
         return None
     any_layout = _only_a_gradient(node, backward)
     if _dies_here(node.args[0], node, any_layout):

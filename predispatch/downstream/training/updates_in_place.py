@@ -23,7 +23,7 @@ import torch
 import torch.fx
 
 from ... import _torch
-from .in_place import in_place_twin
+from .in_place import in_place_twin, layout_of
 
 aten = torch.ops.aten
 FUNCTIONAL = "_functional"
@@ -46,13 +46,6 @@ def mutating_twin(op) -> tuple[_torch.OpOverload, tuple[int, ...]] | None:
     if not written or len(op._schema.returns) != len(twin._schema.returns) + len(written):
         return None
     return twin, written
-
-
-def _layout(node) -> tuple | None:
-    val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
-    if not isinstance(val, torch.Tensor):
-        return None
-    return tuple(map(str, val.shape)), tuple(map(str, val.stride())), val.dtype, val.device
 
 
 def _is(node, target) -> bool:
@@ -89,7 +82,7 @@ def _written_in_place(copy: torch.fx.Node, copies: dict, order: dict) -> bool:
     input, if it reads a clone of the input there and nothing else reads the
     input; True if done (``copy`` then goes)."""
     target, value = copy.args[:2]
-    if _layout(value) is None or _layout(value) != _layout(target):
+    if layout_of(value) is None or layout_of(value) != layout_of(target):
         return False
     if _is(value, operator.getitem):
         return _functional_written_in_place(value.args[0], copies, order)
@@ -121,7 +114,7 @@ def _functional_written_in_place(call: torch.fx.Node, copies: dict, order: dict)
         target = clone.args[0] if _is(clone, aten.clone.default) and not clone.kwargs else None
         copy = copies.get(target)
         if (copy is None or new is None or copy.args[1] is not new or list(new.users) != [copy]
-                or _layout(new) != _layout(target) or not _read_only_through(target, copy, call, order)):
+                or layout_of(new) != layout_of(target) or not _read_only_through(target, copy, call, order)):
             return False
         finals.append((position, clone, new, copy))
     args = list(call.args)
