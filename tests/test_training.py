@@ -563,3 +563,76 @@ def test_adamw_leaves_a_teacher_without_gradient_alone():
             opt.step()
     for (name, p), q in zip(model.named_parameters(), train.parameters(), strict=True):
         torch.testing.assert_close(q, p, msg=lambda m: f"{name}: {m}")
+
+
+# --- one tensor, one input; one node per call (a probe's findings, session 42)
+
+
+class _Counts(torch.nn.Module):
+    def __init__(self, t):
+        super().__init__()
+        self.register_buffer("s", t)
+
+    def forward(self, x):
+        self.s.add_(1)
+        return x + self.s
+
+
+class SharedBuffer(torch.nn.Module):
+    """One tensor registered as a buffer by two submodules; one of them updates it."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(4))
+        t = torch.zeros(4)
+        self.first, self.second = _Counts(t), _Counts(t)
+
+    def forward(self, x):
+        return self.first(x * self.w).sum()
+
+
+class EMAWithHistory(torch.nn.Module):
+    """A buffer updated in grad mode from a value with a history (no
+    ``no_grad``), not read by the loss: in eager its history chains the steps."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(4))
+        self.register_buffer("ema", torch.zeros(()))
+
+    def forward(self, x):
+        h = x * self.w
+        self.ema.mul_(0.9).add_(h.mean(), alpha=0.1)
+        return h.sum()
+
+
+@pytest.mark.parametrize("make", [SharedBuffer, EMAWithHistory], ids=["shared-buffer", "ema-with-history"])
+def test_steps_that_carry_state_match_eager(make):
+    torch.manual_seed(0)
+    module, x = make(), torch.randn(6, 4)
+    eager, train = copy.deepcopy(module), compiled(module, (x,))
+    if make is SharedBuffer:
+        assert train.second.s is train.first.s
+    for step in range(3):
+        assert_runs_match(run_module(eager, (x,), {}), run_compiled(train, (x,)), what=f"[step {step}] ")
+
+
+def _two_losses_one_after_the_other(module, x, **backward_kwargs):
+    a, b, _ = module(x, x)
+    a.sum().backward(**backward_kwargs)
+    b.sum().backward()
+    return [p.grad for p in module.parameters()]
+
+
+def test_two_losses_of_one_call_given_backward_one_after_the_other():
+    """One call is one node: the first backward frees it for both outputs.
+    With ``retain_graph=True`` the gradients are eager's; without, the error
+    says what happened, where torch's says the graph was run twice."""
+    torch.manual_seed(0)
+    module, x = TwoHeads(), torch.randn(2, 3)
+    expected = _two_losses_one_after_the_other(copy.deepcopy(module), x)
+    got = _two_losses_one_after_the_other(compiled(module, (x, x)), x, retain_graph=True)
+    for e, g in zip(expected, got, strict=True):
+        torch.testing.assert_close(g, e)
+    with pytest.raises(RuntimeError, match="share one backward.*sum of the losses.*retain_graph=True"):
+        _two_losses_one_after_the_other(compiled(module, (x, x)), x)

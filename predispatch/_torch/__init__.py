@@ -215,14 +215,17 @@ from .data_dependence import (  # noqa: E402,F401
 from .autograd import (  # noqa: E402,F401
     aot_module_simplified,
     autocast_skipped,
+    backward_node_wrapped,
     backward_pass_autocast,
     disable_autocast,
+    inputs_of_node,
     is_compiled_backward_node,
     is_tangent,
     no_donated_buffers,
     partitioned_after,
     pass_absent_gradients,
     retrace_subgraph,
+    saved_tensors_freed,
     tangents_are_plain,
 )
 from .symbolic import (  # noqa: E402,F401

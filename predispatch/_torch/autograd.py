@@ -66,6 +66,37 @@ def pass_absent_gradients(node) -> None:
     node.set_materialize_grads(False)
 
 
+def backward_node_wrapped(node, wrap) -> None:
+    """Autograd runs ``wrap(apply, grads)`` for the compiled function's
+    backward ``node``, where ``grads`` is a list (one per output, ``None``
+    or a tensor) and ``apply(grads)`` its own backward. The engine calls a
+    method of the node's Python object (the function's ctx): ``apply_boxed``
+    with one list where the function asks for its gradients boxed, as
+    AOTAutograd's does, else ``apply``; an attribute of the instance stands
+    in for the class's."""
+    if getattr(node._forward_cls, "boxed_grads_call", False):
+        apply_boxed = node.apply_boxed
+        node.apply_boxed = lambda grads: wrap(apply_boxed, grads)
+    else:
+        apply = node.apply
+        node.apply = lambda *grads: wrap(lambda g: apply(*g), list(grads))
+
+
+def inputs_of_node(node) -> int:
+    """How many inputs the compiled function of backward ``node`` took (its
+    backward returns one gradient or ``None`` per input)."""
+    return len(node.needs_input_grad)
+
+
+def saved_tensors_freed(node) -> bool:
+    """Did a backward (without ``retain_graph``) free what ``node`` saved?"""
+    try:
+        node.saved_tensors
+    except RuntimeError:
+        return True
+    return False
+
+
 @contextlib.contextmanager
 def no_donated_buffers():
     """While AOTAutograd compiles: no "donated buffers" (saved tensors the

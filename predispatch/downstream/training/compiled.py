@@ -14,6 +14,7 @@ from .autocast import BackwardCheck, as_autocast_kwargs, assumed_autocast, sensi
 from .backends import Backend
 from .calls import CallKey, CallNotSupportedError, LiftedState, ProgramShapes
 from .joint import FlatModule, trace
+from .runners import run_as_eager_nodes
 
 OP_BY_OP = Backend("eager")
 
@@ -160,6 +161,7 @@ class CompiledTraining(torch.nn.Module):
         for node in compiled_backward_nodes(outputs + inputs, history):
             if variant.passes_absent_gradients:  # see run_backward
                 _torch.pass_absent_gradients(node)
+                run_as_eager_nodes(node)
             node.register_prehook(lambda grad_outputs: variant.check())
         if self._grad_mode_after is not None:  # the caller left in it, as by eager
             torch.set_grad_enabled(self._grad_mode_after)

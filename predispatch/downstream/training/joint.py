@@ -93,23 +93,40 @@ def _dtype_guards_checked_when_traced(gm: torch.fx.GraphModule, exported_autocas
 
 class FlatModule(torch.nn.Module):
     """The program as a function of its flat tensor inputs, returning a tuple
-    (of ``num_outputs``, its user outputs)."""
+    (of ``num_outputs``, its user outputs).
+
+    Its parameters and buffers are the program's, each tensor once: one
+    tensor under two names (a buffer two submodules register) is one input
+    of the trace, as eager has one tensor. (AOTAutograd lifts every name,
+    and cannot take one input twice where the program writes it.)"""
 
     def __init__(self, module, in_spec, constants, num_outputs: int):
         super().__init__()
-        self.module = module
+        vars(self)["module"] = module  # not a submodule: its state is lifted once, below
         self.in_spec = in_spec
         self.num_outputs = num_outputs
         self.constants = constants  # non-tensor input leaves, by position
         self.out_spec = None
+        self.state_names = {}  # the program's name of each parameter and buffer -> this module's
+        own = {}  # id of a tensor -> its name here
+        for kind, named in (("parameter", module.named_parameters(remove_duplicate=False)),
+                            ("buffer", module.named_buffers(remove_duplicate=False))):
+            for name, t in named:
+                if id(t) not in own:
+                    own[id(t)] = f"{kind}_{len(own)}"
+                    (self.register_parameter if kind == "parameter" else self.register_buffer)(own[id(t)], t)
+                self.state_names[name] = own[id(t)]
 
     def forward(self, *tensors):
         leaves, it = [], iter(tensors)
         for i in range(self.in_spec.num_leaves):
             leaves.append(self.constants[i] if i in self.constants else next(it))
         args, kwargs = pytree.tree_unflatten(leaves, self.in_spec)
-        out_leaves, self.out_spec = pytree.tree_flatten(self.module(*args, **kwargs))
+        state = {name: getattr(self, own) for name, own in self.state_names.items()}
+        out = torch.func.functional_call(self.module, state, args, kwargs)
+        out_leaves, self.out_spec = pytree.tree_flatten(out)
         return tuple(out_leaves)
+
 
 
 def trace(flat: FlatModule, key: CallKey, examples: list, backward_autocast, backend: Backend,

@@ -99,3 +99,39 @@ def without_dead_random_ops(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     gm.graph.eliminate_dead_code()  # what computed their inputs (a layer norm recomputed for a dropout's shape)
     gm.recompile()
     return gm
+
+
+class SharedBackwardFreedError(RuntimeError):
+    """A backward reached a call's compiled backward after an earlier
+    backward freed it (see :func:`run_as_eager_nodes`)."""
+
+
+def run_as_eager_nodes(node) -> None:
+    """The backward ``node`` of one compiled call, run where eager's nodes
+    would run. It stands for all of the call's ops, where eager has a node
+    per op: a backward from one output reaches every input the call took,
+    and frees the node for all outputs at once. So, once freed by an
+    earlier backward:
+
+    - reached with no gradient at all (``None`` for every output; through
+      the history of a buffer the call wrote, from a later step's backward),
+      it returns ``None`` for every input, as eager's nodes there compute
+      nothing;
+    - reached with a gradient (two outputs' losses given backward() one
+      after the other), the error says why, and what to do."""
+    def run(apply, grads: list):
+        unreached = all(g is None for g in grads)  # before apply, which may empty the list
+        try:
+            return apply(grads)
+        except RuntimeError:
+            if not _torch.saved_tensors_freed(node):
+                raise
+            if unreached:
+                return (None,) * _torch.inputs_of_node(node)
+            raise SharedBackwardFreedError(
+                "compile_training: this backward reaches a call of the compiled module whose backward an earlier "
+                "backward already ran and freed. The call's outputs share one backward (the compiled graph), where "
+                "eager's ops have one each: give backward() the sum of the losses at once, or retain_graph=True "
+                "to the earlier backward()") from None
+
+    _torch.backward_node_wrapped(node, run)
