@@ -97,7 +97,8 @@ class PredispatchProgram(ExportedProgram):
     def module(self, check_guards: bool = True) -> torch.fx.GraphModule:
         unlifted = super().module(check_guards=check_guards)
         record = program_meta(self)
-        fix_write_backs(unlifted, record.get("write_back", {}), layouts=record.get("layouts", {}))
+        fix_write_backs(unlifted, record.get("write_back", {}), layouts=record.get("layouts", {}),
+                        input_views=record.get("input_views", {}))
         make_output_views(unlifted, record.get("output_views", {}), copy_target_name)
         mutated = mutated_user_inputs(self.graph_signature)
         if mutated:

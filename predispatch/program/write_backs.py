@@ -207,12 +207,16 @@ def _ancestors(node: torch.fx.Node) -> set[torch.fx.Node]:
     return seen
 
 
-def _snapshot_reads(graph: torch.fx.Graph, target: torch.fx.Node, value: torch.fx.Node) -> None:
-    """Readers of ``target`` that compute its new value read a snapshot.
-    Other readers (reads before the mutation, in eager order) see the real
-    tensor, so the version check fails exactly where eager's would."""
+def _snapshot_reads(graph: torch.fx.Graph, target: torch.fx.Node, value: torch.fx.Node,
+                    aliases: list[torch.fx.Node] = ()) -> None:
+    """Readers of ``target`` that compute its new value read a snapshot, as
+    do those of the inputs that are its ``aliases`` (the same tensor given
+    twice: the write-back writes them too). Other readers (reads before the
+    mutation, in eager order) see the real tensor, so the version check
+    fails exactly where eager's would."""
     computing = _ancestors(value) | {value}
-    _read_through_snapshot(graph, target, [u for u in target.users if u in computing])
+    for t in (target, *aliases):
+        _read_through_snapshot(graph, t, [u for u in t.users if u in computing])
 
 
 def _snapshot_all_reads(graph: torch.fx.Graph, write: torch.fx.Node) -> None:
@@ -243,22 +247,24 @@ def _read_through_snapshot(graph: torch.fx.Graph, target: torch.fx.Node, readers
 
 
 def fix_write_backs(gm: torch.fx.GraphModule | torch.fx.Graph, modes: dict[str, str],
-                    target_name=copy_target_name, layouts: dict | None = None) -> None:
+                    target_name=copy_target_name, layouts: dict | None = None, input_views: dict | None = None) -> None:
     """Swap the ``copy_`` write-backs torch writes (``ep.module()``'s unlift,
     ``torch.export.unflatten``) for the mode's function; ``target_name``: the
     mutated state's name (as in the output specs) from the copy's target node.
     A target whose layout or storage changed is written back last (it may
     take the storage of another, written back before: the one that other
-    has before its own layout changes)."""
+    has before its own layout changes). ``input_views``: the record's user
+    inputs that share memory (``trace.input_aliasing``)."""
     graph = gm if isinstance(gm, torch.fx.Graph) else gm.graph
     layouts = layouts or {}
+    aliases = _aliased_inputs(graph, input_views or {})
     relaid = []
     for node in list(graph.nodes):
         if node.op == "call_function" and node.target is torch.ops.aten.copy_.default:
             name = target_name(node.args[0])
             mode = modes.get(name)
             if mode == "grad":
-                _snapshot_reads(graph, *node.args)
+                _snapshot_reads(graph, *node.args, aliases.get(node.args[0], ()))
             elif mode == "rebound":
                 _snapshot_all_reads(graph, node)
             if name in layouts:
@@ -282,6 +288,16 @@ def fix_write_backs(gm: torch.fx.GraphModule | torch.fx.Graph, modes: dict[str, 
         last.meta.update(node.meta)
         node.replace_all_uses_with(last)
         graph.erase_node(node)
+
+
+def _aliased_inputs(graph: torch.fx.Graph, views: dict) -> dict[torch.fx.Node, list[torch.fx.Node]]:
+    """Per user input sharing memory with others (by the record's positions
+    among the graph's placeholders), the placeholders of those others."""
+    inputs = [n for n in graph.nodes if n.op == "placeholder"]
+    groups: dict[int, set[int]] = {}
+    for i, view in views.items():
+        groups.setdefault(view["of"], {view["of"]}).add(int(i))
+    return {inputs[i]: [inputs[j] for j in sorted(group - {i})] for group in groups.values() for i in group}
 
 
 def _state_node(graph: torch.fx.Graph, name: str, target_name) -> torch.fx.Node:
