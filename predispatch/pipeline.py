@@ -118,6 +118,7 @@ def _signature(work: Work) -> None:
     if work.exports_a_module:  # a Function's subgraph: its outputs by position, nothing recorded
         s = work.subject
         module_stacks_into_branches(work.captured.gm)
+        signature.name_inputs_apart_from_state(work.captured)
         signature.sync_output_names(work.captured)
         signature.record_program_meta(work.captured, s.module, s.autocast_policy, s.sharding_layouts,
                                       work.record.grad_mode_after)

@@ -669,3 +669,34 @@ class UpdatedInsideAutocast(torch.nn.Module):
 def test_inputs_and_buffers_updated_inside_autocast(requires_grad):
     assert_matches_eager(UpdatedInsideAutocast(), (torch.randn(2, 4), torch.randn(4, 4)),
                          inputs_require_grad=requires_grad)
+
+
+# --- a user input named as a top-level parameter or buffer (a probe's finding, session 42)
+
+
+class InputsNamedLikeState(torch.nn.Module):
+    """``forward(self, x, *, mask)`` of a module with a parameter ``x`` and a
+    buffer ``mask``, each written in place beside the inputs of their names.
+    ``ep.module()`` took a write-back's target by name, the state's first:
+    the input's new value went into the buffer (or failed on the parameter)."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("mask", torch.zeros(3, 4))
+        self.x = torch.nn.Parameter(torch.randn(4))
+
+    def forward(self, x, *, mask):
+        mask.add_(1)
+        self.mask.add_(2)
+        with torch.no_grad():
+            x.mul_(2)
+            self.x.mul_(0.5)
+        return x * self.x + mask
+
+
+def test_inputs_named_like_state_are_written_back_to_the_caller():
+    args, kwargs = (torch.randn(3, 4),), {"mask": torch.randn(3, 4)}
+    assert_matches_eager(InputsNamedLikeState(), args, kwargs, inputs_require_grad=False)
+    ep = predispatch.export_predispatch(InputsNamedLikeState(), args, kwargs)
+    assert [s.arg.name for s in ep.graph_signature.input_specs if s.kind.name == "USER_INPUT"] == [
+        "x_input", "mask_input"]

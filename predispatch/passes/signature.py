@@ -12,7 +12,7 @@ downstream tools read from the program.
 from __future__ import annotations
 
 import torch
-from torch.export.graph_signature import OutputSpec, SymBoolArgument, SymFloatArgument, SymIntArgument, TensorArgument
+from torch.export.graph_signature import InputSpec, OutputSpec, SymBoolArgument, SymFloatArgument, SymIntArgument, TensorArgument
 
 from .. import _torch
 from ..errors import ExportError
@@ -40,6 +40,29 @@ def record_program_meta(captured, module: torch.nn.Module, autocast_policy, shar
            if captured.record.assumptions else {}),
         **({"ambient_autocast": captured.record.ambient_autocast} if captured.record.ambient_autocast else {}),
     })
+
+
+def name_inputs_apart_from_state(captured: Captured) -> None:
+    """A user input named as a top-level parameter, buffer or constant
+    (``forward(self, x)`` of a module with a buffer ``x``) is named apart:
+    a write-back's target is a name, and ``ep.module()`` (torch's unlift)
+    takes a state's name before an input's, so the input's new value went
+    into the buffer."""
+    sig = captured.signature
+    state = {s.target for s in sig.input_specs if s.kind.name != "USER_INPUT" and s.target}
+    placeholders = {n.name: n for n in captured.gm.graph.nodes if n.op == "placeholder"}
+    for i, spec in enumerate(sig.input_specs):
+        node = placeholders.get(getattr(spec.arg, "name", None))
+        if spec.kind.name != "USER_INPUT" or node is None or node.name not in state:
+            continue
+        old = node.name
+        _torch.rename_placeholder(node, f"{old}_input")
+        node.target = node.name  # as the graph's namespace made it unique
+        sig.input_specs[i] = InputSpec(spec.kind, type(spec.arg)(node.name), spec.target, spec.persistent)
+        sig.output_specs[:] = [OutputSpec(o.kind, o.arg, node.name)
+                               if o.kind.name == "USER_INPUT_MUTATION" and o.target == old else o
+                               for o in sig.output_specs]
+    captured.gm.recompile()
 
 
 # an output the graph names by its node (a SymInt computed in a region is the region's getitem too)

@@ -334,7 +334,8 @@ class Kept:
     """A history kept: ``old``'s on ``new``'s value, read by ``later``. ``kind``:
     the event it keeps it for; what the recorder knew of the tensor
     (``eager_view``: made by a view op, None: not known; ``swapped``: a set_()
-    target); whether it is kept for an update in the caller's mode."""
+    target); whether it is kept for an update in the caller's mode; the
+    event's source line, where the recorder noted it."""
 
     kind: Kind
     old: torch.fx.Node
@@ -343,6 +344,7 @@ class Kept:
     eager_view: bool | None = None
     swapped: bool = False
     in_callers_mode: bool = False
+    where: str | None = None
 
 
 def history_source(node: torch.fx.Node) -> torch.fx.Node:

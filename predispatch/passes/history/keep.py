@@ -43,7 +43,7 @@ def insert_keep(facts: Facts, old: torch.fx.Node, new: torch.fx.Node, after: tor
         return None
     kept.append(Kept(about.kind if about is not None else Kind.CALLERS_MODE_WRITE, old, new, tuple(later),
                      getattr(about, "eager_view", None), getattr(about, "swapped", False),
-                     target is KEEP_HISTORY_IF_NO_GRAD))
+                     target is KEEP_HISTORY_IF_NO_GRAD, getattr(about, "where", None)))
     node = _keep_node(target, old, new, after)
     for user in later:
         _read_kept(facts, user, new, node)

@@ -145,12 +145,34 @@ def history_of_another_shape(kept, facts: Facts, context=None) -> dict | None:
     which eager regenerates through the new layout), unless nothing is lost
     (size-1 dimensions in front: ``unsqueeze_(0)``). Not a view: a tensor that
     no view op made, which view ops hold because it was relaid in place (its
-    history is that of what they view)."""
-    history = chain(kept.old, is_keep)[-1]
+    history is that of what they view). Each history the kept value may
+    carry at run time is checked (:func:`_possible_histories`)."""
+    for history in _possible_histories(kept.old):
+        found = _kept_for_another_shape(kept, history, facts)
+        if found is not None:
+            return found
+    return None
+
+
+def _possible_histories(node: torch.fx.Node) -> list[torch.fx.Node]:
+    """The values whose history ``node`` may carry at run time: through kept
+    histories to the first value that is none; ``keep_history_if_no_grad``
+    passes its old value's under a no_grad caller, its new value's else."""
+    if not is_keep(node):
+        return [node]
+    found = _possible_histories(node.args[0])
+    if node.target is not KEEP_HISTORY:
+        found += [h for h in _possible_histories(node.args[1]) if h not in found]
+    return found
+
+
+def _kept_for_another_shape(kept, history: torch.fx.Node, facts: Facts) -> dict | None:
+    """:func:`history_of_another_shape` for one history ``kept`` may carry."""
     va, vb = history.meta.get("val"), kept.new.meta.get("val")
     origin, in_callers_mode = history_origin(kept.old, through_views=kept.eager_view is False)
     leaf = origin.op == "placeholder"
-    view = not leaf and (_torch.returns_a_view(_first_value(origin, facts)) or _made_as_a_view(kept.old, facts))
+    view = not leaf and (_torch.returns_a_view(_first_value(origin, facts))
+                         or any(_made_as_a_view(n, facts) for n in (kept.old, history)))
     reshaped = not _same_elements_broadcast(tuple(va.shape), tuple(vb.shape))
     moved = kept.swapped and _layout(va) != _layout(vb)
     # the program reduces a gradient to the new shape, then to the history's, which must broadcast
@@ -163,7 +185,7 @@ def history_of_another_shape(kept, facts: Facts, context=None) -> dict | None:
     if not _kept_history_shown(kept, facts, origin, leaf and (in_callers_mode or kept.in_callers_mode),
                                leaf or unreducible, leaf and reshaped):
         return None
-    return {"history": history.name, "shape": tuple(va.shape), "where": location(kept.new, *kept.later),
+    return {"history": history.name, "shape": tuple(va.shape), "where": kept.where or location(kept.new, *kept.later),
             "change": f"another shape {tuple(vb.shape)}" if reshaped else "other memory",
             "eager": ("gives the parameter or input a .grad of the new shape" if leaf else
                       "gives the view history it keeps gradients through the new layout" if view else

@@ -87,8 +87,9 @@ def _mark(state: TraceState, func, args, kwargs, caller) -> None:
     node = func(*args, **kwargs)
     if isinstance(node, torch.fx.Node):
         node.meta[meta_keys.GRAD_BLOCK] = _block_mark(state, caller)
-        for old, new, view, swapped in replaced:
-            state.record.note(write(Kind.NO_GRAD_WRITE, old, new, node, eager_view=view, swapped=swapped))
+        for old, new, view, swapped, where in replaced:
+            state.record.note(write(Kind.NO_GRAD_WRITE, old, new, node, eager_view=view, swapped=swapped,
+                                    where=where))
     spans.after_marker(state, was_enabled, enabling)
     state.grad_mode = torch.is_grad_enabled()
     return None  # what eager's call returns (make_fx hands back its node)

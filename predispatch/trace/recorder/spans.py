@@ -128,8 +128,9 @@ def end_no_grad_span(state: TraceState) -> None:
     replaced = _replaced_in_span(state)
     if replaced:
         exit = _lasting_last_node(_torch.current_tracer().graph)
-        for old, new, view, swapped in replaced:
-            state.record.note(write(Kind.NO_GRAD_WRITE, old, new, exit, eager_view=view, swapped=swapped))
+        for old, new, view, swapped, where in replaced:
+            state.record.note(write(Kind.NO_GRAD_WRITE, old, new, exit, eager_view=view, swapped=swapped,
+                                    where=where))
 
 
 def _lasting_last_node(graph: torch.fx.Graph) -> torch.fx.Node:
@@ -144,8 +145,8 @@ def _lasting_last_node(graph: torch.fx.Graph) -> torch.fx.Node:
 def before_marker(state: TraceState, was_enabled: bool, enabling: bool) -> list:
     """At a grad-mode marker, before it sets the mode (``enabling`` or not) on
     the one the trace had (``was_enabled``): the segment or span it ends.
-    Returns (old, new, made by a view op, set_() target) of the values a
-    no_grad span ending in grad mode replaced."""
+    Returns (old, new, made by a view op, set_() target, where set_()) of
+    the values a no_grad span ending in grad mode replaced."""
     # at every marker, not only where the trace's mode changes: a block may fix
     # the mode the caller's code (where a stale view is replayed) does not
     _materialize_span_views(state)
@@ -190,8 +191,9 @@ def _note_views_at_entry(state: TraceState) -> None:
 
 
 def _replaced_in_span(state: TraceState) -> list:
-    """(old, new, made by a view op, set_() target) of the values the span replaced:
-    tensors it used (noted at first use) and grad-mode views replayed inside it."""
+    """(old, new, made by a view op, set_() target, where the module's code
+    set_() it last) of the values the span replaced: tensors it used (noted
+    at first use) and grad-mode views replayed inside it."""
     pairs = {}
     for t, old in (state.watch or {}).values():
         new = current_node(state, t)
@@ -199,10 +201,10 @@ def _replaced_in_span(state: TraceState) -> list:
             swapped = marks.SWAPPED.of(t)
             if swapped and isinstance(own := marks.OWN_HISTORY.of(t), torch.fx.Node):
                 old = own  # a set_() target's history is its own, whatever its memory held
-            pairs[new] = (old, marks.made_by_a_view(t), swapped)
+            pairs[new] = (old, marks.made_by_a_view(t), swapped, marks.user_swap_location(t))
     for view, old in state.views_at_entry.values():
         new = _torch.materialized_node(view)  # replayed inside the span, or not at all
         if new is not None and new is not old:  # the grad-mode value, even if first used after a mutation
-            pairs[new] = (old, True, marks.SWAPPED.of(view))
+            pairs[new] = (old, True, marks.SWAPPED.of(view), marks.user_swap_location(view))
     state.views_at_entry = {}
-    return [(old, new, view, swapped) for new, (old, view, swapped) in pairs.items()]
+    return [(old, new, *facts) for new, (old, *facts) in pairs.items()]
