@@ -636,3 +636,49 @@ def test_two_losses_of_one_call_given_backward_one_after_the_other():
         torch.testing.assert_close(g, e)
     with pytest.raises(RuntimeError, match="share one backward.*sum of the losses.*retain_graph=True"):
         _two_losses_one_after_the_other(compiled(module, (x, x)), x)
+
+
+class LSTMOnFeatures(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.rnn = torch.nn.LSTM(3, 2)
+
+    def forward(self, x):
+        return self.rnn(x)[0]
+
+
+def test_an_lstm_on_inputs_that_do_not_require_grad_trains_as_eager():
+    """torch's lstm decomposition took mkldnn's inference kernel where the
+    input does not require grad (the weights do): the compiled forward
+    failed on the workspace it does not save."""
+    torch.manual_seed(0)
+    module, x = LSTMOnFeatures(), torch.randn(4, 1, 3)
+    eager, train = copy.deepcopy(module), compiled(module, (x,))
+    for step in range(2):
+        assert_runs_match(run_module(eager, (x,), {}, inputs_require_grad=False),
+                          run_compiled(train, (x,), inputs_require_grad=False), what=f"[step {step}] ")
+
+
+class LinearBatchNorm(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin, self.bn = torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4)
+
+    def forward(self, x):
+        return self.bn(self.lin(x))
+
+
+@pytest.mark.parametrize("exported_training", [True, False], ids=["train", "eval"])
+def test_the_mode_is_the_exported_one(exported_training):
+    """The graphs compute as the module did when exported (BatchNorm's batch
+    statistics or its running ones): switching to the other mode is refused,
+    where it ran the exported mode's graphs silently."""
+    module, x = LinearBatchNorm().train(exported_training), torch.randn(8, 4)
+    train = compiled(module, (x,))
+    assert train.training is exported_training
+    train.train(exported_training)  # a loop's model.train() (or .eval()) in the exported mode
+    assert_runs_match(run_module(copy.deepcopy(module), (x,), {}), run_compiled(train, (x,)))
+    other = "eval" if exported_training else "train"
+    with pytest.raises(NotImplementedError, match=f"exported with the module in .* mode.*cannot switch to {other}"):
+        train.train(not exported_training)
+    assert train.training is exported_training

@@ -97,6 +97,27 @@ def saved_tensors_freed(node) -> bool:
     return False
 
 
+def lstm_for_training():
+    """While AOTAutograd traces: torch's decomposition of ``aten.lstm``
+    takes mkldnn's inference kernel only where nothing requires grad. It
+    takes it where the input does not (the weights may): that kernel saves
+    no workspace, and AOTAutograd's forward fails on the ``None`` it saves
+    for the backward."""
+    from torch._decomp import decompositions
+
+    from .patching import patched
+
+    def select(original):
+        def select_one_layer_lstm_function(input, hx, params):
+            tensors = [input, *hx, *(p for layer in params for p in layer)]
+            if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+                return decompositions.one_layer_lstm
+            return original(input, hx, params)
+        return select_one_layer_lstm_function
+
+    return patched(decompositions, "select_one_layer_lstm_function", select)
+
+
 @contextlib.contextmanager
 def no_donated_buffers():
     """While AOTAutograd compiles: no "donated buffers" (saved tensors the

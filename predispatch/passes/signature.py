@@ -5,7 +5,7 @@ record (:mod:`predispatch.ir.program_meta`) says how each mutated parameter,
 buffer and input is written back (its mode, its layout and storage), which
 user inputs the trace saw as views of others, the user outputs eager returns as
 views of an input the forward wrote, the backward autocast policy, the module
-order, the sharding layouts, the data-dependent branches assumed and the
+order and its train/eval mode, the sharding layouts, the data-dependent branches assumed and the
 autocast the export ran under: what ``ep.module()`` and the
 downstream tools read from the program.
 """
@@ -33,6 +33,7 @@ def record_program_meta(captured, module: torch.nn.Module, autocast_policy, shar
         **({"output_views": views} if (views := output_views(captured)) else {}),
         "autocast_policy": autocast_policy.to_json(),
         "module_order": module_order(module),
+        "training": module.training,
         **({"grad_mode_after": grad_mode_after} if grad_mode_after is not None else {}),
         **({"sharding": {name: layout.to_json() for name, layout in sharding_layouts.items()}}
            if sharding_layouts else {}),

@@ -34,6 +34,7 @@ class Program:
     shapes: ProgramShapes
     backend: Backend
     reads_generators: bool = False  # joint.reads_generators
+    training: bool | None = None  # the module's mode at export (None: not recorded, an older program)
 
 class Variant:
     """The program traced for one kind of call (a :class:`CallKey`), on
@@ -112,6 +113,8 @@ class CompiledTraining(torch.nn.Module):
     def __init__(self, program: Program, grad_mode_after: bool | None = None):
         super().__init__()
         adopt_state(self, program.module)
+        if program.training is not None:
+            self.training = program.training
         # Not submodules: the traced module and graphs are how it runs, not
         # state of its own (named_parameters, state_dict are the module's).
         # Attributes of the instance (not nn.Module's tables), named apart from the
@@ -122,6 +125,18 @@ class CompiledTraining(torch.nn.Module):
             _state=LiftedState(program.module),
             _variants=collections.OrderedDict(),  # by the key they were traced for
             _calls=collections.OrderedDict())  # a call's exact key -> its variant
+
+    def train(self, mode: bool = True):
+        """As exported only: the graphs compute as the module did then (batch
+        statistics and dropout in train mode), and cannot switch."""
+        exported = self._program.training
+        if exported is not None and mode != exported:
+            raise NotImplementedError(
+                f"compile_training: the program was exported with the module in {_mode(exported)} mode; its "
+                f"graphs compute as {_mode(exported)} mode does (BatchNorm's statistics, dropout) and cannot "
+                f"switch to {_mode(mode)} mode. Export the module in {_mode(mode)} mode for that "
+                f"(model.{'train' if mode else 'eval'}(), then export_predispatch), or run the eager module")
+        return super().train(mode)
 
     @property
     def forward_graph(self) -> torch.fx.GraphModule:
@@ -206,6 +221,10 @@ class CompiledTraining(torch.nn.Module):
             del self._variants[stale]
         for stale in [k for k in self._calls if k.state != state]:
             del self._calls[stale]
+
+
+def _mode(training: bool) -> str:
+    return "train" if training else "eval"
 
 
 def adopt_state(owner: torch.nn.Module, module: torch.nn.Module) -> None:
