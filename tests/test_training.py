@@ -682,3 +682,26 @@ def test_the_mode_is_the_exported_one(exported_training):
     with pytest.raises(NotImplementedError, match=f"exported with the module in .* mode.*cannot switch to {other}"):
         train.train(not exported_training)
     assert train.training is exported_training
+
+
+class Recurrent(torch.nn.Module):
+    def __init__(self, layer):
+        super().__init__()
+        self.rnn = layer(3, 4, num_layers=2, dropout=0.5, bidirectional=True, batch_first=True)
+
+    def forward(self, x):
+        return self.rnn(x)[0]
+
+
+@pytest.mark.parametrize("layer", [torch.nn.RNN, torch.nn.GRU, torch.nn.LSTM])
+def test_dropout_between_recurrent_layers_draws_as_eager(layer):
+    """torch's decomposition of a multi-layer RNN dropped its inter-layer
+    dropout; the masks, and the generator's state after them, are eager's."""
+    torch.manual_seed(0)
+    module, x = Recurrent(layer), torch.randn(2, 3, 3)
+    eager, train = copy.deepcopy(module), compiled(module, (x,))
+    for step in range(2):
+        expected, next_draw = run_module(eager, (x,), {}, seed=step), torch.rand(3)
+        got = run_compiled(train, (x,), seed=step)
+        assert_runs_match(expected, got, what=f"[step {step}] ")
+        assert torch.equal(torch.rand(3), next_draw)

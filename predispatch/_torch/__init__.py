@@ -221,11 +221,11 @@ from .autograd import (  # noqa: E402,F401
     inputs_of_node,
     is_compiled_backward_node,
     is_tangent,
-    lstm_for_training,
     no_donated_buffers,
     partitioned_after,
     pass_absent_gradients,
     retrace_subgraph,
+    rnns_for_training,
     saved_tensors_freed,
     tangents_are_plain,
 )

@@ -97,12 +97,20 @@ def saved_tensors_freed(node) -> bool:
     return False
 
 
-def lstm_for_training():
-    """While AOTAutograd traces: torch's decomposition of ``aten.lstm``
-    takes mkldnn's inference kernel only where nothing requires grad. It
-    takes it where the input does not (the weights may): that kernel saves
-    no workspace, and AOTAutograd's forward fails on the ``None`` it saves
-    for the backward."""
+@contextlib.contextmanager
+def rnns_for_training():
+    """While AOTAutograd traces: torch's decompositions of the recurrent
+    layers (``aten.lstm``, ``gru``, ``rnn_tanh``, ``rnn_relu``) as eager
+    runs them in training.
+
+    - mkldnn's inference kernel for an lstm layer only where nothing
+      requires grad. torch takes it where the input does not (the weights
+      may): that kernel saves no workspace, and AOTAutograd's forward fails
+      on the ``None`` it saves for the backward.
+    - Dropout between the layers (``dropout=`` of a multi-layer RNN in
+      train mode). torch's ``_rnn_helper`` sets it to zero before the first
+      layer (``num_layers < i - 1`` is never true), and the compiled step
+      drew no mask at all."""
     from torch._decomp import decompositions
 
     from .patching import patched
@@ -115,7 +123,33 @@ def lstm_for_training():
             return original(input, hx, params)
         return select_one_layer_lstm_function
 
-    return patched(decompositions, "select_one_layer_lstm_function", select)
+    with patched(decompositions, "select_one_layer_lstm_function", select), \
+            patched(decompositions, "_rnn_helper", lambda original: _rnn_layers):
+        yield
+
+
+def _rnn_layers(input, hidden, params, has_biases, num_layers, dropout, train, bidirectional, batch_first,
+                layer_fn):
+    """torch's ``decompositions._rnn_helper`` with the dropout eager applies
+    after each layer but the last, in train mode."""
+    from torch._decomp.decompositions import params_hiddens
+
+    input = input.transpose(0, 1) if batch_first else input
+    final_hiddens = []
+    for i in range(num_layers):
+        cur_params, cur_hidden, bidir_params, bidir_hidden = params_hiddens(params, hidden, i, bidirectional)
+        fwd_inp, fwd_hidden = layer_fn(input, cur_hidden, cur_params, has_biases)
+        final_hiddens.append(fwd_hidden)
+        if bidirectional:
+            bwd_inp, bwd_hidden = layer_fn(input, bidir_hidden, bidir_params, has_biases, reverse=True)
+            final_hiddens.append(bwd_hidden)
+            input = torch.cat([fwd_inp, bwd_inp], fwd_inp.dim() - 1)
+        else:
+            input = fwd_inp
+        if dropout != 0 and train and i < num_layers - 1:
+            input = torch.dropout(input, dropout, train=True)
+    input = input.transpose(0, 1) if batch_first else input
+    return input, final_hiddens
 
 
 @contextlib.contextmanager

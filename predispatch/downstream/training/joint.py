@@ -137,7 +137,7 @@ def trace(flat: FlatModule, key: CallKey, examples: list, backward_autocast, bac
     Returns (compiled function, forward graph, backward graph or None)."""
     graphs: dict = {}
     bwd = backward_autocast if isinstance(backward_autocast, str) else list(backward_autocast)
-    with (_torch.backward_pass_autocast(bwd), _torch.no_donated_buffers(), _torch.lstm_for_training(),
+    with (_torch.backward_pass_autocast(bwd), _torch.no_donated_buffers(), _torch.rnns_for_training(),
           autocast_entered(as_autocast_kwargs(dict(key.autocast))), torch.set_grad_enabled(key.grad_enabled)):
         compiled = backend.compile(flat, examples, flat.num_outputs, graphs, reads_generators)
     return compiled, graphs["forward"], graphs.get("backward")
