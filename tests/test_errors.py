@@ -167,6 +167,89 @@ class AssignsData(torch.nn.Module):
         return self.lin(x)
 
 
+class RandomIntegersInPlace(torch.nn.Module):
+    def forward(self, x):
+        y = x * 2
+        y.random_(0, 10)  # aten.random.from: "from" is a Python keyword
+        return y
+
+
+class DetachesInputInPlace(torch.nn.Module):
+    def forward(self, x):
+        x.detach_()  # the caller's tensor loses its history
+        return x * 2
+
+
+class UnsetsRequiresGrad(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.ones(3))
+        self.register_buffer("b", torch.ones(3))
+
+    def forward(self, x):
+        self.b.requires_grad_(False)  # a buffer: nothing changes, exported
+        self.w.requires_grad_(False)  # the module's parameter stops requiring grad
+        return x * self.w * self.b
+
+
+class BufferViewOfAnother(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("b", torch.zeros(3, 4))
+        self.register_buffer("row", self.b[1])
+
+    def forward(self, x):
+        self.row.add_(1)  # eager's self.b sees it
+        return x + self.b
+
+
+class ForeachOfOneBufferTwice(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("b", torch.ones(3))
+
+    def forward(self, x):
+        torch._foreach_mul_([self.b, self.b], 2.0)  # eager: b * 4
+        return x * self.b
+
+
+class SetsABufferToNothing(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("b", torch.randn(3, 4))
+
+    def forward(self, x):
+        self.b.set_()  # new empty memory
+        return x * 2
+
+
+class FunctionClosingOverABuffer(torch.nn.Module):
+    """An autograd.Function's forward reaching a buffer through its closure,
+    not through apply()'s inputs: read, or written."""
+
+    def __init__(self, writes: bool):
+        super().__init__()
+        self.register_buffer("b", torch.ones(3))
+        self.writes = writes
+
+    def forward(self, x):
+        b, writes = self.b, self.writes
+
+        class Scale(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, t):
+                if writes:
+                    b.add_(1)
+                    return t * 2
+                return t * b
+
+            @staticmethod
+            def backward(ctx, g):
+                return g * 2
+
+        return Scale.apply(x) + self.b
+
+
 class NumpyLayerDrop(torch.nn.Module):
     def forward(self, x):
         import numpy as np
@@ -211,6 +294,16 @@ class CustomBackwardThatCannotRun(torch.nn.Module):
      "neither a parameter, a buffer nor", "self.total.add_("),
     (MutatesGlobalTensor(), (torch.randn(2, 4),), "neither a parameter, a buffer nor",
      "_GLOBAL_TOTAL.add_(x)"),
+    (RandomIntegersInPlace(), (torch.randn(3),), "cannot name this op", "y.random_(0, 10)"),
+    (BufferViewOfAnother(), (torch.randn(3, 4),), "shares memory with 'b'", "self.row.add_(1)"),
+    (ForeachOfOneBufferTwice(), (torch.randn(3),), "is given one tensor (or memory) twice",
+     "torch._foreach_mul_([self.b, self.b], 2.0)"),
+    (SetsABufferToNothing(), (torch.randn(3),), "set_() with no source", "self.b.set_()"),
+    (FunctionClosingOverABuffer(writes=False), (torch.randn(3),), "through its closure", "return t * b"),
+    (FunctionClosingOverABuffer(writes=True), (torch.randn(3),), "through its",
+     "return Scale.apply(x) + self.b"),
+    (DetachesInputInPlace(), (torch.randn(3),), "detach_() on a parameter, buffer or input", "x.detach_()"),
+    (UnsetsRequiresGrad(), (torch.randn(3),), "requires_grad set to False", "self.w.requires_grad_(False)"),
     (NumpyLayerDrop(), (torch.randn(3),), "random numbers drawn with numpy.random",
      "np.random.random()"),
     (PythonRandomScale(), (torch.randn(3),), "random numbers drawn with Python's random",

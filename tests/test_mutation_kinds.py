@@ -700,3 +700,68 @@ def test_inputs_named_like_state_are_written_back_to_the_caller():
     ep = predispatch.export_predispatch(InputsNamedLikeState(), args, kwargs)
     assert [s.arg.name for s in ep.graph_signature.input_specs if s.kind.name == "USER_INPUT"] == [
         "x_input", "mask_input"]
+
+
+class TimesWeightTimes(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(4))
+
+    def forward(self, x, y):
+        return x * self.w * y
+
+
+def test_a_program_exported_with_one_tensor_twice_refuses_two():
+    """torch reads one tensor for both inputs of ``f(x, x)`` (a fake tensor
+    per tensor): the program holds for calls that repeat it, and refuses
+    two tensors, where it computed with one of them."""
+    x = torch.randn(3, 4)
+    program = predispatch.export_predispatch(TimesWeightTimes(), (x, x)).module()
+    assert_matches_eager(TimesWeightTimes(), (x, x))
+    with pytest.raises(RuntimeError, match="inputs 0 and 1 of this call are two tensors.*gave one tensor for both"):
+        program(torch.randn(3, 4), torch.randn(3, 4))
+
+
+class SetToAnInputUnderNoGrad(torch.nn.Module):
+    """A tensor without history given an input's memory under no_grad keeps
+    its own (no) history in eager; the program's new value is a view of the
+    input made under no_grad, which requires grad as the input does."""
+
+    def __init__(self, buffer: bool):
+        super().__init__()
+        self.register_buffer("b", torch.zeros(3, 4))
+        self.buffer = buffer
+
+    def forward(self, x):
+        y = self.b if self.buffer else torch.zeros(3, 4)
+        with torch.no_grad():
+            y.set_(x)
+        return y * 2
+
+
+@pytest.mark.parametrize("buffer", [False, True], ids=["made-in-forward", "buffer"])
+def test_a_tensor_set_to_an_input_under_no_grad_keeps_its_own_history(buffer):
+    assert_matches_eager(SetToAnInputUnderNoGrad(buffer), (torch.randn(3, 4),), inputs_with_history=True)
+    assert_matches_eager(SetToAnInputUnderNoGrad(buffer), (torch.randn(3, 4),))
+
+
+class WritesThroughAnIntegerView(torch.nn.Module):
+    """A write through a view of a floating tensor as integers: autograd does
+    not track that view, so the tensor keeps its history (like a write
+    through ``detach()``); the program's value had none."""
+
+    def __init__(self, of_input: bool):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(4))
+        self.of_input = of_input
+
+    def forward(self, x):
+        y = x if self.of_input else x * self.w
+        y.view(torch.int32).bitwise_and_(-2)
+        return y * self.w if self.of_input else y
+
+
+@pytest.mark.parametrize("of_input", [False, True], ids=["intermediate", "input"])
+def test_a_write_through_an_integer_view_keeps_the_history(of_input):
+    assert_matches_eager(WritesThroughAnIntegerView(of_input), (torch.randn(3, 4),), inputs_require_grad=False)
+    assert_matches_eager(WritesThroughAnIntegerView(of_input), (torch.randn(3, 4),), inputs_with_history=True)

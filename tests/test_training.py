@@ -10,7 +10,7 @@ import torch
 from torch.export import Dim
 
 import predispatch
-from predispatch.testing.eager import assert_runs_match, fresh_inputs, run_module
+from predispatch.testing.eager import assert_matches_eager, assert_runs_match, fresh_inputs, run_module
 from predispatch.downstream.training import CallNotSupportedError
 
 
@@ -705,3 +705,82 @@ def test_dropout_between_recurrent_layers_draws_as_eager(layer):
         got = run_compiled(train, (x,), seed=step)
         assert_runs_match(expected, got, what=f"[step {step}] ")
         assert torch.equal(torch.rand(3), next_draw)
+
+
+class TimesWeightTimes(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(4))
+
+    def forward(self, x, y):
+        return x * self.w * y
+
+
+class WritesSecond(TimesWeightTimes):
+    def forward(self, x, y):
+        y.mul_(2)
+        return x * self.w
+
+
+@pytest.mark.parametrize("make, example", [
+    (TimesWeightTimes, lambda t: (t, t)),  # one tensor twice: the trace reads one for both
+    (WritesSecond, lambda t: (t, t[1])),  # a view of another, written: the program writes through both
+], ids=["repeated", "view-written"])
+def test_inputs_sharing_memory_unlike_the_export_are_refused(make, example):
+    """As ``ep.module()`` refuses them; a call sharing memory as the export's did matches eager."""
+    torch.manual_seed(0)
+    module = make()
+    train = compiled(module, example(torch.randn(6, 4)))
+    with torch.no_grad():
+        same = example(torch.randn(6, 4))
+    assert_runs_match(run_module(copy.deepcopy(module), same, {}, inputs_require_grad=False),
+                      run_compiled(train, same, inputs_require_grad=False))
+    apart = tuple(torch.randn(x.shape) for x in same)
+    with pytest.raises(CallNotSupportedError, match="(two tensors|share memory otherwise)"):
+        train(*apart)
+
+
+class RelaysInput(torch.nn.Module):
+    def __init__(self, relayout, write: bool):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(8))
+        self.relayout, self.write = relayout, write
+
+    def forward(self, x):
+        self.relayout(x)
+        if self.write:
+            x.mul_(2)
+        return x.sum() * self.w
+
+
+@pytest.mark.parametrize("relayout", [
+    torch.Tensor.t_, lambda x: x.transpose_(0, 1), lambda x: x.unsqueeze_(0),
+    lambda x: x.as_strided_((2, 16), (16, 1)),
+], ids=["t_", "transpose_", "unsqueeze_", "as_strided_"])
+@pytest.mark.parametrize("write", [False, True], ids=["relaid", "relaid-and-written"])
+def test_an_input_relaid_in_place_is_left_relaid_for_the_caller(relayout, write):
+    """As eager and ``ep.module()`` leave it (the caller's tensor kept its old shape)."""
+    assert_compiled_matches_eager(RelaysInput(relayout, write), (torch.randn(4, 8),), inputs_require_grad=False)
+
+
+class NormUnderTwoNames(torch.nn.Module):
+    """A BatchNorm held under two names (``self.final_norm = self.blocks[-1].norm``):
+    the program reads its statistics under one name and writes them back
+    under the other; the read its backward saves must be a snapshot."""
+
+    def __init__(self):
+        super().__init__()
+        self.bn = torch.nn.BatchNorm1d(4)
+        self.alias = self.bn
+
+    def forward(self, x):
+        return self.bn(x)
+
+
+def test_a_norm_under_two_names_trains_as_eager():
+    torch.manual_seed(0)
+    module, x = NormUnderTwoNames(), torch.randn(3, 4)
+    assert_matches_eager(module, (x,))
+    eager, train = copy.deepcopy(module), compiled(module, (x,))
+    for step in range(2):
+        assert_runs_match(run_module(eager, (x,), {}), run_compiled(train, (x,)), what=f"[step {step}] ")

@@ -12,9 +12,11 @@ downstream tools read from the program.
 from __future__ import annotations
 
 import torch
-from torch.export.graph_signature import InputSpec, OutputSpec, SymBoolArgument, SymFloatArgument, SymIntArgument, TensorArgument
+from torch.export.graph_signature import (InputSpec, OutputSpec, SymBoolArgument, SymFloatArgument, SymIntArgument,
+                                          TensorArgument)
 
 from .. import _torch
+from .._torch import pytree
 from ..errors import ExportError
 from ..ir.assumptions import META_FIELD as ASSUMPTIONS
 from ..ir.program_meta import set_program_meta
@@ -30,6 +32,8 @@ def record_program_meta(captured, module: torch.nn.Module, autocast_policy, shar
         "write_back": write_back_modes(captured),
         "layouts": layout_changes(captured),
         "input_views": input_aliasing.to_json(captured.record.input_views),
+        **({"repeated_inputs": repeated} if (repeated := input_aliasing.repeated_inputs(
+            pytree.tree_leaves((captured.args, captured.kwargs)))) else {}),
         **({"output_views": views} if (views := output_views(captured)) else {}),
         "autocast_policy": autocast_policy.to_json(),
         "module_order": module_order(module),

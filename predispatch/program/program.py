@@ -100,9 +100,8 @@ class PredispatchProgram(ExportedProgram):
         fix_write_backs(unlifted, record.get("write_back", {}), layouts=record.get("layouts", {}),
                         input_views=record.get("input_views", {}))
         make_output_views(unlifted, record.get("output_views", {}), copy_target_name)
-        mutated = mutated_user_inputs(self.graph_signature)
-        if mutated:
-            check_input_aliasing(unlifted, record.get("input_views", {}), mutated)
+        check_input_aliasing(unlifted, record.get("input_views", {}), mutated_user_inputs(self.graph_signature),
+                             record.get("repeated_inputs", {}))
         check_ambient_autocast_at_calls(unlifted, record.get("ambient_autocast"))
         restore_module_order(unlifted, program_meta(self).get("module_order", []))
         leave_grad_mode(unlifted, record.get("grad_mode_after"))

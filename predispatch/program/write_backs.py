@@ -10,6 +10,7 @@ and layouts travel in the program's record (:mod:`predispatch.ir.program_meta`).
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import torch
 
@@ -176,7 +177,8 @@ def _grow_storage(t: torch.Tensor, size, stride, offset) -> None:
 
 
 for _write_back in (*_WRITE_BACK.values(), write_back_layout,  # dead-code elimination keeps them
-                    input_aliasing.check_inputs_alias_as_exported, mark_rebound):
+                    input_aliasing.check_inputs_alias_as_exported, input_aliasing.check_inputs_repeated_as_exported,
+                    mark_rebound):
     _torch.mark_side_effectful(_write_back)
 
 
@@ -258,6 +260,8 @@ def fix_write_backs(gm: torch.fx.GraphModule | torch.fx.Graph, modes: dict[str, 
     graph = gm if isinstance(gm, torch.fx.Graph) else gm.graph
     layouts = layouts or {}
     aliases = _aliased_inputs(graph, input_views or {})
+    if isinstance(gm, torch.fx.GraphModule):
+        aliases.update(_state_read_under_two_names(gm))
     relaid = []
     for node in list(graph.nodes):
         if node.op == "call_function" and node.target is torch.ops.aten.copy_.default:
@@ -300,6 +304,20 @@ def _aliased_inputs(graph: torch.fx.Graph, views: dict) -> dict[torch.fx.Node, l
     return {inputs[i]: [inputs[j] for j in sorted(group - {i})] for group in groups.values() for i in group}
 
 
+def _state_read_under_two_names(gm: torch.fx.GraphModule) -> dict[torch.fx.Node, list[torch.fx.Node]]:
+    """Per read of a parameter or buffer the module holds under two names
+    (``self.a = self.bn``), the reads of it under the others."""
+    reads: dict[int, list[torch.fx.Node]] = {}
+    for node in gm.graph.nodes:
+        if node.op == "get_attr":
+            try:
+                held = functools.reduce(getattr, node.target.split("."), gm)
+            except AttributeError:
+                continue
+            reads.setdefault(id(held), []).append(node)
+    return {n: [m for m in group if m is not n] for group in reads.values() if len(group) > 1 for n in group}
+
+
 def _state_node(graph: torch.fx.Graph, name: str, target_name) -> torch.fx.Node:
     """The node reading input, parameter or buffer ``name`` (named as
     ``target_name`` names them), made if the graph has none."""
@@ -329,14 +347,18 @@ def mutated_user_inputs(signature) -> list[int]:
     return [users.index(s.target) for s in signature.output_specs if s.kind.name == "USER_INPUT_MUTATION"]
 
 
-def check_input_aliasing(unlifted: torch.fx.GraphModule, views: dict, mutated: list[int]) -> None:
+def check_input_aliasing(unlifted: torch.fx.GraphModule, views: dict, mutated: list[int], repeated: dict) -> None:
     """A program that mutates an input first checks that the call's inputs
     share memory as the example inputs did, where it matters (see
-    :mod:`predispatch.trace.input_aliasing`)."""
+    :mod:`predispatch.trace.input_aliasing`); one whose example inputs gave
+    a tensor twice, that the call does too."""
     graph = unlifted.graph
     inputs = [n for n in graph.nodes if n.op == "placeholder"]
     with graph.inserting_after(inputs[-1]):
-        graph.call_function(input_aliasing.check_inputs_alias_as_exported, (views, mutated, *inputs))
+        if repeated:
+            graph.call_function(input_aliasing.check_inputs_repeated_as_exported, (repeated, *inputs))
+        if mutated:
+            graph.call_function(input_aliasing.check_inputs_alias_as_exported, (views, mutated, *inputs))
     unlifted.recompile()
 
 

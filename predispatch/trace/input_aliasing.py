@@ -61,6 +61,11 @@ def storage(t: torch.Tensor):
 _ELEMENTS_COMPARED = 1 << 16
 
 
+def share_elements(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Do ``a`` and ``b`` share an element of memory (see :func:`_overlap`)?"""
+    return _overlap(a, b)
+
+
 def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Do ``a`` and ``b`` share an element of memory? Interleaved views of
     one base (``x[:, 0:2]``, ``x[:, 2:4]``) share none although their spans
@@ -263,6 +268,41 @@ def check_inputs_alias_as_exported(views: dict, mutated: list, *inputs) -> None:
             f"exported with did (exported: {_describe(expected)}; this call: "
             f"{_describe(found)}), and the program mutates an input: it would compute as if "
             "they aliased as at export; export it again with inputs that alias as these do")
+
+
+def repeated_inputs(leaves: list) -> dict[str, int]:
+    """Per input leaf that is the same tensor as an earlier one (``f(x, x)``),
+    that one's position: the trace reads one tensor for both (torch makes
+    one fake tensor per tensor), so the program holds only for calls that
+    repeat it too."""
+    first: dict[int, int] = {}
+    repeated = {}
+    for i, x in enumerate(leaves):
+        if isinstance(x, torch.Tensor):
+            if id(x) in first:
+                repeated[str(i)] = first[id(x)]
+            first.setdefault(id(x), i)
+    return repeated
+
+
+def check_inputs_repeated_as_exported(repeated: dict, *inputs) -> None:
+    """Raise unless each input the example inputs gave as the same tensor as
+    an earlier one (``repeated``: :func:`repeated_inputs`) is that one in
+    this call too, or a tensor of its memory and layout."""
+    if any(_is_traced(t) for t in inputs):
+        return
+    for i, j in repeated.items():
+        a, b = inputs[int(i)], inputs[j]
+        if a is not b and not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and _same_memory(a, b)):
+            raise RuntimeError(
+                f"inputs {j} and {i} of this call are two tensors, where the example inputs the program was "
+                f"exported with gave one tensor for both (f(x, x)): the program reads one tensor for both; "
+                "export it again with distinct tensors to call it with distinct ones")
+
+
+def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return (storage(a) == storage(b) and a.storage_offset() == b.storage_offset()
+            and a.shape == b.shape and a.stride() == b.stride() and a.dtype == b.dtype)
 
 
 def _from_json(views: dict) -> dict[int, View]:

@@ -41,7 +41,7 @@ from ...ir.assumptions import assumptions
 from ...ir.program_meta import program_meta
 from ...policies.autocast_policy import autocast_policy
 from .backends import Backend, CompileError
-from .calls import CallKey, CallNotSupportedError, ProgramShapes, mutated_inputs
+from .calls import CallKey, CallNotSupportedError, ProgramShapes, aliasing_check, mutated_inputs
 from .compiled import CompiledTraining, Program
 from .joint import for_autograd_tracing, reads_generators
 
@@ -94,7 +94,7 @@ def compile_training(ep, backend="eager", *, options: dict | None = None) -> Com
         shapes = ProgramShapes(tuple({} for _ in leaves), {})
     module = for_autograd_tracing(ep.module(), program_meta(ep).get("ambient_autocast"))
     program = Program(module, in_spec, len(ep.graph_signature.user_outputs), policy, mutated_inputs(ep), shapes,
-                      backend, reads_generators(module), program_meta(ep).get("training"))
+                      backend, reads_generators(module), program_meta(ep).get("training"), aliasing_check(ep))
     train = CompiledTraining(program, program_meta(ep).get("grad_mode_after"))
     args, kwargs = ep.example_inputs
     key = CallKey.of(leaves, program.mutated, True, train._state)

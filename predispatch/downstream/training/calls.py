@@ -12,6 +12,8 @@ import torch
 from torch.export.graph_signature import InputKind
 
 from ... import _torch
+from ...ir.program_meta import program_meta
+from ...trace import input_aliasing
 from .autocast import ambient_autocast
 
 
@@ -99,13 +101,15 @@ class CallKey:
     autocast: tuple  # the ambient autocast state, as sorted (device, dtype) pairs
     trainable: tuple  # which parameters and buffers require grad (frozen ones get no gradient output)
     state: tuple  # LiftedState: the traced function holds the tensors it lifted
+    aliasing: tuple = ()  # shared_memory(leaves): a new pattern is checked against the export's
 
     @classmethod
     def of(cls, leaves: list, mutated: frozenset, grad_enabled: bool, state: LiftedState) -> CallKey:
         inputs = tuple(TensorInput.of(x, i in mutated) if isinstance(x, torch.Tensor)
                        else ConstantInput(type(x), x) for i, x in enumerate(leaves))
         tensors, trainable = state.read()
-        return cls(inputs, grad_enabled, tuple(sorted(ambient_autocast().items())), trainable, tensors)
+        return cls(inputs, grad_enabled, tuple(sorted(ambient_autocast().items())), trainable, tensors,
+                   shared_memory(leaves))
 
     def generalized(self, leaves: list, shapes: ProgramShapes) -> CallKey:
         """The key of a trace for every size the program allows: its dynamic
@@ -134,6 +138,45 @@ class CallKey:
         examples = [x.example(hint) for (x, _), hint in zip(tensors, hints)]
         dims = [d if x.stride is None else {} for x, d in tensors]
         return _torch.symbolic_examples(examples, dims, shapes.ranges)
+
+
+def shared_memory(leaves: list) -> tuple:
+    """Which tensor inputs share memory with an earlier one: per input leaf,
+    (that one's position, its own storage offset), or None. The traced
+    graphs hold for the pattern of the export's example inputs only
+    (``ep.module()`` checks it, ``input_aliasing``); a call of another
+    pattern is checked as it would be (:meth:`CompiledTraining.variant`)."""
+    first, pattern = {}, []
+    for i, x in enumerate(leaves):
+        key = _storage_of(x)
+        pattern.append(None if key is None or key not in first else (first[key], x.storage_offset()))
+        if key is not None:
+            first.setdefault(key, i)
+    return tuple(pattern) if any(p is not None for p in pattern) else ()
+
+
+def _storage_of(x) -> int | None:
+    if not isinstance(x, torch.Tensor) or type(x) is not torch.Tensor and not isinstance(x, torch.nn.Parameter):
+        return None  # a subclass (a DTensor's local shards are its own)
+    storage = x.untyped_storage()
+    return storage.data_ptr() if storage.nbytes() else None
+
+
+def aliasing_check(ep):
+    """``ep.module()``'s checks of the memory a call's inputs share (a
+    function of the flat input leaves), or None where it has none."""
+    record = program_meta(ep)
+    views, repeated, mutated = record.get("input_views", {}), record.get("repeated_inputs", {}), mutated_inputs(ep)
+    if not repeated and not mutated:
+        return None
+
+    def check(leaves: list) -> None:
+        if repeated:
+            input_aliasing.check_inputs_repeated_as_exported(repeated, *leaves)
+        if mutated:
+            input_aliasing.check_inputs_alias_as_exported(views, sorted(mutated), *leaves)
+
+    return check
 
 
 def mutated_inputs(ep) -> frozenset:

@@ -35,6 +35,7 @@ class Program:
     backend: Backend
     reads_generators: bool = False  # joint.reads_generators
     training: bool | None = None  # the module's mode at export (None: not recorded, an older program)
+    check_aliasing: object = None  # (flat input leaves) -> None, raising for memory shared unlike the export's
 
 class Variant:
     """The program traced for one kind of call (a :class:`CallKey`), on
@@ -190,6 +191,8 @@ class CompiledTraining(torch.nn.Module):
         self._drop_stale(key.state)
         try:
             _torch.check_call_inputs(self._program.module, args, kwargs)
+            if self._program.check_aliasing is not None:
+                self._program.check_aliasing(leaves)
         except RuntimeError as e:
             raise CallNotSupportedError(f"the compiled program cannot take these inputs: {e}") from None
         tensors = [x for x in leaves if isinstance(x, torch.Tensor)]

@@ -15,7 +15,8 @@ from ...ir.autograd_function_op import AUTOGRAD_FUNCTION, run_autograd_function
 from ...program.ambient import dtype_guard
 from ...program.program import leave_caller_in_grad_mode
 from ...program.run_time_calls import DTYPE_GUARD
-from ...program.write_backs import read_before_mutation, write_back_under_no_grad, write_back_with_grad
+from ...program.write_backs import (read_before_mutation, write_back_layout, write_back_under_no_grad,
+                                      write_back_with_grad)
 from .autocast import as_autocast_kwargs, autocast_entered
 from .calls import CallKey
 from .backends import Backend
@@ -46,10 +47,27 @@ def _autograd_function_applied(fwd, bwd, *inputs, **spec):
         return run_autograd_function(fwd, bwd, *inputs, **spec)
 
 
+def _write_back_layout_for_autograd(target: torch.Tensor, value: torch.Tensor, source, layout: dict, mode):
+    """``program.write_back_layout`` as AOTAutograd can trace it: a tensor
+    relaid on its own memory (``x.t_()``) by ``as_strided_``, the metadata
+    change it carries out to the caller's tensor after the call (the
+    program's ``set_`` to a view of itself it does not see). One whose
+    values were written too is the program's: AOTAutograd cannot write an
+    input's data and layout back both."""
+    size, stride, offset = layout["size"], layout["stride"], layout["offset"]
+    if (mode is not None or layout["storage"] != "own" or layout.get("dtype") is not None or layout.get("as_started")
+            or size is None or _torch.storage_extent(size, stride, target.storage_offset() + offset)
+            * target.element_size() > target.untyped_storage().nbytes()):
+        return write_back_layout(target, value, source, layout, mode)
+    with torch.no_grad():
+        return target.as_strided_(size, stride, target.storage_offset() + offset)
+
+
 _FOR_AUTOGRAD = {write_back_with_grad: _write_back_for_autograd,
                  write_back_under_no_grad: _write_back_under_no_grad_for_autograd,
                  read_before_mutation: torch.clone,
-                 AUTOGRAD_FUNCTION: _autograd_function_applied}
+                 AUTOGRAD_FUNCTION: _autograd_function_applied,
+                 write_back_layout: _write_back_layout_for_autograd}
 
 
 def for_autograd_tracing(unlifted: torch.fx.GraphModule, exported_autocast: dict | None = None) -> torch.fx.GraphModule:

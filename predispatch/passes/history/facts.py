@@ -264,6 +264,8 @@ def _requires(node, specs, requiring, result, grad_on, modes, leaves, inputs) ->
         return node.args[0] in result
     if node.op == "call_function":
         on = grad_on if modes is None else modes.get(node) is True
+        if not on and is_view(node) and node.target not in NO_HISTORY and node.args[0] in result:
+            return True  # a view made under no_grad of a tensor that requires grad requires grad too
         return on and node.target not in NO_HISTORY and is_float(node) and any(
             i in result for i in history_inputs(node))
     return False

@@ -17,6 +17,7 @@ import torch
 from torch.export.graph_signature import InputKind, InputSpec, OutputKind, OutputSpec, TensorArgument
 
 from ... import _torch
+from ...errors import ExportError, node_location
 from ...ir.autograd_function_op import placeholders
 from ..capture import history_nodes
 from ..functional_trace import functional_trace
@@ -98,6 +99,11 @@ def _lift_constants(gm: torch.fx.GraphModule) -> list[torch.Tensor]:
         value = getattr(gm, node.target)
         if not isinstance(value, torch.Tensor):
             continue
+        if _torch.is_fake(value):  # a tensor of the export's trace, not a constant of the Function's code
+            raise ExportError(
+                f"an autograd.Function reads a tensor of the forward through its closure, not as an input of "
+                f"apply(), at {node_location(node.meta.get('stack_trace'))}: a program cannot hold it (nor see "
+                "a write to it); pass it to apply()")
         with gm.graph.inserting_after(placeholders(gm)[-1]) if placeholders(gm) else \
                 gm.graph.inserting_before(next(iter(gm.graph.nodes))):
             lifted = gm.graph.placeholder(f"constant_{len(constants)}")

@@ -30,6 +30,32 @@ def sets_requires_grad(state: TraceState, call: TorchCall) -> bool:
             and func.__name__ == "__set__" and bool(args[1]))
 
 
+def drops_autograd(state: TraceState, call: TorchCall) -> bool:
+    """``t.detach_()``, ``t.requires_grad_(False)``, ``t.requires_grad = False``."""
+    func, args, kwargs = call.func, call.args, call.kwargs
+    if func is torch.Tensor.detach_:
+        return True
+    if func is torch.Tensor.requires_grad_:
+        return not bool(args[1] if len(args) > 1 else kwargs.get("requires_grad", True))
+    return (getattr(func, "__self__", None) is _torch.TENSOR_REQUIRES_GRAD
+            and func.__name__ == "__set__" and not bool(args[1]))
+
+
+def refuse_dropping_autograd_of_state(state: TraceState, call: TorchCall) -> None:
+    """Of a parameter that requires grad or a floating input (a caller may
+    pass one that requires grad), refused: eager changes the caller's tensor
+    (its ``requires_grad``, its history), which a program cannot. Of a
+    buffer (nothing changes) or a tensor the forward made, the call goes on."""
+    t = call.args[0]
+    key = state.graph_inputs.get(id(t), "")
+    if (key.startswith("param:") and t.requires_grad) or (key.startswith("input:") and (
+            t.is_floating_point() or t.is_complex())):
+        what = "detach_()" if call.func is torch.Tensor.detach_ else "requires_grad set to False"
+        raise ExportError(
+            f"{what} on a parameter, buffer or input at {user_location()}: eager changes the caller's "
+            "tensor, which a program cannot; do it before the call, or use a detached copy (t.detach())")
+
+
 def require_grad(state: TraceState, call: TorchCall):
     """``t.requires_grad_()`` / ``t.requires_grad = True``: no node in a
     trace above autograd; the tensor is marked, and later calls read it

@@ -41,6 +41,9 @@ def set_calls_to_aliases(state: TraceState):
 
 
 def _traced_set(state: TraceState, set_, t, source=None, *args, **kwargs):
+    if source is None and not args and not kwargs and _torch.is_traced(t) and not is_unobserved():
+        raise ExportError(f"set_() with no source at {user_location()} gives a tensor new empty memory, which "
+                          "the program would hold as a constant of the trace; use torch.empty(0) (or a slice) instead")
     if not (_torch.is_traced(t) and _torch.is_traced(source)) or args or kwargs or is_unobserved():
         return set_(t, *(() if source is None else (source,)), *args, **kwargs)
     if _torch.storage_of(t) == _torch.storage_of(source):

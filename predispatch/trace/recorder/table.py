@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
-from . import data, detached, draws, generators, grad_blocks, leaves, renorm, spans, traced_call, views
+from . import data, detached, draws, foreach, generators, grad_blocks, leaves, renorm, spans, traced_call, views
 from .state import TorchCall, TraceState
 
 ANSWERS, NOTES, REWRITES, WRAPS = "answers", "notes", "rewrites", "wraps"
@@ -33,6 +33,9 @@ RULES = (
     Rule("hidden grad block", grad_blocks.is_not_a_marker, grad_blocks.sync_before_call, NOTES),
     Rule("t.data = value", data.assigns_data, data.assign_data, ANSWERS),
     Rule("t.data", data.reads_data, data.as_detach, REWRITES),
+    Rule("torch._foreach_*_() of one memory twice", foreach.writes_one_memory_twice, foreach.refuse, NOTES),
+    Rule("t.detach_() / t.requires_grad_(False)", leaves.drops_autograd, leaves.refuse_dropping_autograd_of_state,
+         NOTES),
     Rule("t.requires_grad_()", leaves.sets_requires_grad, leaves.require_grad, ANSWERS),
     Rule("host random draw passed", draws.is_pending, draws.note_passed, NOTES),
     Rule("draw from a generator made in the forward", generators.draws_from_forward_generator,

@@ -90,10 +90,15 @@ def note_views(state: TraceState, func, args, out) -> None:
                 _note_lineage(state, func, source, t)
 
 
+def _differentiable(t: torch.Tensor) -> bool:
+    return t.is_floating_point() or t.is_complex()
+
+
 def _note_lineage(state: TraceState, func, source: torch.Tensor, t: torch.Tensor) -> None:
-    """``t``, a new view of ``source`` made by ``func``: detached (a detach, or
-    a view of one), made under no_grad, or a view with eager autograd history."""
-    is_detach = func is torch.Tensor.detach
+    """``t``, a new view of ``source`` made by ``func``: detached (a detach, a
+    view of a floating tensor as integers, which autograd does not track,
+    or a view of one), made under no_grad, or a view with eager autograd history."""
+    is_detach = func is torch.Tensor.detach or (_differentiable(source) and not _differentiable(t))
     marks.SOURCE.set(t, source)
     marks.EAGER_VIEW.set(t, not is_detach)
     detached = is_detach or marks.DETACHED.of(source)
