@@ -15,10 +15,14 @@ one. The program's dynamic sizes stay symbolic: one trace serves every size
 its ranges allow (``calls.py``), the guards the trace added checked per new
 size. A call that differs in another thing a trace depends on (a static
 size, dtypes, strides, a dynamic non-tensor input's value, grad mode, the
-ambient autocast state, which inputs and parameters require grad, and which
-mutated inputs are leaves) gets graphs traced for it, kept in a small cache;
+ambient autocast state, which inputs and parameters require grad, which
+mutated inputs are leaves, and the memory its inputs share) gets graphs
+traced for it, kept in a small cache;
 a call ``ep.module()`` would refuse (a size outside the program's shapes, a
-non-tensor input other than the exported one) raises :class:`CallNotSupportedError`.
+non-tensor input other than the exported one, inputs sharing memory otherwise
+than the example inputs did where the program relies on it) raises
+:class:`CallNotSupportedError`. The graphs compute in the train/eval mode the
+module was exported in; ``train()``/``eval()`` to the other raises.
 
 The gradients are eager's, ``None`` included: a parameter or input that
 eager's autograd never reaches (behind an output left out of the loss, or
