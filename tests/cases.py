@@ -164,6 +164,18 @@ class SameTensorTwice(nn.Module):
         return a * b
 
 
+class TimesWeightTimes(nn.Module):
+    """Reads both inputs, writes neither: exported with one tensor twice
+    (``f(x, x)``), its trace reads one tensor for both."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4))
+
+    def forward(self, x, y):
+        return x * self.w * y
+
+
 class PytreeIO(nn.Module):
     def __init__(self):
         super().__init__()

@@ -702,22 +702,13 @@ def test_inputs_named_like_state_are_written_back_to_the_caller():
         "x_input", "mask_input"]
 
 
-class TimesWeightTimes(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.w = torch.nn.Parameter(torch.randn(4))
-
-    def forward(self, x, y):
-        return x * self.w * y
-
-
 def test_a_program_exported_with_one_tensor_twice_refuses_two():
     """torch reads one tensor for both inputs of ``f(x, x)`` (a fake tensor
     per tensor): the program holds for calls that repeat it, and refuses
     two tensors, where it computed with one of them."""
     x = torch.randn(3, 4)
-    program = predispatch.export_predispatch(TimesWeightTimes(), (x, x)).module()
-    assert_matches_eager(TimesWeightTimes(), (x, x))
+    program = predispatch.export_predispatch(cases.TimesWeightTimes(), (x, x)).module()
+    assert_matches_eager(cases.TimesWeightTimes(), (x, x))
     with pytest.raises(RuntimeError, match="inputs 0 and 1 of this call are two tensors.*gave one tensor for both"):
         program(torch.randn(3, 4), torch.randn(3, 4))
 

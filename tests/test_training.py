@@ -707,23 +707,14 @@ def test_dropout_between_recurrent_layers_draws_as_eager(layer):
         assert torch.equal(torch.rand(3), next_draw)
 
 
-class TimesWeightTimes(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.w = torch.nn.Parameter(torch.randn(4))
-
-    def forward(self, x, y):
-        return x * self.w * y
-
-
-class WritesSecond(TimesWeightTimes):
+class WritesSecond(cases.TimesWeightTimes):
     def forward(self, x, y):
         y.mul_(2)
         return x * self.w
 
 
 @pytest.mark.parametrize("make, example", [
-    (TimesWeightTimes, lambda t: (t, t)),  # one tensor twice: the trace reads one for both
+    (cases.TimesWeightTimes, lambda t: (t, t)),  # one tensor twice: the trace reads one for both
     (WritesSecond, lambda t: (t, t[1])),  # a view of another, written: the program writes through both
 ], ids=["repeated", "view-written"])
 def test_inputs_sharing_memory_unlike_the_export_are_refused(make, example):
