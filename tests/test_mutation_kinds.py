@@ -756,3 +756,23 @@ class WritesThroughAnIntegerView(torch.nn.Module):
 def test_a_write_through_an_integer_view_keeps_the_history(of_input):
     assert_matches_eager(WritesThroughAnIntegerView(of_input), (torch.randn(3, 4),), inputs_require_grad=False)
     assert_matches_eager(WritesThroughAnIntegerView(of_input), (torch.randn(3, 4),), inputs_with_history=True)
+
+
+class SwapsDimsInPlace(torch.nn.Module):
+    """``swapdims_``/``swapaxes_`` (composites of ``transpose_``): traced as
+    the relayout they are, where they were traced as a copy of the swapped
+    value into the tensor (torch's failure to expand it was refused)."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(3))
+
+    def forward(self, x):
+        x.swapaxes_(0, 1)
+        y = x * self.w
+        y.swapdims_(0, 1)
+        return y * 2
+
+
+def test_swapdims_in_place_relays_as_transpose_does():
+    assert_matches_eager(SwapsDimsInPlace(), (torch.randn(3, 4),), inputs_require_grad=False)

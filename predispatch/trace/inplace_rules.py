@@ -180,8 +180,8 @@ def traced_as(op, grad_enabled: bool, target=None) -> OutOfPlace | Unrecorded | 
 @functools.lru_cache(maxsize=None)
 def _rule(op) -> OutOfPlace | Unrecorded | GrowingResize | None:
     if not (isinstance(op, _torch.OpOverload) and op.namespace == "aten"
-            and torch.Tag.inplace in op.tags):
-        return None
+            and torch.Tag.inplace in op.tags) or torch.Tag.inplace_view in op.tags:
+        return None  # (an op changing the layout, swapdims_: decomposed, never a copy of another shape)
     name = op._schema.name.split("::")[1]
     if name in _UNRECORDED:
         return Unrecorded()
