@@ -180,13 +180,15 @@ def traced_as(op, grad_enabled: bool, target=None) -> OutOfPlace | Unrecorded | 
 @functools.lru_cache(maxsize=None)
 def _rule(op) -> OutOfPlace | Unrecorded | GrowingResize | None:
     if not (isinstance(op, _torch.OpOverload) and op.namespace == "aten"
-            and torch.Tag.inplace in op.tags) or torch.Tag.inplace_view in op.tags:
-        return None  # (an op changing the layout, swapdims_: decomposed, never a copy of another shape)
+            and torch.Tag.inplace in op.tags):
+        return None
     name = op._schema.name.split("::")[1]
     if name in _UNRECORDED:
         return Unrecorded()
     if op is aten.resize_.default:
         return GrowingResize()
+    if torch.Tag.inplace_view in op.tags:
+        return None  # another layout (swapdims_, a composite of transpose_): never a copy of another shape
     random, contiguous = name in _DRAWS, name in _CONTIGUOUS_DRAWS
     functional = _functional_variant(op)
     if functional is None:
