@@ -81,6 +81,8 @@ def _note_views_left_behind(state: TraceState, t) -> None:
     own, value = marks.own_history(t), current_node(state, t)
     if own is None or value is None:
         return
+    if marks.LEAF.of(t):  # made to require grad: its views regenerate their history from the leaf
+        own = _leaf_of(own)
     for view in left:
         marks.OWN_HISTORY.set(view, ViewLeftBehind(state, own, value, t, view))
     state.reads_through = True
@@ -191,6 +193,15 @@ def note_swapped(state: TraceState, t, before) -> None:
     # its reads: as the history stage keeps it (a no_grad update), shape checked (Kind.STORAGE_SWAP)
     marks.SWAP_HISTORY.set(t, (before, marks.made_by_a_view(t)))
     state.reads_through = True
+
+
+def _leaf_of(value: torch.fx.Node) -> torch.fx.Node:
+    """``requires_grad(value)``, right after ``value``: the leaf a tensor made
+    to require grad is."""
+    with value.graph.inserting_after(value):
+        leaf = value.graph.call_function(ops.REQUIRES_GRAD, (value,))
+    leaf.meta.update({k: v for k, v in value.meta.items() if k in ("val", "stack_trace", "nn_module_stack")})
+    return leaf
 
 
 def note_call_start(state: TraceState, outer_call) -> None:
