@@ -776,3 +776,24 @@ class SwapsDimsInPlace(torch.nn.Module):
 
 def test_swapdims_in_place_relays_as_transpose_does():
     assert_matches_eager(SwapsDimsInPlace(), (torch.randn(3, 4),), inputs_require_grad=False)
+
+
+class GrownThenShapeRead(torch.nn.Module):
+    """A buffer registered empty and grown by ``resize_`` on first use (as
+    torch.ao's per-channel observers do), its size then read in Python: the
+    trace's tensor answered its old size."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("low", torch.tensor([]))
+
+    def forward(self, x):
+        y = x * 1
+        y.resize_(x.shape[0] + 1, x.shape[1])
+        self.low.resize_(x.shape[0])
+        self.low.copy_(x.amin(1))
+        return torch.zeros(y.shape) + self.low.numel(), self.low * 2
+
+
+def test_a_tensor_grown_by_resize_reads_its_new_size():
+    assert_matches_eager(GrownThenShapeRead(), (torch.randn(2, 4),), inputs_require_grad=False)

@@ -155,7 +155,9 @@ class GrowingResize:
         flat = dispatch(aten.as_strided.default, (target, [have], [1], 0), {})
         grown = dispatch(aten.constant_pad_nd.default, (flat, [0, numel - have]), {})
         new = dispatch(aten.view.default, (grown, list(size)), {})
-        return dispatch(aten.set_.source_Tensor, (target, new), {})
+        out = dispatch(aten.set_.source_Tensor, (target, new), {})
+        _torch.sync_wrapper_layout(target)  # its size as Python reads it (y.shape, numel()): the new one
+        return out
 
 
 def _differentiable(value) -> bool:
