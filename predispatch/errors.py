@@ -1,6 +1,8 @@
 """Exceptions and warnings of predispatch's public contract."""
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 import traceback
 
@@ -71,9 +73,13 @@ PACKAGE_DIR = os.path.dirname(__file__) + os.sep  # predispatch itself
 _LIBRARY_DIRS = (os.path.dirname(torch.__file__) + os.sep, PACKAGE_DIR)
 
 
+# Python's own wrappers of a call (a context manager's exit, functools.wraps): never the user's line
+_STANDARD_WRAPPERS = tuple(m.__file__ for m in (contextlib, functools))
+
+
 def is_library_file(filename: str) -> bool:
     """A file of torch or of predispatch itself, never the user's."""
-    return filename.startswith(_LIBRARY_DIRS)
+    return filename.startswith(_LIBRARY_DIRS) or filename in _STANDARD_WRAPPERS
 
 
 _NN_MODULES = os.path.join(os.path.dirname(torch.__file__), "nn", "")

@@ -463,6 +463,23 @@ def test_a_kept_custom_op_returning_an_alias_is_refused():
     assert_matches_eager(_UsesALiar(), (torch.zeros(2),), inputs_require_grad=False)
 
 
+_liar_lib.define("first_row(Tensor(a) x) -> Tensor(a)")  # says: an alias, which functionalization refuses
+_liar_lib.impl("first_row", lambda x: x[0], "CompositeExplicitAutograd")
+
+
+class _UsesAnAliasingOp(torch.nn.Module):
+    def forward(self, x):
+        return torch.ops.predispatch_liar.first_row(x) * 2
+
+
+def test_a_custom_op_declaring_an_alias_is_refused_naming_the_users_line():
+    """Refused where functionalization raises, inside a context manager: the
+    line named is the user's call, not contextlib's exit."""
+    with pytest.raises(predispatch.ExportError, match="returns an alias of its input") as info:
+        predispatch.export_predispatch(_UsesAnAliasingOp(), (torch.zeros(2, 3),))
+    assert f"{__file__}:{line_of(_UsesAnAliasingOp.forward, 'first_row(x)')}" in str(info.value)
+
+
 # ---------------------------------------------------------------- outputs a program cannot return
 
 
