@@ -797,3 +797,26 @@ class GrownThenShapeRead(torch.nn.Module):
 
 def test_a_tensor_grown_by_resize_reads_its_new_size():
     assert_matches_eager(GrownThenShapeRead(), (torch.randn(2, 4),), inputs_require_grad=False)
+
+
+class ClipsThroughDataAfterUse(torch.nn.Module):
+    """A weight read by ops that save it for backward, then clipped through
+    ``.data`` in the same forward: eager's ``.data`` has a version counter of
+    its own, so its backward runs, reading the clipped weight. Written back
+    as any other write, the program's raised autograd's version error."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.w = torch.nn.Parameter(torch.randn(4))
+
+    def forward(self, x):
+        y = torch.tanh(self.lin(x)) * self.w
+        self.lin.weight.data.clamp_(-0.1, 0.1)
+        self.w.data.mul_(0.5)
+        return y
+
+
+def test_a_weight_clipped_through_data_after_its_use():
+    torch.manual_seed(0)
+    assert_matches_eager(ClipsThroughDataAfterUse(), (torch.randn(3, 4),))

@@ -116,6 +116,10 @@ class TraceRecord:
     # device -> autocast dtype name, of the autocast the caller had on when the module was exported,
     # where the forward read a dtype under it (the program checks it at each call)
     ambient_autocast: dict = dataclasses.field(default_factory=dict)
+    # keys as in mutation_kinds of the tensors written in place: only through ``.data`` (eager's
+    # alias with a version counter of its own), or otherwise too
+    written_through_data: set = dataclasses.field(default_factory=set)
+    written_otherwise: set = dataclasses.field(default_factory=set)
 
     def note(self, event: Event) -> None:
         self.events.append(event)

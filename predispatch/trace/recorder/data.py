@@ -13,6 +13,7 @@ import torch
 
 from ... import _torch
 from ...errors import ExportError, user_location
+from . import marks
 from .state import TorchCall, TraceState
 
 
@@ -24,9 +25,30 @@ def reads_data(state: TraceState, call: TorchCall) -> bool:
     return getattr(call.func, "__self__", None) is _torch.TENSOR_DATA
 
 
-def as_detach(state: TraceState, call: TorchCall) -> TorchCall:
-    """``t.data`` read: the call handled on is ``t.detach()``."""
-    return dataclasses.replace(call, func=torch.Tensor.detach, args=call.args[:1])
+def as_detach(state: TraceState, call: TorchCall):
+    """``t.data`` read: the call handled on is ``t.detach()``, its result
+    marked a data alias (see :func:`note_state_write`) while it is answered."""
+    state.reading_data = True
+
+    def done():
+        state.reading_data = False
+
+    return dataclasses.replace(call, func=torch.Tensor.detach, args=call.args[:1]), done
+
+
+def writes_state(state: TraceState, call: TorchCall) -> bool:
+    """An in-place op on (a view of, an alias of) a parameter, buffer or input."""
+    return call.in_place and bool(call.args) and isinstance(call.args[0], torch.Tensor) and (
+        id(marks.base(call.args[0])) in state.graph_inputs)
+
+
+def note_state_write(state: TraceState, call: TorchCall) -> None:
+    """Which way the tensor is written: through ``.data`` only (eager's alias
+    has a version counter of its own: autograd never sees the write, nor
+    does a value saved for backward), or otherwise too."""
+    key = state.graph_inputs[id(marks.base(call.args[0]))]
+    through_data = marks.DATA_ALIAS.of(marks.detach_result(call.args[0]))
+    (state.record.written_through_data if through_data else state.record.written_otherwise).add(key)
 
 
 def assign_data(state: TraceState, call: TorchCall) -> None:

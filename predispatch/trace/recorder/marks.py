@@ -45,6 +45,7 @@ MADE_AS = Mark("made_as")  # on a grad-mode view: its node as made
 # -- detached aliases (detached.py)
 DETACHED = Mark("detached", False)  # a detach() result, or a view of one
 DETACH_RESULT = Mark("detach_result", False)  # a detach() result (an autograd base of its own)
+DATA_ALIAS = Mark("data_alias", False)  # a t.data result: a version counter of its own too
 
 # -- reads through an op (leaves.py)
 LEAF = Mark("leaf", False)  # made to require grad in the forward: read through the op

@@ -172,16 +172,26 @@ def _graph_input_keys(params: dict, buffers: dict, flat_inputs, strip) -> dict:
 def _note_mutation_kinds(record: TraceRecord, named_params, buffers: dict, flat_inputs, strip) -> None:
     """The kind of each mutation of a parameter, buffer (as the forward left them) and input."""
     for name, t in named_params:
-        if (kind := _torch.mutation_kind(t)) is not None:
+        if (kind := _mutation_kind(record, f"param:{strip(name)}", t)) is not None:
             record.mutation_kinds[f"param:{strip(name)}"] = kind
     for name, t in buffers.items():
         if f"buffer:{name}" in record.rebound_buffers or was_rebound(t):  # written back as the forward left it
             record.mutation_kinds[f"buffer:{strip(name)}"] = "rebound"
-        elif (kind := _torch.mutation_kind(t)) is not None:
+        elif (kind := _mutation_kind(record, f"buffer:{strip(name)}", t)) is not None:
             record.mutation_kinds[f"buffer:{strip(name)}"] = kind
     for i, t in enumerate(flat_inputs):
-        if isinstance(t, torch.Tensor) and (kind := _torch.mutation_kind(t)) is not None:
+        if isinstance(t, torch.Tensor) and (kind := _mutation_kind(record, f"input:{i}", t)) is not None:
             record.mutation_kinds[f"input:{i}"] = kind
+
+
+def _mutation_kind(record: TraceRecord, key: str, t) -> str | None:
+    """torch's kind of ``t``'s mutation, but "hidden" where every write went
+    through ``.data``: eager's version counter does not move (a value saved
+    for backward before is read as updated, without autograd's error)."""
+    kind = _torch.mutation_kind(t)
+    if kind is not None and key in record.written_through_data and key not in record.written_otherwise:
+        return "hidden"
+    return kind
 
 
 @contextlib.contextmanager

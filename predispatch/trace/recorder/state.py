@@ -73,6 +73,7 @@ class TraceState:
     # -- reads through an op (leaves.py)
     # a tensor was made to require grad, or has a history of its own: calls read it through an op
     reads_through: bool = False
+    reading_data: bool = False  # a t.data read is being answered (data.py): its detach result is marked
 
     # -- storage swaps (swaps.py)
     # id of each parameter, buffer and input the forward got -> its key ("param:<fqn>", "input:<i>", ...)

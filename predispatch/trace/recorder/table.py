@@ -32,7 +32,8 @@ RULES = (
     # a grad-mode change no torch-function mode saw is marked before any other call
     Rule("hidden grad block", grad_blocks.is_not_a_marker, grad_blocks.sync_before_call, NOTES),
     Rule("t.data = value", data.assigns_data, data.assign_data, ANSWERS),
-    Rule("t.data", data.reads_data, data.as_detach, REWRITES),
+    Rule("t.data", data.reads_data, data.as_detach, WRAPS),
+    Rule("in-place write of a parameter, buffer or input", data.writes_state, data.note_state_write, NOTES),
     Rule("torch._foreach_*_() of one memory twice", foreach.writes_one_memory_twice, foreach.refuse, NOTES),
     Rule("t.detach_() / t.requires_grad_(False)", leaves.drops_autograd, leaves.refuse_dropping_autograd_of_state,
          NOTES),

@@ -107,6 +107,8 @@ def _note_lineage(state: TraceState, func, source: torch.Tensor, t: torch.Tensor
         marks.DETACHED.set(t)
         if is_detach:
             marks.DETACH_RESULT.set(t)
+            if state.reading_data and func is torch.Tensor.detach:
+                marks.DATA_ALIAS.set(t)
         if not no_grad:
             state.detached_views.add(t)
     if no_grad:
