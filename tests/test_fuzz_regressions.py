@@ -3609,11 +3609,12 @@ def test_a_linear_of_a_vector_unsqueezed_under_no_grad_written_then_set():
         predispatch.export_predispatch(module, args).module()(*args).sum().backward()
 
 
-# (forty-second session; open) Beside seed 62007's data file: a view of a
-# leaf made in the forward, left on its old memory by set_() to memory that
-# still covers it. The program's backward raises "_HistoryBackward returned
-# an invalid gradient" (the view's history is regenerated from the leaf of
-# the old shape); eager gives the leaf a gradient of its new shape.
+# (forty-second session) Beside seed 62007's data file: a view of a leaf
+# made in the forward, left on its old memory by set_() to memory that still
+# covers it. The program's backward raised "_HistoryBackward returned an
+# invalid gradient": the view's history was regenerated from the leaf of the
+# old shape, where eager's leaf is one of the new memory's shape. It now
+# regenerates from a leaf of the new memory (recorder/swaps.py, ViewLeftBehind).
 
 class LeafRowLeftBehindBySet(nn.Module):
     def __init__(self):
@@ -3630,6 +3631,5 @@ class LeafRowLeftBehindBySet(nn.Module):
         return v2 * z
 
 
-@pytest.mark.xfail(strict=True, reason="the program's backward raises an invalid-gradient error; eager's runs")
 def test_a_row_of_a_leaf_left_behind_by_set_to_memory_covering_it():
     assert_matches_eager(LeafRowLeftBehindBySet(), (torch.randn(4),), inputs_require_grad=False)

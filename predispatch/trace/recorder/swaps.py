@@ -81,8 +81,6 @@ def _note_views_left_behind(state: TraceState, t) -> None:
     own, value = marks.own_history(t), current_node(state, t)
     if own is None or value is None:
         return
-    if marks.LEAF.of(t):  # made to require grad: its views regenerate their history from the leaf
-        own = _leaf_of(own)
     for view in left:
         marks.OWN_HISTORY.set(view, ViewLeftBehind(state, own, value, t, view))
     state.reads_through = True
@@ -105,6 +103,8 @@ class ViewLeftBehind(ViewOfUpdate):
                 "which a program cannot reproduce; take the view after the set_(), or set_ a clone")
         self.state, self.own, self.swapped = state, own, t
         self.offset = offset - t_offset + value.meta["val"].storage_offset()
+        # made to require grad in the forward: eager's is a leaf still, now of the new memory's shape
+        self.leaf = bool(marks.LEAF.of(t))
 
     def node(self) -> torch.fx.Node:
         graph = self.update.graph
@@ -112,7 +112,7 @@ class ViewLeftBehind(ViewOfUpdate):
             read = graph.call_function(ops.KEEP_HISTORY, (self.own, self.update))
         read.meta["val"] = self.update.meta.get("val")
         mark_own_read(self.state, read, self.swapped)
-        self.update = read
+        self.update = _leaf_of(read) if self.leaf else read
         return super().node()
 
 
@@ -196,8 +196,7 @@ def note_swapped(state: TraceState, t, before) -> None:
 
 
 def _leaf_of(value: torch.fx.Node) -> torch.fx.Node:
-    """``requires_grad(value)``, right after ``value``: the leaf a tensor made
-    to require grad is."""
+    """``requires_grad(value)``, right after ``value``: a leaf of its value."""
     with value.graph.inserting_after(value):
         leaf = value.graph.call_function(ops.REQUIRES_GRAD, (value,))
     leaf.meta.update({k: v for k, v in value.meta.items() if k in ("val", "stack_trace", "nn_module_stack")})
