@@ -156,8 +156,8 @@ def shared_memory(leaves: list) -> tuple:
 
 
 def _storage_of(x) -> int | None:
-    if not isinstance(x, torch.Tensor) or type(x) is not torch.Tensor and not isinstance(x, torch.nn.Parameter):
-        return None  # a subclass (a DTensor's local shards are its own)
+    if type(x) not in (torch.Tensor, torch.nn.Parameter):
+        return None  # not a tensor, or a subclass (a DTensor's local shards are its own)
     storage = x.untyped_storage()
     return storage.data_ptr() if storage.nbytes() else None
 

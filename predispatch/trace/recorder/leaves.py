@@ -21,24 +21,25 @@ from .state import TorchCall, TraceState
 from .views import current_node
 
 
-def sets_requires_grad(state: TraceState, call: TorchCall) -> bool:
-    """``t.requires_grad_()`` / ``t.requires_grad_(True)`` / ``t.requires_grad = True``."""
+def _requires_grad_set_to(call: TorchCall) -> bool | None:
+    """The flag ``t.requires_grad_(flag)`` / ``t.requires_grad = flag`` sets;
+    None for another call."""
     func, args, kwargs = call.func, call.args, call.kwargs
     if func is torch.Tensor.requires_grad_:
         return bool(args[1] if len(args) > 1 else kwargs.get("requires_grad", True))
-    return (getattr(func, "__self__", None) is _torch.TENSOR_REQUIRES_GRAD
-            and func.__name__ == "__set__" and bool(args[1]))
+    if getattr(func, "__self__", None) is _torch.TENSOR_REQUIRES_GRAD and func.__name__ == "__set__":
+        return bool(args[1])
+    return None
+
+
+def sets_requires_grad(state: TraceState, call: TorchCall) -> bool:
+    """``t.requires_grad_()`` / ``t.requires_grad_(True)`` / ``t.requires_grad = True``."""
+    return _requires_grad_set_to(call) is True
 
 
 def drops_autograd(state: TraceState, call: TorchCall) -> bool:
     """``t.detach_()``, ``t.requires_grad_(False)``, ``t.requires_grad = False``."""
-    func, args, kwargs = call.func, call.args, call.kwargs
-    if func is torch.Tensor.detach_:
-        return True
-    if func is torch.Tensor.requires_grad_:
-        return not bool(args[1] if len(args) > 1 else kwargs.get("requires_grad", True))
-    return (getattr(func, "__self__", None) is _torch.TENSOR_REQUIRES_GRAD
-            and func.__name__ == "__set__" and not bool(args[1]))
+    return call.func is torch.Tensor.detach_ or _requires_grad_set_to(call) is False
 
 
 def refuse_dropping_autograd_of_state(state: TraceState, call: TorchCall) -> None:
