@@ -266,6 +266,24 @@ class PythonRandomScale(torch.nn.Module):
         return x * random.uniform(0.5, 1.5)
 
 
+class RegistersStateInForward(torch.nn.Module):
+    """Eager's module gains a buffer (or parameter) on the first call."""
+
+    def __init__(self, kind="buffer"):
+        super().__init__()
+        self.kind = kind
+        self.register_buffer("later", None)
+
+    def forward(self, x):
+        if self.kind == "buffer":
+            self.register_buffer("cache", x.detach() * 2)
+        elif self.kind == "placeholder":
+            self.register_buffer("later", x.detach() * 2)
+        else:
+            self.scale = torch.nn.Parameter(torch.ones(3))
+        return x * 2
+
+
 class CustomBackwardThatCannotRun(torch.nn.Module):
     """Under no_grad the Function's backward never runs, so tracing its
     forward is sound."""
@@ -319,6 +337,12 @@ class CustomBackwardThatCannotRun(torch.nn.Module):
      "torch.set_grad_enabled(copy)"),
     (BlockSetToTheCallersMode(), (torch.randn(3),), "inside another grad block",
      "with torch.set_grad_enabled(prev)"),
+    (RegistersStateInForward(), (torch.randn(3),), "a buffer the forward registers",
+     'self.register_buffer("cache"'),
+    (RegistersStateInForward("placeholder"), (torch.randn(3),), "a buffer the forward registers",
+     'self.register_buffer("later"'),
+    (RegistersStateInForward("parameter"), (torch.randn(3),), "a parameter the forward registers",
+     "self.scale = torch.nn.Parameter"),
 ])
 def test_unsound_constructs_name_themselves_and_the_line(module, args, construct, code):
     with pytest.raises(predispatch.ExportError) as info:

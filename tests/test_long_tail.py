@@ -270,6 +270,26 @@ def test_a_buffer_rebound_to_another_dtype_takes_it():
         assert module.pe.dtype == torch.float64
 
 
+class RebindsACacheToItsInputThenWritesIt(torch.nn.Module):
+    """``self.b = x; self.b.mul_(2)``: eager writes the caller's ``x`` through the buffer."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("b", torch.zeros(3, 4))
+
+    def forward(self, x):
+        self.b = x
+        self.b.mul_(2)
+        return x + 0
+
+
+def test_a_buffer_rebound_to_an_input_then_written_writes_the_input_back():
+    ep = assert_matches_eager(RebindsACacheToItsInputThenWritesIt(), (torch.randn(3, 4),),
+                              inputs_require_grad=True, inputs_with_history=True)
+    written = {s.kind.name: s.target for s in ep.graph_signature.output_specs if s.kind.name.endswith("_MUTATION")}
+    assert written == {"BUFFER_MUTATION": "b", "USER_INPUT_MUTATION": "x"}
+
+
 def test_a_buffer_rebound_to_a_tensor_with_a_history_is_refused():
     class RebindsToAParameter(torch.nn.Module):
         def __init__(self):

@@ -248,3 +248,23 @@ def test_a_tensor_parallel_program_trains_on_each_rank_with_inductor():
         assert any(k.startswith("grad ") for k in differences)
         worst = {k: d for k, d in differences.items() if d > 1e-4}
         assert not worst, f"rank {rank}: {worst}"
+
+
+@pytest.mark.parametrize("options, layout_optimization", [(None, False), ({"layout_optimization": True}, True)])
+def test_inductor_on_the_cpu_keeps_its_convolutions_layout_unless_asked(monkeypatch, options, layout_optimization):
+    """inductor's layout optimization (channels-last around convolutions,
+    copies of their weights and gradients each step) is off on the CPU
+    unless the options turn it on; eager's draws stay asked for."""
+    seen = []
+
+    def compile_training_step(flat, examples, num_outputs, hook, config, merge_equal_calls):
+        seen.append(config)
+        raise RuntimeError("stopped before compiling")
+
+    monkeypatch.setattr(_torch.inductor, "compile_training_step", compile_training_step)
+    model, x = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU()), torch.randn(2, 3, 8, 8)
+    with pytest.raises(CompileError, match="stopped before compiling"):
+        predispatch.compile_training(predispatch.export_predispatch(model, (x,)), backend="inductor",
+                                     options=options)(x)
+    assert seen and seen[0]["layout_optimization"] is layout_optimization and seen[0]["fallback_random"] is True
+

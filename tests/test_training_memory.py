@@ -127,6 +127,12 @@ def _targets(gm):
      [aten.mul.Tensor, aten.t.default, aten.mul.Tensor, aten.sub.Tensor]),
     # an input: never written
     (lambda a, b: a + b, (torch.randn(4, 3), torch.randn(4, 3)), [aten.add.Tensor]),
+    # a chain: a residual sum written into the product, then a relu into the sum (memory of its own still)
+    (lambda a, b: torch.relu(a * b + b), (torch.randn(4, 3), torch.randn(4, 3)),
+     [aten.mul.Tensor, aten.add_.Tensor, aten.relu_.default]),
+    # ... but not where the product is read again (the sum is its memory too)
+    (lambda a, b: (torch.relu((p := a * b) + b), p), (torch.randn(4, 3), torch.randn(4, 3)),
+     [aten.mul.Tensor, aten.add.Tensor, aten.relu_.default]),
     # a view of a fresh result: not memory of its own
     (lambda a, b: (a * b).t() + b.t(), (torch.randn(4, 3), torch.randn(4, 3)),
      [aten.mul.Tensor, aten.t.default, aten.t.default, aten.add.Tensor]),
@@ -145,6 +151,7 @@ def test_a_pointwise_op_writes_into_an_operand_only_where_it_dies_there(fn, args
     assert _targets(gm) == in_place
     if fn.__code__.co_argcount == 2:
         torch.testing.assert_close(gm(*args), fn(*args))
+        torch.testing.assert_close(gm(*args), fn(*args))  # the inputs left as they were
 
 
 def test_a_gradient_the_backward_returns_may_take_its_operands_layout():
@@ -160,3 +167,52 @@ def test_a_gradient_the_backward_returns_may_take_its_operands_layout():
     read_again = write_into_dead_operands(_graph(lambda a, b: ((a * 2).t() + (b * 2)).sum(0), *args),
                                           backward=True)
     assert aten.add.Tensor in _targets(read_again)  # read again in the graph: its strides are
+
+
+class ConvNormBlocks(torch.nn.Module):
+    """Residual conv, batch-norm, relu blocks in train mode (a ResNet's)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1, self.bn1 = torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.BatchNorm2d(4)
+        self.conv2, self.bn2 = torch.nn.Conv2d(4, 4, 3, padding=1), torch.nn.BatchNorm2d(4)
+
+    def forward(self, x):
+        y = torch.relu(self.bn1(self.conv1(x)))
+        return torch.relu(self.bn2(self.conv2(y)) + y).sum()
+
+
+def test_a_batch_norms_running_statistics_are_not_saved_for_its_backward():
+    """In train mode its backward reads the batch's statistics only: the
+    forward saves no copy of the running ones (eager saves none either)."""
+    model, x = ConvNormBlocks().train(), torch.randn(2, 3, 6, 6)
+    train = predispatch.compile_training(predispatch.export_predispatch(copy.deepcopy(model), (x,)))
+    for _ in range(3):  # the running statistics updated each step, as eager's
+        assert_runs_match(run_module(model, (x,), {}), run_module(train, (x,), {}))
+        for m in (model, train):
+            m.zero_grad(set_to_none=True)
+    norms = [n for n in train.backward_graph.graph.nodes if n.target == aten.native_batch_norm_backward.default]
+    assert len(norms) == 2 and all(n.args[3] is None and n.args[4] is None for n in norms)
+    clones = [n for n in train.forward_graph.graph.nodes if n.target == aten.clone.default]
+    saved = {p.name for p in train.backward_graph.graph.nodes if p.op == "placeholder"}
+    assert not any(c.name in saved for c in clones)
+
+
+def test_the_backward_reads_saved_activations_without_detaching_them():
+    """AOTAutograd's backward graph detaches each saved activation before
+    the op that reads it: run op by op, nothing is made for that."""
+    model, x = ConvNormBlocks().train(), torch.randn(2, 3, 6, 6)
+    train = predispatch.compile_training(predispatch.export_predispatch(copy.deepcopy(model), (x,)))
+    assert aten.detach.default in {n.target for n in train.backward_graph.graph.nodes}  # the graph shown keeps them
+    loss = train(x)
+    with OpsCalled() as called:
+        loss.backward()
+    assert aten.threshold_backward.default in {func for func, _ in called.ops}
+    activation = (2, 4, 6, 6)  # (detaches of parameter-shaped gradients are AccumulateGrad's, eager's too)
+    assert [shapes for func, shapes in called.ops if func == aten.threshold_backward.default][0][1] == activation
+    assert not [shapes for func, shapes in called.ops if func == aten.detach.default and shapes == [activation]]
+    model(x).backward()  # the same step in eager: the statistics updated as the program's
+    for m in (model, train):
+        m.zero_grad(set_to_none=True)
+    assert_runs_match(run_module(model, (x,), {}), run_module(train, (x,), {}))
+

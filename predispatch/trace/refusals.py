@@ -72,3 +72,33 @@ def refusing_state_calls():
             if hasattr(module, name):
                 stack.enter_context(patched(module, name, refusing(why)))
         yield
+
+
+@contextlib.contextmanager
+def refusing_new_state(module: torch.nn.Module):
+    """A parameter or buffer the forward registers on ``module`` or its
+    submodules under a name that held none (``self.register_buffer("cache", t)`` in the forward) is module
+    state eager's module gains and the program's module would not: refused,
+    naming the line. (A new tensor under a registered name is a rebinding,
+    written back: :func:`predispatch.trace.translations.buffer_rebinding_checked`.)"""
+    exported = {id(m) for m in module.modules()}  # not the tracers' own modules (a constant lifted)
+
+    def registering(table: str):
+        def make(register):
+            def call(self, name, value, *args, **kwargs):
+                if (id(self) in exported and value is not None
+                        and self.__dict__.get(table, {}).get(name) is None):
+                    kind = "buffer" if table == "_buffers" else "parameter"
+                    raise ExportError(
+                        f"{register.__name__}({name!r}) at {user_location()} cannot be exported soundly: "
+                        f"a {kind} the forward registers is module state eager's module gains and the "
+                        f"program's would not hold; register it in __init__ (with a tensor of its shape: "
+                        f"the forward may then assign it)")
+                return register(self, name, value, *args, **kwargs)
+            return call
+        return make
+
+    with patched(torch.nn.Module, "register_buffer", registering("_buffers")), \
+            patched(torch.nn.Module, "register_parameter", registering("_parameters")):
+        yield
+

@@ -37,12 +37,27 @@ def in_place_twin(op) -> _torch.OpOverload | None:
     return twin
 
 
+@functools.lru_cache(maxsize=None)
+def _returns_its_first_operand(op) -> bool:
+    """Is ``op`` an in-place op, writing its first operand and returning it (``add_``)?"""
+    if not isinstance(op, _torch.OpOverload) or len(op._schema.returns) != 1 or not op._schema.arguments:
+        return False
+    written, returned = op._schema.arguments[0].alias_info, op._schema.returns[0].alias_info
+    return (written is not None and written.is_write and returned is not None
+            and returned.before_set == written.before_set)
+
+
 def _fresh(node: torch.fx.Node) -> bool:
-    """Is ``node``'s value memory of its own (an op's result that aliases none of its inputs)?"""
+    """Is ``node``'s value memory of its own: an op's result that aliases
+    none of its inputs, or an in-place op's, written into such a result
+    that nothing else reads (a residual ``add_`` a ``relu`` follows)?"""
     if node.op != "call_function":
         return False
     if node.target is operator.getitem:
         return _fresh(node.args[0])
+    if _returns_its_first_operand(node.target):
+        operand = node.args[0]
+        return isinstance(operand, torch.fx.Node) and list(operand.users) == [node] and _fresh(operand)
     return _torch.returns_new_memory(node.target)
 
 

@@ -22,7 +22,7 @@ from ..host_random import HostDraws, refusing_host_randomness
 from ..layer_reuse import LayerReuse, note_no_reuse, reuse_enabled
 from ..outputs import checked_outputs
 from ..random_state import generator_calls_as_ops
-from ..refusals import refusing_state_calls
+from ..refusals import refusing_new_state, refusing_state_calls
 from ..stack_traces import stamping_stack_traces
 from ..vmap import tracing_vmap_as_plain_ops
 from ..translations import as_rebound, autocast_blocks_as_in_eager, buffer_rebinding_checked, inference_mode_as_no_grad
@@ -124,6 +124,7 @@ def _forward_recorded(module, state: TraceState, eager_autocast_cache: bool, reu
         enter(inference_mode_as_no_grad())
         enter(buffer_rebinding_checked())  # self.buf = new: refused where no write-back can follow
         enter(refusing_state_calls())
+        enter(refusing_new_state(module))  # register_buffer / register_parameter of a new name
         enter(generator_calls_as_ops(state.generators))  # manual_seed, fork_rng, get/set_rng_state
         enter(tracing_vmap_as_plain_ops())  # torch.vmap: the trace below its batching
         # each op where functionalization sees it (in-place updates inside library calls too)
