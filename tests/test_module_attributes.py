@@ -317,3 +317,16 @@ def test_an_update_of_an_alias_of_a_constant_stays_refused(how):
     with pytest.raises(predispatch.ExportError, match=r"neither a parameter, a buffer nor an input.*") as info:
         predispatch.export_predispatch(UpdatesAnAliasOfAConstant(how), (torch.randn(3),))
     assert "alias.add_(1)" in str(info.value)
+
+
+def test_a_buffer_the_forward_adds_to_the_module_is_refused_naming_it():
+    """Eager's module gains the buffer (``_buffers[name] = t`` bypasses
+    register_buffer, refused naming its line in test_errors.py): the
+    program's module would not hold it."""
+    class AddsABuffer(torch.nn.Module):
+        def forward(self, x):
+            self._buffers["scale"] = x.detach() * 2
+            return x * 2
+
+    with pytest.raises(predispatch.ExportError, match="buffer 'scale', new at the forward's end"):
+        predispatch.export_predispatch(AddsABuffer(), (torch.randn(3),))

@@ -88,12 +88,8 @@ def refusing_new_state(module: torch.nn.Module):
             def call(self, name, value, *args, **kwargs):
                 if (id(self) in exported and value is not None
                         and self.__dict__.get(table, {}).get(name) is None):
-                    kind = "buffer" if table == "_buffers" else "parameter"
-                    raise ExportError(
-                        f"{register.__name__}({name!r}) at {user_location()} cannot be exported soundly: "
-                        f"a {kind} the forward registers is module state eager's module gains and the "
-                        f"program's would not hold; register it in __init__ (with a tensor of its shape: "
-                        f"the forward may then assign it)")
+                    _refuse_new_state("buffer" if table == "_buffers" else "parameter",
+                                      f"{register.__name__}({name!r}) at {user_location()}")
                 return register(self, name, value, *args, **kwargs)
             return call
         return make
@@ -101,4 +97,19 @@ def refusing_new_state(module: torch.nn.Module):
     with patched(torch.nn.Module, "register_buffer", registering("_buffers")), \
             patched(torch.nn.Module, "register_parameter", registering("_parameters")):
         yield
+
+
+def refuse_buffers_gained(before: dict, after: dict, strip=lambda name: name) -> None:
+    """A buffer the module tree holds after the forward and did not before
+    (``_buffers[name] = t``, a placeholder ``None`` given a tensor), however
+    it came: refused as :func:`refusing_new_state` refuses a registration."""
+    for name, value in after.items():
+        if value is not None and before.get(name) is None:
+            _refuse_new_state("buffer", f"buffer {strip(name)!r}, new at the forward's end,")
+
+
+def _refuse_new_state(kind: str, what: str) -> None:
+    raise ExportError(f"{what} cannot be exported soundly: a {kind} the forward registers is module state "
+                      f"eager's module gains and the program's would not hold; register it in __init__ "
+                      f"(with a tensor of its shape: the forward may then assign it)")
 

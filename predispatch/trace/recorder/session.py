@@ -22,7 +22,7 @@ from ..host_random import HostDraws, refusing_host_randomness
 from ..layer_reuse import LayerReuse, note_no_reuse, reuse_enabled
 from ..outputs import checked_outputs
 from ..random_state import generator_calls_as_ops
-from ..refusals import refusing_new_state, refusing_state_calls
+from ..refusals import refuse_buffers_gained, refusing_new_state, refusing_state_calls
 from ..stack_traces import stamping_stack_traces
 from ..vmap import tracing_vmap_as_plain_ops
 from ..translations import as_rebound, autocast_blocks_as_in_eager, buffer_rebinding_checked, inference_mode_as_no_grad
@@ -59,6 +59,7 @@ def recording(module: torch.nn.Module, record: TraceRecord, strip, reuse_layers:
         except UnregisteredGradTensor as e:
             raise named_in(module, e, strip) from None
         buffers_after = dict(module.named_buffers(remove_duplicate=False))
+        refuse_buffers_gained(buffers, buffers_after, strip)
         rebound = rebound_buffers(buffers, as_rebound(buffers_after), strip)
         record.rebound_buffers = {f"buffer:{name}": t for name, t in rebound.items()}
         _note_mutation_kinds(record, module.named_parameters(remove_duplicate=False), buffers_after,
