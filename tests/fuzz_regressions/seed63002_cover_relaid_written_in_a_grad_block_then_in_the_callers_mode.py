@@ -1,5 +1,4 @@
 # fuzz seed 63002: mismatch: which inputs have a history leading to a leaf after the call
-# open: under a no_grad caller, the caller's-mode write through the repeated input (y.mul_) keeps no history: the cover (x, relaid by unsqueeze_) is written back as its memory started, read through its base (squeeze), not through the write's new value, where keep_history_if_no_grad would go
 import torch
 import torch.nn as nn
 from predispatch.testing.eager import assert_matches_eager

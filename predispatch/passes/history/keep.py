@@ -181,11 +181,26 @@ class Keeper:
             return
         merge_replays(e.new, self.facts.position[e.at], self.facts.position)  # a relaid value: read through replays
         if not _read_later_where_history_shows(self.facts, old, e.new, e.at):
-            self.history_of[e.new] = old  # a later write in the caller's mode chains to it
-            self.deferred[e.new] = (old, e.at)
-            return
+            bases = self._through_replayed_bases(e)
+            if bases is None:
+                self.history_of[e.new] = old  # a later write in the caller's mode chains to it
+                self.deferred[e.new] = (old, e.at)
+                return
+            e, old = bases, self.history_of.get(bases.old, bases.old)
         self._note(e, old, insert_keep(self.facts, old, e.new, e.at, self.kept, about=e,
                                        target=KEEP_HISTORY_IF_NO_GRAD))
+
+    def _through_replayed_bases(self, e: Event) -> Event | None:
+        """A relaid tensor's write (``x.unsqueeze_(0)`` before it) whose new
+        value nothing reads later, where its memory is: the write as its
+        bases' (:func:`replayed_bases`), where a later read of the new base
+        shows its history (a cover written back as its memory started);
+        else None."""
+        facts = self.facts
+        old, new = replayed_bases(e.old, e.new, facts.position[e.at], facts.position, self.live)
+        if old is e.old or not same_dtype(old, new) or not _read_later_where_history_shows(facts, old, new, e.at):
+            return None
+        return dataclasses.replace(e, of=old, node=new, eager_view=None)
 
     def _keep_for_grad_reads_between(self, e: Event, old: torch.fx.Node) -> None:
         """A segment of several writes of one tensor: a value between ``old``
