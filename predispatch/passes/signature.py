@@ -22,6 +22,7 @@ from ..ir.assumptions import META_FIELD as ASSUMPTIONS
 from ..ir.program_meta import set_program_meta
 from ..trace import input_aliasing
 from ..trace.capture import Captured
+from ..trace.functional_trace import outputs_made_distinct
 
 
 def record_program_meta(captured, module: torch.nn.Module, autocast_policy, sharding_layouts: dict,
@@ -89,18 +90,8 @@ def sync_output_names(captured: Captured) -> None:
 
 
 def _distinct_mutation_outputs(captured: Captured) -> None:
-    graph = captured.gm.graph
-    output = graph.output_node()
-    outputs, seen = list(output.args[0]), set()
-    for i, (node, spec) in enumerate(zip(outputs, captured.signature.output_specs)):
-        if not spec.kind.name.endswith("_MUTATION") or not isinstance(node, torch.fx.Node):
-            continue
-        if node in seen:
-            with graph.inserting_before(output):
-                outputs[i] = graph.call_function(torch.ops.aten.alias.default, (node,))
-            outputs[i].meta.update({k: v for k, v in node.meta.items() if k in ("val", "stack_trace")})
-        seen.add(outputs[i])
-    output.args = (tuple(outputs),)
+    specs = captured.signature.output_specs
+    outputs_made_distinct(captured.gm, [i for i, spec in enumerate(specs) if spec.kind.name.endswith("_MUTATION")])
 
 
 def module_order(module: torch.nn.Module) -> list[str]:

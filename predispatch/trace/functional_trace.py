@@ -166,7 +166,7 @@ def functional_trace(mod: torch.nn.Module, args, kwargs, keep=frozenset, on_layo
             on_output_view(index, view)
     _drop_storage_swaps_of_constants(gm)
     _drop_dead_code(gm, keep())
-    _new_values_distinct(gm, len(mutated))
+    outputs_made_distinct(gm, range(len(mutated)))
     return (gm, _signature(gm, named_parameters, named_buffers, mutated, in_spec, out_spec.spec),
             {**layout.views, **layout.built})
 
@@ -740,19 +740,22 @@ def _drop_dead_code(gm: torch.fx.GraphModule, kept) -> None:
     gm.recompile()
 
 
-def _new_values_distinct(gm: torch.fx.GraphModule, n_mutated: int) -> None:
-    """Each of the first ``n_mutated`` outputs (new values of inputs) a node
-    of its own, an alias where two inputs take one value (a buffer rebound
-    to an input, then written: both are written back), as the signature
-    names each written input by its output's name."""
+def outputs_made_distinct(gm: torch.fx.GraphModule, positions) -> None:
+    """Each output at ``positions`` (new values of inputs) a node of its own:
+    an alias where two inputs take one value (``x.set_(v); z.set_(v)``; a
+    buffer rebound to an input, then written: both are written back), as
+    the signature names each written input by its output's name."""
     output = gm.graph.output_node()
     outputs, seen = list(output.args[0]), set()
-    for i, node in enumerate(outputs[:n_mutated]):
+    for i in positions:
+        node = outputs[i]
+        if not isinstance(node, torch.fx.Node):
+            continue
         if node in seen:
             with gm.graph.inserting_before(output):
                 outputs[i] = gm.graph.call_function(torch.ops.aten.alias.default, (node,))
             outputs[i].meta.update({k: v for k, v in node.meta.items() if k in ("val", "stack_trace")})
-        seen.add(node)
+        seen.add(outputs[i])
     output.args = (tuple(outputs),)
     gm.recompile()
 
