@@ -284,6 +284,23 @@ class RegistersStateInForward(torch.nn.Module):
         return x * 2
 
 
+class WritesAViewASetLeftBehind(torch.nn.Module):
+    """Eager writes ``s`` through the view; the trace followed ``v0`` to the bias."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.register_buffer("s", torch.zeros(4))
+
+    def forward(self, x):
+        v0 = (self.lin.bias * 2).detach()
+        v0.set_(self.s)
+        v1 = v0.view(-1)
+        v0.set_(self.lin.bias.detach())
+        v1.add_(1)
+        return x * 2
+
+
 class CustomBackwardThatCannotRun(torch.nn.Module):
     """Under no_grad the Function's backward never runs, so tracing its
     forward is sound."""
@@ -343,6 +360,7 @@ class CustomBackwardThatCannotRun(torch.nn.Module):
      'self.register_buffer("later"'),
     (RegistersStateInForward("parameter"), (torch.randn(3),), "a parameter the forward registers",
      "self.scale = torch.nn.Parameter"),
+    (WritesAViewASetLeftBehind(), (torch.randn(3),), "swapped after the view was taken", "v1.add_(1)"),
 ])
 def test_unsound_constructs_name_themselves_and_the_line(module, args, construct, code):
     with pytest.raises(predispatch.ExportError) as info:

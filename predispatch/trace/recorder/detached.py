@@ -45,6 +45,7 @@ def mutate_detached_alias(state: TraceState, call: TorchCall):
     func, args, kwargs = call.func, call.args, call.kwargs
     alias, base = args[0], marks.base(args[0])
     detached = marks.detach_result(alias)
+    _refuse_writing_a_view_left_behind(alias, detached)
     if marks.OWN_HISTORY.on(detached):
         if not torch.is_grad_enabled():
             return func(*args, **kwargs)  # new values; the history eager keeps is read as before
@@ -66,6 +67,19 @@ def mutate_detached_alias(state: TraceState, call: TorchCall):
     if old is not None and new is not None and new is not old:
         state.record.note(write(Kind.DETACHED_ALIAS_WRITE, old, new, new, where=user_location()))
     return out
+
+
+def _refuse_writing_a_view_left_behind(alias, detached) -> None:
+    """A view of a tensor that a set_() then gave other memory stays on the
+    old memory: eager's update writes that memory, which the trace follows
+    through the tensor no more (functionalization refuses such a write where
+    it sees one: :mod:`predispatch.trace.capture`'s "frozen storage")."""
+    if alias is not detached and _torch.storage_of(alias) != _torch.storage_of(detached):
+        raise ExportError(
+            f"an in-place update at {user_location()} of a view of a tensor whose storage a set_() swapped "
+            "after the view was taken (the view still shares the old storage) cannot be exported soundly: "
+            "the trace cannot follow the old storage past the swap; take the view after the set_(), or copy "
+            "instead of swapping")
 
 
 def _update_own_history(state: TraceState, call: TorchCall, alias, detached):
