@@ -77,10 +77,11 @@ def refusing_state_calls():
 @contextlib.contextmanager
 def refusing_new_state(module: torch.nn.Module):
     """A parameter or buffer the forward registers on ``module`` or its
-    submodules under a name that held none (``self.register_buffer("cache", t)`` in the forward) is module
-    state eager's module gains and the program's module would not: refused,
-    naming the line. (A new tensor under a registered name is a rebinding,
-    written back: :func:`predispatch.trace.translations.buffer_rebinding_checked`.)"""
+    submodules under a name that held none (``self.register_buffer("cache",
+    t)`` in the forward) is module state eager's module gains and the
+    program's module would not: refused, naming the line. (A new tensor
+    under a registered name is a rebinding, written back:
+    :func:`predispatch.trace.translations.buffer_rebinding_checked`.)"""
     exported = {id(m) for m in module.modules()}  # not the tracers' own modules (a constant lifted)
 
     def registering(table: str):
