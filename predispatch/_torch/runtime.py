@@ -112,6 +112,67 @@ def call_leaves(unlifted: torch.fx.GraphModule, args, kwargs) -> list:
     return [x for _, x in _check_inputs_match(args, kwargs, unlifted._in_spec)]
 
 
+def flat_call_form(unlifted: torch.fx.GraphModule) -> tuple | None:
+    """How ``ep.module()``'s calls lay their inputs out where each input is one
+    leaf (a tensor or a scalar, as a training step's usually are): (the number
+    of positional inputs, the keyword names in the program's order); None
+    where they nest."""
+    spec = unlifted._in_spec
+    if spec.type is not tuple or spec.num_children != 2:
+        return None
+    args_spec, kwargs_spec = spec.children()
+    if args_spec.type is not tuple or kwargs_spec.type is not dict:
+        return None
+    if not all(c.is_leaf() for c in (*args_spec.children(), *kwargs_spec.children())):
+        return None
+    return args_spec.num_children, tuple(kwargs_spec.context)
+
+
+_PLAIN_LEAVES = (torch.Tensor, int, float, str)  # leaves of any pytree
+
+
+def flat_call_leaves(form: tuple, args, kwargs) -> list | None:
+    """:func:`call_leaves` of a call laid out as ``form`` (:func:`flat_call_form`)
+    says, without torch's walk of key paths; None for a call laid out
+    otherwise (:func:`call_leaves` then says how)."""
+    num_args, names = form
+    if len(args) != num_args or len(kwargs) != len(names):
+        return None
+    try:
+        leaves = [*args, *[kwargs[name] for name in names]]
+    except KeyError:
+        return None
+    return leaves if all(isinstance(x, _PLAIN_LEAVES) for x in leaves) else None
+
+
+def metadata_check(tensors: list, native: bool = True):
+    """A check (a function of a list like ``tensors``, returning a bool) that
+    each tensor has the metadata its counterpart in ``tensors`` has now: its
+    type, dispatch keys, dtype, device, sizes, strides and requires_grad (in
+    grad mode at least: some releases' guard checks it in grad mode only).
+    Dynamo's C++ tensor guard, one call for all; a comparison in Python where
+    this torch has none (``native=False`` asks for it). Made and checked
+    under other thread-local dispatch state (autocast), it fails: it may fail
+    where the metadata is the same, never the other way."""
+    try:
+        from torch._C._dynamo.guards import TensorGuards
+
+        if not native:
+            raise NotImplementedError
+        guard = TensorGuards(*tensors, dynamic_dims_sizes=[list(t.shape) for t in tensors],
+                             dynamic_dims_strides=[list(t.stride()) for t in tensors])
+        if guard.check(*tensors):
+            return lambda ts: len(ts) == len(tensors) and guard.check(*ts)
+    except Exception:  # a torch whose guard takes other arguments
+        pass
+    saved = [_metadata(t) for t in tensors]
+    return lambda ts: [_metadata(t) for t in ts] == saved
+
+
+def _metadata(t: torch.Tensor) -> tuple:
+    return type(t), t.dtype, t.device, t.shape, t.stride(), t.requires_grad
+
+
 def check_call_inputs(unlifted: torch.fx.GraphModule, args, kwargs) -> None:
     """RuntimeError naming the input where ``ep.module()`` (``unlifted``) would
     refuse the call: a size outside the program's shapes and dynamic ranges, a

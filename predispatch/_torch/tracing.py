@@ -32,6 +32,13 @@ def autocast_devices() -> list[str]:
 # Is autocast on for any device? (a global state an op's result metadata depends on)
 any_autocast_enabled = torch._C._is_any_autocast_enabled
 
+
+def autocast_switches():
+    """Which devices have autocast on, as one value compared with ``==``
+    (the thread's excluded dispatch keys, among which autocast's keys are
+    where it is off): one C call, where asking each device is many."""
+    return torch._C._dispatch_tls_local_exclude_set()
+
 # A block whose torch calls reach no torch-function mode nor subclass override: predispatch's
 # own reads of tensor metadata, which are not the traced module's torch calls
 torch_function_disabled = torch._C.DisableTorchFunction

@@ -7,6 +7,9 @@ key of that trace leaves the dynamic sizes out (:meth:`CallKey.generalized`).
 from __future__ import annotations
 
 import dataclasses
+import functools
+import itertools
+import operator
 
 import torch
 from torch.export.graph_signature import InputKind
@@ -187,6 +190,9 @@ def mutated_inputs(ep) -> frozenset:
     return frozenset(i for i, name in enumerate(names) if name in mutated)
 
 
+_not_none = functools.partial(operator.is_not, None)
+
+
 class LiftedState:
     """What a trace assumes of the tensors it lifts (the parameters and
     buffers): which tensors they are (it holds them), their metadata, and
@@ -197,8 +203,12 @@ class LiftedState:
         # they show a tensor replaced without walking the module tree again
         self.tables = [table for m in module.modules() for table in _torch.state_tables(m)]
 
+    def tensors(self) -> list:
+        """The tensors, in the tables' order (C loops: this runs each call)."""
+        return list(filter(_not_none, itertools.chain.from_iterable(map(dict.values, self.tables))))
+
     def read(self) -> tuple[tuple, tuple]:
         """(the tensors and their metadata, which require grad)."""
-        tensors = [t for table in self.tables for t in table.values() if t is not None]
+        tensors = self.tensors()
         return (tuple((id(t), t.dtype, t.device, t.shape) for t in tensors),
                 tuple(t.requires_grad for t in tensors))

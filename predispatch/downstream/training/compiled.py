@@ -14,6 +14,7 @@ from .autocast import BackwardCheck, as_autocast_kwargs, assumed_autocast, sensi
 from .backends import Backend
 from .calls import CallKey, CallNotSupportedError, LiftedState, ProgramShapes
 from .joint import FlatModule, trace
+from .last_call import LastCall
 from .runners import run_as_eager_nodes
 
 OP_BY_OP = Backend("eager")
@@ -122,6 +123,8 @@ class CompiledTraining(torch.nn.Module):
         # exported module's own submodules.
         vars(self).update(
             _program=program, _first=None,
+            _flat_form=_torch.flat_call_form(program.module),  # how a call's inputs lie, if flat
+            _last=None,  # the last call's LastCall
             _grad_mode_after=grad_mode_after,  # a bare switch's, in force at the forward's end
             _state=LiftedState(program.module),
             _variants=collections.OrderedDict(),  # by the key they were traced for
@@ -163,14 +166,12 @@ class CompiledTraining(torch.nn.Module):
         return new
 
     def forward(self, *args, **kwargs):
-        module = self._program.module
-        leaves = _torch.call_leaves(module, args, kwargs)
-        key = CallKey.of(leaves, self._program.mutated, torch.is_grad_enabled(), self._state)
-        variant = self._calls.get(key)
-        if variant is None:
-            variant = self._calls[key] = self.variant(key, leaves, args, kwargs)
-            if len(self._calls) > self.max_calls:
-                self._calls.popitem(last=False)
+        leaves = None if self._flat_form is None else _torch.flat_call_leaves(self._flat_form, args, kwargs)
+        if leaves is None:
+            leaves = _torch.call_leaves(self._program.module, args, kwargs)
+        state, last = self._state.tensors(), self._last
+        variant = last.variant if last is not None and last.matches(leaves, state) else self.call_variant(
+            leaves, state, args, kwargs)
         inputs = [x for x in leaves if isinstance(x, torch.Tensor)]
         history = [x.grad_fn for x in inputs]
         outputs = list(variant.compiled(*inputs))
@@ -181,7 +182,19 @@ class CompiledTraining(torch.nn.Module):
             node.register_prehook(lambda grad_outputs: variant.check())
         if self._grad_mode_after is not None:  # the caller left in it, as by eager
             torch.set_grad_enabled(self._grad_mode_after)
-        return pytree.tree_unflatten(outputs, variant.flat.out_spec)
+        out_spec = variant.flat.out_spec
+        return outputs[0] if out_spec.is_leaf() else pytree.tree_unflatten(outputs, out_spec)
+
+    def call_variant(self, leaves: list, state: list, args, kwargs) -> Variant:
+        """The variant of a call unlike the last one, by its key."""
+        key = CallKey.of(leaves, self._program.mutated, torch.is_grad_enabled(), self._state)
+        variant = self._calls.get(key)
+        if variant is None:
+            variant = self._calls[key] = self.variant(key, leaves, args, kwargs)
+            if len(self._calls) > self.max_calls:
+                self._calls.popitem(last=False)
+        vars(self)["_last"] = LastCall(variant, key, leaves, state, self._program.mutated)
+        return variant
 
     def variant(self, key: CallKey, leaves: list, args, kwargs) -> Variant:
         """The graphs that take calls like this one, once ``ep.module()``'s
