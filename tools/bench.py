@@ -1158,7 +1158,7 @@ def parse_args(argv):
                    "only, each against its 1-layer model): deterministic where time is not")
     p.add_argument("--train", action="store_true",
                    help="the training step instead: eager, torch.compile, compile_training, with the options of "
-                   "tools/train_bench.py (--only MODELS, --dtypes, --steps, --no-first-step, --json)")
+                   "tools/train_bench.py (--only MODELS, --dtypes, --steps, --ways, --no-first-step, --json)")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     return p.parse_args(argv)
 

@@ -3,6 +3,7 @@ compile_training(ep) and compile_training(ep, backend="inductor") (issue 39).
 
     python tools/bench.py --train                      # everything (some 30 minutes on 2 cores)
     python tools/bench.py --train --only llama --dtypes fp32 --no-first-step
+    python tools/bench.py --train --only resnet --ways "eager,compile_training(ep)" --no-first-step
     python tools/train_bench.py --json /tmp/train.json  # the same, directly
 
 One step: the loss from the forward (inputs with labels), its backward, an
@@ -63,6 +64,7 @@ import ctypes
 import gc
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -222,12 +224,12 @@ def cpu_seconds() -> float:
 # Measuring
 
 
-def steady_steps(kind: str, dtype: str, steps: int) -> tuple[dict, dict]:
+def steady_steps(kind: str, dtype: str, steps: int, ways: tuple = (*WAYS, OWN_DRAWS)) -> tuple[dict, dict]:
     """Median CPU seconds per step of each way, interleaved in this process;
     and the error of each way that could not train."""
     model, inputs = build(kind)
     trainers, errors = {}, {}
-    for way in (*WAYS, OWN_DRAWS):
+    for way in ways:
         try:
             trainers[way] = Trainer(way, copy.deepcopy(model), inputs, dtype)
             for _ in range(2):
@@ -310,9 +312,9 @@ def first_step_in_subprocess(kind: str, dtype: str, way: str, timeout: float = 1
 
 def measure(kind: str, dtype: str, opts) -> dict:
     result = {"model": kind, "dtype": dtype}
-    result["step_s"], result["errors"] = steady_steps(kind, dtype, opts.steps)
+    result["step_s"], result["errors"] = steady_steps(kind, dtype, opts.steps, opts.ways)
     if not opts.no_first_step:
-        result["first"] = {way: first_step_in_subprocess(kind, dtype, way) for way in WAYS}
+        result["first"] = {way: first_step_in_subprocess(kind, dtype, way) for way in WAYS if way in opts.ways}
     print_result(result, flush=True)
     return result
 
@@ -389,12 +391,22 @@ def report(results: list[dict]) -> None:
 # --------------------------------------------------------------------------
 
 
+def _ways(text: str) -> tuple:
+    ways = tuple(w.strip() for w in re.split(r",(?![^()]*\))", text) if w.strip()) or (*WAYS, OWN_DRAWS)  # not in (...)
+    unknown = [w for w in ways if w not in (*WAYS, OWN_DRAWS)]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown ways {unknown}; the ways: {', '.join((*WAYS, OWN_DRAWS))}")
+    return ways
+
+
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--only", default="", help="comma-separated models: " + ",".join(MODELS))
     p.add_argument("--dtypes", default=",".join(DTYPES), help="fp32, bf16 or both (default)")
     p.add_argument("--steps", type=int, default=8, help="interleaved rounds of steps (default 8)")
     p.add_argument("--no-first-step", action="store_true", help="skip the fresh-process first steps and memory")
+    p.add_argument("--ways", default="", type=_ways,
+                   help="comma-separated ways to measure (default all): " + ", ".join((*WAYS, OWN_DRAWS)))
     p.add_argument("--json", default=None, help="write all measurements to this file")
     p.add_argument("--from-json", default=None, metavar="PATH", help="print the report of a --json file again")
     p.add_argument("--system-malloc", action="store_true",
