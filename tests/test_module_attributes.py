@@ -10,6 +10,8 @@ and off, re-export stable).
 """
 import copy
 
+import warnings
+
 import pytest
 import torch
 
@@ -136,6 +138,22 @@ def test_a_program_exported_under_autocast_is_called_under_it():
                                            r"Called under no autocast"):
         module(torch.randn(2, 4))
     assert module.pe.dtype == torch.float32  # nothing written
+
+
+def test_the_autocast_check_compiles_with_the_program():
+    """``torch.compile(ep.module())``: the check of the caller's autocast is
+    traced with the program, with no builtin dynamo cannot trace (it warned
+    of one), and a call under another autocast still raises."""
+    with _bf16():
+        ep = predispatch.export_predispatch(CastsItsCacheToTheActivations(), (torch.randn(2, 4),))
+    torch._dynamo.reset()
+    compiled = torch.compile(ep.module(), backend="eager")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*Dynamo does not know how to trace")
+        with _bf16():
+            compiled(torch.randn(2, 4))
+    with pytest.raises(RuntimeError, match="exported under torch.autocast"):
+        compiled(torch.randn(2, 4))
 
 
 class ReadsNoDtype(torch.nn.Module):

@@ -25,8 +25,16 @@ from .ops import SET_GRAD_ENABLED, may_return_a_view
 from .patching import patched, patches_suspended
 
 
+_AUTOCAST_DEVICES: list = []
+
+
 def autocast_devices() -> list[str]:
-    return [d for d in torch._C._autocast_supported_devices() if hasattr(torch, d)]
+    """The device types autocast supports here, read once: a program's check
+    of the caller's autocast then reads no builtin dynamo cannot trace
+    (``torch.compile(ep.module())`` warned of it)."""
+    if not _AUTOCAST_DEVICES:
+        _AUTOCAST_DEVICES.extend(d for d in torch._C._autocast_supported_devices() if hasattr(torch, d))
+    return list(_AUTOCAST_DEVICES)
 
 
 # Is autocast on for any device? (a global state an op's result metadata depends on)
