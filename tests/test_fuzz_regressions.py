@@ -3457,13 +3457,19 @@ def test_a_linear_of_a_vector_relaid_overwritten_then_swapped_back():
 
 
 # (forty-first session, a helper's probe; the second fixed in the
-# forty-third, the first open) Inputs that alias, written in grad mode after
-# a relayout out of autograd's sight. The second: the cover's write in the
-# caller's mode (``y.add_``) kept no history under a no_grad caller: its new
-# value, the relaid cover's replay, is read by nothing later, but the
-# cover's memory, written back as it started, is. The write's history is
-# now kept on those replayed bases (as seed 63002's). The first differs from
-# eager as its xfail says, on every supported release.
+# forty-third, the first in the forty-fourth) Inputs that alias, written in
+# grad mode after a relayout out of autograd's sight. The second: the
+# cover's write in the caller's mode (``y.add_``) kept no history under a
+# no_grad caller: its new value, the relaid cover's replay, is read by
+# nothing later, but the cover's memory, written back as it started, is.
+# The write's history is now kept on those replayed bases (as seed 63002's).
+# The first: under a no_grad caller the gradient reaching the inputs' leaf
+# was eager's transposed. Written back as its memory started, the cover's
+# history came through the base's update (a transpose, in the old layout),
+# then relaid where autograd does not see it; eager's tensor has no such
+# transpose. A relayout of the same shape that reaches all the memory
+# (``t_()`` of a square) is now written back as its value in the new
+# layout, whose history is eager's (the family: the test after it).
 
 class CoverTransposedThenWrittenInAGradBlock(nn.Module):
     def __init__(self):
@@ -3502,13 +3508,45 @@ def _row_and_its_only_row():
 
 
 @pytest.mark.parametrize("module, make_args, kw", [
-    open_bug(CoverTransposedThenWrittenInAGradBlock(), _square_and_row,
-             {"inputs_require_grad": True, "inputs_with_history": True},
-             reason="under a no_grad caller, the gradient reaching the inputs' leaf differs"),
+    (CoverTransposedThenWrittenInAGradBlock(), _square_and_row,
+     {"inputs_require_grad": True, "inputs_with_history": True}),
     (CoverResizedToItsSizeThenWrittenInAGradBlock(), _row_and_its_only_row, {"inputs_require_grad": False}),
 ])
 def test_aliased_inputs_written_in_grad_mode_after_a_relayout(module, make_args, kw):
     assert_matches_eager(module, make_args(), **kw)
+
+
+class CoverRelaidAndWritten(nn.Module):
+    """A square cover (``f(y, y[0])``) relaid by ``relayout`` (under no_grad,
+    or in the caller's mode) and written with a history before, after or
+    both: the caller's gradient and values as eager's."""
+
+    def __init__(self, relayout, writes, relaid_under):
+        super().__init__()
+        self.a = nn.Parameter(torch.tensor(0.5))
+        self.relayout, self.writes, self.relaid_under = relayout, writes, relaid_under
+
+    def write(self, y):
+        with torch.enable_grad():
+            y.add_(self.a)
+
+    def forward(self, y, v):
+        if "before" in self.writes:
+            self.write(y)
+        with torch.no_grad() if self.relaid_under == "no_grad" else contextlib.nullcontext():
+            y.t_() if self.relayout == "t_" else y.transpose_(0, 1)
+        if "after" in self.writes:
+            self.write(y)
+        return self.a * 1
+
+
+@pytest.mark.parametrize("relaid_under", ["no_grad", "caller's mode"])
+@pytest.mark.parametrize("writes", ["before", "after", "before and after"])
+@pytest.mark.parametrize("relayout", ["t_", "transpose_"])
+def test_a_square_cover_relaid_and_written_gives_eagers_gradient(relayout, writes, relaid_under):
+    module = CoverRelaidAndWritten(relayout, writes, relaid_under)
+    for kw in ({"inputs_require_grad": True, "inputs_with_history": True}, {"inputs_require_grad": False}):
+        assert_matches_eager(module, _square_and_row(), **kw)
 
 
 # (forty-first session, a helper's probe; fixed in the forty-second) The same

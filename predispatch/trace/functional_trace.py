@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from typing import Callable
 
 import torch
@@ -486,12 +487,38 @@ def _written_as_started(i: int, f, change: LayoutChange, starts: _InputStarts, r
     if not isinstance(started, int) or change.offset < 0 or (
             _torch.storage_extent(change.size, change.stride, change.offset) > started):
         return f, change
+    if _covers_all_of(change, start, started):  # its value in its new layout is all of the memory
+        return f, change
     last = _torch.last_node(_torch.current_tracer().graph)
     _torch.apply_pending_updates(start)  # replayed from the memory written, at the forward's end
     for node in _torch.nodes_after(last) if record is not None else ():
         record.note(Event(Kind.REGENERATED_VIEW, node))  # with the memory's history in any mode, as eager's
     starts.written_as_started.add(i)
     return start, dataclasses.replace(change, as_started=True)
+
+
+def _covers_all_of(change: LayoutChange, start, extent: int) -> bool:
+    """Does the new layout, of the same shape, reach each element of the
+    memory as it started once (``t_()`` of a square matrix)? Then the value
+    in it says all the memory holds, and carries eager's history: written
+    back so, relaid in its grad mode, not as the memory started (whose
+    history comes through the base's update, in the old layout, where
+    eager's has none if the relayout was out of autograd's sight: under a
+    no_grad caller, a gradient reaching the inputs transposed). Of another
+    shape, eager's history under a no_grad caller takes no gradient at all."""
+    size, stride = tuple(change.size), tuple(change.stride)
+    return (change.offset == 0 and size == tuple(start.size()) and math.prod(size) == extent == start.numel()
+            and _dense(size, stride) and _dense(size, tuple(start.stride())))
+
+
+def _dense(size: tuple, stride: tuple) -> bool:
+    """Do ``size`` and ``stride`` lay elements out without gaps or overlaps?"""
+    expected = 1
+    for step, n in sorted((step, n) for n, step in zip(size, stride) if n != 1):
+        if step != expected:
+            return False
+        expected *= n
+    return True
 
 
 def _cover_views_relaid(inputs: _CallInputs, starts: _InputStarts, made: dict, on_layout_change, record) -> list:
