@@ -3549,6 +3549,25 @@ def test_a_square_cover_relaid_and_written_gives_eagers_gradient(relayout, write
         assert_matches_eager(module, _square_and_row(), **kw)
 
 
+def _transposed_square_and_row():
+    y = inputs((4, 4))[0].t()
+    return y, y[0]
+
+
+# (forty-fourth session, a probe of the family above) The cover given
+# transposed, relaid in the caller's mode and written after: written back
+# the old way (as its memory started), as the fix above leaves covers that
+# did not start contiguous; under a no_grad caller the inputs' gradient
+# differs from eager's. Relaid under no_grad, such a cover is refused.
+
+@pytest.mark.parametrize("relayout", [
+    open_bug("t_", reason="under a no_grad caller, the gradient reaching the inputs' leaf differs"),
+])
+def test_a_transposed_square_cover_relaid_in_the_callers_mode_then_written(relayout):
+    assert_matches_eager(CoverRelaidAndWritten(relayout, "after", "caller's mode"), _transposed_square_and_row(),
+                         inputs_require_grad=True, inputs_with_history=True)
+
+
 # (forty-first session, a helper's probe; fixed in the forty-second) The same
 # tensor given twice, ``f(y, y)``, scaled in place through the second by a
 # parameter, then overwritten whole. The program's ``mul`` saved its input
