@@ -3573,6 +3573,31 @@ def test_a_transposed_square_cover_relaid_in_the_callers_mode_then_written(relay
                          inputs_require_grad=True, inputs_with_history=True)
 
 
+# (forty-fourth session) The as_strided_ case above, smallest: no aliasing
+# needed. An input given transposed, restrided in place by as_strided_ and
+# written: under a grad caller too, the gradient reaching its leaf is
+# eager's transposed, the values equal. The program writes through the
+# input's memory with as_strided and as_strided_scatter over its
+# non-contiguous layout.
+
+class TransposedInputRestridedThenWritten(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Parameter(torch.tensor(0.5))
+
+    def forward(self, y):
+        y.as_strided_(y.shape, y.stride()[::-1])
+        y.mul_(self.a)
+        return self.a * 1
+
+
+@pytest.mark.parametrize("module", [
+    open_bug(TransposedInputRestridedThenWritten(), reason="the gradient reaching the input's leaf is transposed"),
+])
+def test_a_transposed_input_restrided_by_as_strided_then_written(module):
+    assert_matches_eager(module, (inputs((4, 4))[0].t(),), inputs_require_grad=True, inputs_with_history=True)
+
+
 # (forty-first session, a helper's probe; fixed in the forty-second) The same
 # tensor given twice, ``f(y, y)``, scaled in place through the second by a
 # parameter, then overwritten whole. The program's ``mul`` saved its input
