@@ -3543,42 +3543,38 @@ class CoverRelaidAndWritten(nn.Module):
         return self.a * 1
 
 
-@pytest.mark.parametrize("relaid_under", ["no_grad", "caller's mode"])
-@pytest.mark.parametrize("writes", ["before", "after", "before and after"])
-@pytest.mark.parametrize("relayout", ["t_", "transpose_", "as_strided_"])
-def test_a_square_cover_relaid_and_written_gives_eagers_gradient(relayout, writes, relaid_under):
-    module = CoverRelaidAndWritten(relayout, writes, relaid_under)
-    for kw in ({"inputs_require_grad": True, "inputs_with_history": True}, {"inputs_require_grad": False}):
-        assert_matches_eager(module, _square_and_row(), **kw)
-
-
 def _transposed_square_and_row():
     y = inputs((4, 4))[0].t()
     return y, y[0]
 
 
-# (forty-fourth session, a probe of the family above) The cover given
-# transposed, relaid in the caller's mode and written after: written back
-# the old way (as its memory started), as the fix above leaves covers that
-# did not start contiguous; under a no_grad caller the inputs' gradient
-# differs from eager's (by as_strided_, under a grad caller too). Relaid
-# under no_grad, such a cover is refused.
+@pytest.mark.parametrize("given", ["contiguous", "transposed"])
+@pytest.mark.parametrize("relaid_under", ["no_grad", "caller's mode"])
+@pytest.mark.parametrize("writes", ["before", "after", "before and after"])
+@pytest.mark.parametrize("relayout", ["t_", "transpose_", "as_strided_"])
+def test_a_square_cover_relaid_and_written_gives_eagers_gradient(relayout, writes, relaid_under, given):
+    module = CoverRelaidAndWritten(relayout, writes, relaid_under)
+    make_args = _square_and_row if given == "contiguous" else _transposed_square_and_row
+    for kw in ({"inputs_require_grad": True, "inputs_with_history": True}, {"inputs_require_grad": False}):
+        try:
+            assert_matches_eager(module, make_args(), **kw)
+        except predispatch.ExportError as e:
+            # torch 2.15's functionalization writes through the view with as_strided_scatter into
+            # the transposed tensor, once it requires grad, which torch asserts against
+            # (pytorch/pytorch#90992): refused, naming the line
+            if not (relayout == "as_strided_" and given == "transposed"
+                    and "as_strided_scatter is currently only supported for contiguous" in str(e)):
+                raise
 
-@pytest.mark.parametrize("relayout", [
-    open_bug("t_", reason="under a no_grad caller, the gradient reaching the inputs' leaf differs"),
-    open_bug("as_strided_", reason="the gradient reaching the inputs' leaf differs, under a grad caller too"),
-])
-def test_a_transposed_square_cover_relaid_in_the_callers_mode_then_written(relayout):
-    assert_matches_eager(CoverRelaidAndWritten(relayout, "after", "caller's mode"), _transposed_square_and_row(),
-                         inputs_require_grad=True, inputs_with_history=True)
 
-
-# (forty-fourth session) The as_strided_ case above, smallest: no aliasing
-# needed. An input given transposed, restrided in place by as_strided_ and
-# written: under a grad caller too, the gradient reaching its leaf is
-# eager's transposed, the values equal. The program writes through the
-# input's memory with as_strided and as_strided_scatter over its
-# non-contiguous layout.
+# (forty-fourth session, a probe of the family above; fixed the same day)
+# The smallest form of the family's cover given transposed, no aliasing
+# needed: an input given transposed, restrided in place by as_strided_ and
+# written gave its leaf eager's gradient transposed, under a grad caller
+# too, the values equal. The program writes through an as_strided view with
+# as_strided_scatter, whose gradient for the values written takes the
+# tensor written into as contiguous (pytorch/pytorch#90992); it now
+# scatters into zeros permuted to be contiguous (passes/writes.py).
 
 class TransposedInputRestridedThenWritten(nn.Module):
     def __init__(self):
@@ -3591,11 +3587,9 @@ class TransposedInputRestridedThenWritten(nn.Module):
         return self.a * 1
 
 
-@pytest.mark.parametrize("module", [
-    open_bug(TransposedInputRestridedThenWritten(), reason="the gradient reaching the input's leaf is transposed"),
-])
-def test_a_transposed_input_restrided_by_as_strided_then_written(module):
-    assert_matches_eager(module, (inputs((4, 4))[0].t(),), inputs_require_grad=True, inputs_with_history=True)
+def test_a_transposed_input_restrided_by_as_strided_then_written():
+    assert_matches_eager(TransposedInputRestridedThenWritten(), (inputs((4, 4))[0].t(),), inputs_require_grad=True,
+                         inputs_with_history=True)
 
 
 # (forty-first session, a helper's probe; fixed in the forty-second) The same

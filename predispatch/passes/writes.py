@@ -20,7 +20,10 @@ a pre-dispatch graph, which runs above autograd:
   written ``where(mask, as_strided_scatter(zeros, src), self)``, the mask
   the written part: torch's gradient for ``src`` is right, ``where`` gives
   ``self`` the rest. (A scatter into zeros has no gradient to get wrong: a
-  re-export leaves the rewrite as it is.)
+  re-export leaves the rewrite as it is.) torch's gradient for ``src``
+  takes ``self`` contiguous: a permutation of a contiguous tensor (an input
+  given transposed) is scattered into zeros permuted to be contiguous, then
+  permuted back.
 
 One pass, a rule per op (:data:`_REWRITES`).
 """
@@ -85,9 +88,30 @@ def _as_strided_scatter_as_differentiable_ops(graph: torch.fx.Graph, node: torch
     written = _node(graph, aten.as_strided_scatter.default, (nothing, everything, *layout), node.kwargs,
                     torch.empty_like(mine, dtype=torch.bool))
     zeros = _node(graph, aten.zeros_like.default, (self,), {}, torch.empty_like(mine))
-    placed = _node(graph, aten.as_strided_scatter.default, (zeros, src, *layout), node.kwargs,
-                   node.meta["val"])
+    order = _memory_order(mine)
+    if order is None:
+        placed = _node(graph, aten.as_strided_scatter.default, (zeros, src, *layout), node.kwargs,
+                       node.meta["val"])
+    else:  # torch's gradient for src is right for a contiguous tensor only: scattered into one, laid back
+        zeros = _node(graph, aten.permute.default, (zeros, order), {}, zeros.meta["val"].permute(order))
+        scattered = _node(graph, aten.as_strided_scatter.default, (zeros, src, *layout), node.kwargs,
+                          torch.empty_like(zeros.meta["val"]))
+        back = [order.index(d) for d in range(len(order))]
+        placed = _node(graph, aten.permute.default, (scattered, back), {}, scattered.meta["val"].permute(back))
     return _node(graph, aten.where.self, (written, placed, self), {}, node.meta["val"])
+
+
+def _memory_order(t: torch.Tensor) -> list[int] | None:
+    """The order of ``t``'s dims that lays it out contiguously, where ``t`` is
+    a permutation of a contiguous tensor (``y.t()``) and not contiguous
+    itself (pytorch/pytorch#90992: as_strided_scatter takes ``self``
+    contiguous, and its gradient for ``src`` reads positions as if it were);
+    None otherwise (contiguous, symbolic, or not dense)."""
+    strides = t.stride()
+    if not all(isinstance(n, int) for n in (*t.shape, *strides)) or t.is_contiguous():
+        return None
+    order = sorted(range(t.dim()), key=lambda d: (-strides[d], -t.shape[d]))
+    return order if t.permute(order).is_contiguous() else None
 
 
 _REWRITES = {
@@ -118,9 +142,11 @@ def replace_writes(gm: torch.fx.GraphModule) -> int:
 
 
 def _may_carry_a_gradient(node: torch.fx.Node) -> bool:
-    """Not a factory's zeros or a mask (the rewrite's own scatters: a
-    re-export leaves them as they are)."""
+    """Not a factory's zeros (permuted or not) or a mask (the rewrite's own
+    scatters: a re-export leaves them as they are)."""
     val = node.meta.get("val")
+    if node.target is aten.permute.default:
+        node = node.args[0]
     return isinstance(val, torch.Tensor) and val.is_floating_point() and node.target is not aten.zeros_like.default
 
 

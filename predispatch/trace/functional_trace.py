@@ -505,20 +505,10 @@ def _covers_all_of(change: LayoutChange, start, extent: int) -> bool:
     history comes through the base's update, in the old layout, where
     eager's has none if the relayout was out of autograd's sight: under a
     no_grad caller, a gradient reaching the inputs transposed). Of another
-    shape, eager's history under a no_grad caller takes no gradient at all.
-    A cover that did not start contiguous (given transposed) is left to the
-    old way: relaid by ``as_strided_``, its value's history was not eager's."""
+    shape, eager's history under a no_grad caller takes no gradient at all."""
     size, stride = tuple(change.size), tuple(change.stride)
     return (change.offset == 0 and size == tuple(start.size()) and math.prod(size) == extent == start.numel()
-            and _dense(size, stride) and tuple(start.stride()) == _contiguous_strides(size))
-
-
-def _contiguous_strides(size: tuple) -> tuple:
-    strides, step = [], 1
-    for n in reversed(size):
-        strides.append(step)
-        step *= max(n, 1)
-    return tuple(reversed(strides))
+            and _dense(size, stride) and _dense(size, tuple(start.stride())))
 
 
 def _dense(size: tuple, stride: tuple) -> bool:
