@@ -1,5 +1,4 @@
 # fuzz seed 64011: mismatch: outputs_with_history
-# open: v1 set_() under no_grad to a parameter of another shape keeps its (4,) history; written by index with a value requiring grad, eager's v1 requires grad, the program's output does not (as on 52169f0)
 import torch
 import torch.nn as nn
 from predispatch.testing.eager import assert_matches_eager

@@ -262,6 +262,8 @@ def _requires(node, specs, requiring, result, grad_on, modes, leaves, inputs) ->
         return leaves or node.args[0] in result
     if node.target in KEEPS and modes is not None:
         return node.args[0] in result
+    if node.target is KEEP_HISTORY:  # the old value's history, in any mode (not the new value's)
+        return node.args[0] in result
     if node.op == "call_function":
         on = grad_on if modes is None else modes.get(node) is True
         if not on and is_view(node) and node.target not in NO_HISTORY and node.args[0] in result:
