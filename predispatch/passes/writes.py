@@ -34,6 +34,7 @@ import torch.fx
 
 from .. import _torch
 from ..ir.meta_keys import VALUES_ONLY
+from ..trace.inplace_rules import memory_order
 
 aten = torch.ops.aten
 
@@ -88,7 +89,7 @@ def _as_strided_scatter_as_differentiable_ops(graph: torch.fx.Graph, node: torch
     written = _node(graph, aten.as_strided_scatter.default, (nothing, everything, *layout), node.kwargs,
                     torch.empty_like(mine, dtype=torch.bool))
     zeros = _node(graph, aten.zeros_like.default, (self,), {}, torch.empty_like(mine))
-    order = _memory_order(mine)
+    order = _contiguous_order(mine)
     if order is None:
         placed = _node(graph, aten.as_strided_scatter.default, (zeros, src, *layout), node.kwargs,
                        node.meta["val"])
@@ -101,17 +102,14 @@ def _as_strided_scatter_as_differentiable_ops(graph: torch.fx.Graph, node: torch
     return _node(graph, aten.where.self, (written, placed, self), {}, node.meta["val"])
 
 
-def _memory_order(t: torch.Tensor) -> list[int] | None:
+def _contiguous_order(t: torch.Tensor) -> list[int] | None:
     """The order of ``t``'s dims that lays it out contiguously, where ``t`` is
     a permutation of a contiguous tensor (``y.t()``) and not contiguous
     itself (pytorch/pytorch#90992: as_strided_scatter takes ``self``
     contiguous, and its gradient for ``src`` reads positions as if it were);
     None otherwise (contiguous, symbolic, or not dense)."""
-    strides = t.stride()
-    if not all(isinstance(n, int) for n in (*t.shape, *strides)) or t.is_contiguous():
-        return None
-    order = sorted(range(t.dim()), key=lambda d: (-strides[d], -t.shape[d]))
-    return order if t.permute(order).is_contiguous() else None
+    order = memory_order(t)
+    return order if order is not None and t.permute(order).is_contiguous() else None
 
 
 _REWRITES = {

@@ -73,7 +73,7 @@ class OutOfPlace:
         """Trace it with ``dispatch(func, args, kwargs)`` (the functional mode's)."""
         named = _by_name(op, args, kwargs)
         target = named["self"]
-        order = _memory_order(target) if self.contiguous else None
+        order = memory_order(target) if self.contiguous else None
         if self.random:
             named["self"] = dispatch(aten.detach.default, (target,), {})
         if order is not None:  # drawn in memory order (bernoulli.p's result is contiguous)
@@ -106,7 +106,7 @@ class Unrecorded:
             return dispatch(op, args, kwargs)
 
 
-def _memory_order(t) -> list[int] | None:
+def memory_order(t) -> list[int] | None:
     """The permutation that lays ``t``'s dims out in memory order, where it
     is not the identity: eager's in-place draw fills ``t`` in memory order,
     and a functional variant may draw into a contiguous result instead
@@ -174,7 +174,7 @@ def traced_as(op, grad_enabled: bool, target=None) -> OutOfPlace | Unrecorded | 
     if rule is None:
         return None
     if rule.for_history and not grad_enabled and not (
-            getattr(rule, "random", False) and _memory_order(target) is not None):
+            getattr(rule, "random", False) and memory_order(target) is not None):
         return None
     return rule
 
