@@ -1,0 +1,143 @@
+"""Fake kernels in place of the Python decompositions fake mode runs: batch norm by rule, losses and addmm in C++.
+
+FakeTensorMode computes a batch norm's outputs by running its Python
+decomposition on fake tensors (``native_batch_norm_helper``: some twenty ops,
+each dispatched and cached as one), ~8 ms per batch norm of a new shape on
+CPU against ~0.7 ms for the convolution before it; a CNN's stages meet a new
+shape at each block, and torch.export pays it too. The outputs' metadata
+follows from the inputs' by a few rules, which a kernel here applies where
+they are exact (static sizes, an input laid out densely with strides that
+order its dimensions alone, per-channel weights and statistics), returning
+``NotImplemented`` elsewhere: torch's own path then runs, as before.
+
+Some ops have both a C++ meta kernel and a Python decomposition, and fake
+mode prefers the decomposition for static sizes (so that AOTAutograd's
+traces and its own agree); ``addmm`` costs ~3 ms a new shape that way,
+``nll_loss_forward`` 8 ms. For those in :data:`CPP_META` the meta kernel
+runs instead, with the same outputs and the same failures.
+tests/test_fake_kernels.py checks each rule, and each op's C++ meta kernel,
+against torch's decomposition.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch._prims_common import get_computation_dtype
+from torch._subclasses import fake_tensor
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+from .patching import patched
+
+aten = torch.ops.aten
+
+
+def _channel_vector(t, channels: int) -> bool:
+    return t is None or (type(t) is FakeTensor and t.shape == (channels,) and t.stride() == (1,))
+
+
+def _one_layout_order(x) -> bool:
+    """Dense, no two strides equal: an elementwise op's output (TensorIterator's
+    order, its other operands broadcast along every dimension but one) takes
+    ``x``'s strides exactly; with a tie the other operands' strides decide."""
+    strides = x.stride()
+    if len(set(strides)) != len(strides):
+        return False
+    expected = 1
+    for dim in sorted(range(x.dim()), key=lambda d: strides[d]):
+        if strides[dim] != expected:
+            return False
+        expected *= x.shape[dim]
+    return True
+
+
+def _usable(x, weight, bias, stats) -> bool:
+    if type(x) is not FakeTensor or x.dim() < 2 or x._has_symbolic_sizes_strides:
+        return False
+    channels = x.shape[1]
+    return _one_layout_order(x) and all(_channel_vector(t, channels) for t in (weight, bias, *stats)) \
+        and all(t is None or t.fake_device == x.fake_device for t in (weight, bias, *stats))
+
+
+def _like(mode, x, shape, stride, dtype):
+    meta = torch.empty_strided(shape, stride, dtype=dtype, device="meta")
+    return mode.fake_tensor_converter.from_meta_and_device(mode, meta, x.fake_device)
+
+
+def _batch_norm_training(mode, x, weight, bias, running_mean, running_var, training, momentum, eps):
+    """``_native_batch_norm_legit_functional``: (out, save_mean, save_rstd,
+    new running mean, new running var), as the decomposition makes them."""
+    if not training or not _usable(x, weight, bias, (running_mean, running_var)):
+        return NotImplemented
+    channels = x.shape[1]
+    if x.numel() // max(channels, 1) <= 1:  # the decomposition divides by n - 1
+        return NotImplemented
+    compute = get_computation_dtype(x.dtype)
+    saved = x.dtype if x.fake_device.type == "cpu" else compute
+    return (_like(mode, x, x.shape, x.stride(), x.dtype),
+            _like(mode, x, (channels,), (1,), saved),
+            _like(mode, x, (channels,), (1,), saved),
+            _like(mode, x, (channels,), (1,), torch.promote_types(compute, running_mean.dtype)),
+            _like(mode, x, (channels,), (1,), torch.promote_types(compute, running_var.dtype)))
+
+
+def _batch_norm_inference(mode, x, weight, bias, running_mean, running_var, momentum, eps):
+    """``_native_batch_norm_legit_no_training``: (out, save_mean, save_rstd);
+    on CPU the saved statistics are empty, as the decomposition makes them."""
+    if not _usable(x, weight, bias, (running_mean, running_var)):
+        return NotImplemented
+    channels = x.shape[1]
+    compute = get_computation_dtype(x.dtype)
+    if x.fake_device.type == "cpu":
+        saved = [_like(mode, x, (0,), (1,), x.dtype) for _ in range(2)]
+    else:
+        saved = [_like(mode, x, (channels,), (1,), compute) for _ in range(2)]
+    return (_like(mode, x, x.shape, x.stride(), x.dtype), *saved)
+
+
+KERNELS = {
+    aten._native_batch_norm_legit_functional.default: _batch_norm_training,
+    aten._native_batch_norm_legit_no_training.default: _batch_norm_inference,
+}
+
+
+def _fast_kernel(mode, func, args, kwargs):
+    kernel = KERNELS.get(func)
+    if kernel is None or kwargs or mode.propagate_real_tensors:
+        return NotImplemented
+    if any(type(a) is FakeTensor and a.constant is not None for a in args):
+        return NotImplemented  # constant propagation: torch's path computes the values
+    return kernel(mode, *args)
+
+
+# ops fake mode runs by their C++ meta kernel rather than by torch's Python decomposition
+CPP_META = frozenset({
+    aten.addmm.default,
+    aten._log_softmax.default,
+    aten._safe_softmax.default,
+    aten.nll_loss_forward.default,
+})
+
+
+@contextlib.contextmanager
+def fast_fake_kernels():
+    """While tracing, FakeTensorMode makes the outputs of the ops in
+    :data:`KERNELS` by their rules where these are exact, and those of the
+    ops in :data:`CPP_META` by their C++ meta kernels (its cache keeps them
+    as it keeps any); other threads run torch's own path."""
+
+    def by_rule(original):
+        def _dispatch_impl(self, func, types, args, kwargs):
+            if func in KERNELS:
+                out = _fast_kernel(self, func, args, kwargs)
+                if out is not NotImplemented:
+                    return out
+            return original(self, func, types, args, kwargs)
+        return _dispatch_impl
+
+    def by_cpp_meta(original):
+        return lambda func: func not in CPP_META and original(func)
+
+    with patched(FakeTensorMode, "_dispatch_impl", by_rule), \
+            patched(fake_tensor, "torch_decomp_decompositions", by_cpp_meta):
+        yield

@@ -1,0 +1,295 @@
+"""Fake kernels that skip torch's Python decompositions (_torch/fake_kernels.py):
+each gives the outputs torch's own fake path gives, where it is used at all."""
+import itertools
+import unittest
+from unittest import mock
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import predispatch
+import predispatch.testing
+from predispatch._torch import fake_kernels
+
+aten = torch.ops.aten
+TRAINING = aten._native_batch_norm_legit_functional.default
+INFERENCE = aten._native_batch_norm_legit_no_training.default
+
+# input layouts: (shape, the permutation its memory is laid out in, a slice making it not dense)
+LAYOUTS = {
+    "2d": ((4, 3), (0, 1), False),
+    "3d": ((2, 3, 5), (0, 1, 2), False),
+    "3d channels last": ((2, 3, 5), (0, 2, 1), False),
+    "4d": ((2, 3, 4, 5), (0, 1, 2, 3), False),
+    "4d channels last": ((2, 3, 4, 5), (0, 2, 3, 1), False),
+    "4d spatial transposed": ((2, 3, 4, 5), (0, 1, 3, 2), False),
+    "5d channels last": ((2, 3, 2, 4, 5), (0, 2, 3, 4, 1), False),
+    "batch of one": ((1, 3, 4, 5), (0, 1, 2, 3), False),
+    "one pixel": ((2, 3, 1, 1), (0, 1, 2, 3), False),
+    "one pixel, channels last": ((2, 3, 1, 1), (0, 2, 3, 1), False),
+    "one channel": ((2, 1, 4, 5), (0, 1, 2, 3), False),
+    "one value per channel": ((1, 3), (0, 1), False),
+    "not dense": ((2, 3, 4, 5), (0, 1, 2, 3), True),
+}
+DTYPES = {  # input, weight and statistics
+    "fp32": (torch.float32, torch.float32),
+    "bf16": (torch.bfloat16, torch.bfloat16),
+    "bf16, fp32 weights": (torch.bfloat16, torch.float32),
+    "fp16, fp32 weights": (torch.float16, torch.float32),
+    "fp64": (torch.float64, torch.float64),
+}
+
+
+def _fake(mode, shape, dtype, device, order=None, sliced=False):
+    order = order or tuple(range(len(shape)))
+    laid = torch.empty([shape[d] * (2 if sliced and d == order[-1] else 1) for d in order],
+                       dtype=dtype, device="meta")
+    t = laid.permute(tuple(order.index(d) for d in range(len(shape))))
+    if sliced:
+        t = t.narrow(order[-1], 0, shape[order[-1]])
+    return mode.fake_tensor_converter.from_meta_and_device(mode, t, torch.device(device))
+
+
+def _metadata(out):
+    return [(t.shape, t.stride(), t.dtype, t.device, t.storage_offset()) for t in out]
+
+
+def _outputs(op, args, fast: bool):
+    """The op's outputs' metadata on fake tensors (or the error), and whether a fast kernel made them."""
+    used = []
+    real_kernel = fake_kernels._fast_kernel
+
+    def counting(*a):
+        out = real_kernel(*a)
+        used.append(out is not NotImplemented)
+        return out
+
+    mode = args[0].fake_mode
+    FakeTensorMode.cache_clear()
+    with mock.patch.object(fake_kernels, "_fast_kernel", counting):
+        with (fake_kernels.fast_fake_kernels() if fast else mock.patch.dict({})), mode:
+            try:
+                result = _metadata(op(*args))
+            except Exception as e:  # noqa: BLE001  (compared: both ways must fail alike)
+                result = type(e)
+    FakeTensorMode.cache_clear()
+    return result, any(used)
+
+
+class TestBatchNormKernels(unittest.TestCase):
+    def _check(self, op, layout, dtypes, device, weights, extra):
+        shape, order, sliced = LAYOUTS[layout]
+        x_dtype, w_dtype = DTYPES[dtypes]
+        mode = FakeTensorMode()
+        x = _fake(mode, shape, x_dtype, device, order, sliced)
+        vector = lambda: _fake(mode, (shape[1],), w_dtype, device)  # noqa: E731
+        args = (x, *(vector() if present else None for present in weights), vector(), vector(), *extra)
+        torch_way, _ = _outputs(op, args, fast=False)
+        ours, fast = _outputs(op, args, fast=True)
+        self.assertEqual(ours, torch_way)
+        return fast
+
+    def test_each_output_is_torchs(self):
+        """Every input layout, dtype mix, device and weight/bias presence: the
+        outputs' sizes, strides, dtypes and devices are those torch's
+        decomposition gives (or both fail alike); the fast kernel is used
+        where the input's strides order its dimensions alone."""
+        used = {}
+        for op, layout, dtypes, device, weights in itertools.product(
+                (TRAINING, INFERENCE), LAYOUTS, DTYPES, ("cpu", "cuda"), ((True, True), (True, False))):
+            extra = (True, 0.1, 1e-5) if op is TRAINING else (0.1, 1e-5)
+            with self.subTest(op=op.__name__, layout=layout, dtypes=dtypes, device=device, weights=weights):
+                used.setdefault((op, layout), set()).add(self._check(op, layout, dtypes, device, weights, extra))
+        fast = {"2d", "3d", "3d channels last", "4d", "4d channels last", "4d spatial transposed",
+                "5d channels last", "batch of one"}  # the rest: strides tie, or not dense
+        self.assertEqual(set().union(*used.values()), {True, False})
+        self.assertEqual({layout for (op, layout), taken in used.items() if taken == {True} and op is TRAINING}, fast)
+        self.assertEqual({layout for (op, layout), taken in used.items() if taken == {True} and op is INFERENCE},
+                         fast | {"one value per channel"})
+        self.assertEqual({layout for (op, layout), taken in used.items() if taken == {False}},
+                         set(LAYOUTS) - fast)  # training divides by n - 1 = 0 there
+
+    def test_training_false_through_the_functional_op_is_torchs(self):
+        mode = FakeTensorMode()
+        x, v = _fake(mode, (2, 3, 4, 5), torch.float32, "cpu"), lambda: _fake(mode, (3,), torch.float32, "cpu")
+        args = (x, v(), v(), v(), v(), False, 0.1, 1e-5)
+        torch_way, _ = _outputs(TRAINING, args, fast=False)
+        ours, fast = _outputs(TRAINING, args, fast=True)
+        self.assertEqual(ours, torch_way)
+        self.assertFalse(fast)
+
+
+def _spec(shape, dtype=torch.float32, transposed=False):
+    return (tuple(shape), dtype, transposed)
+
+
+def _made(mode, spec, device):
+    shape, dtype, transposed = spec
+    if dtype is torch.long:
+        return mode.fake_tensor_converter.from_meta_and_device(
+            mode, torch.empty(shape, dtype=dtype, device="meta"), torch.device(device))
+    return _fake(mode, shape, dtype, device, order=tuple(range(len(shape)))[::-1] if transposed else None)
+
+
+def _cpp_meta_cases():
+    """(op, inputs as specs or values, keyword arguments last as a dict), each
+    op across shapes, layouts, dtypes and arguments."""
+    floats = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+    for n, p, dtype, (beta, alpha) in itertools.product((1, 3), (1, 5), floats, ((1, 1), (0, 1), (0.5, 2))):
+        for bias in ((p,), (n, p), (n, 1), ()):
+            for t1, t2 in ((False, False), (False, True), (True, True)):
+                if ((beta, alpha) == (1, 1)) == ((t1, t2) != (False, True)):
+                    yield aten.addmm.default, (_spec(bias, dtype), _spec((n, 4), dtype, t1), _spec((4, p), dtype, t2),
+                                               {"beta": beta, "alpha": alpha})
+    for mixed in ((torch.bfloat16, torch.float32, torch.float32), (torch.float32, torch.bfloat16, torch.bfloat16),
+                  (torch.float32, torch.float32, torch.float16)):
+        yield aten.addmm.default, (_spec((5,), mixed[0]), _spec((3, 4), mixed[1]), _spec((4, 5), mixed[2]))
+    yield aten.addmm.default, (_spec((5,)), _spec((3, 4)), _spec((3, 5)))  # sizes that do not fit
+    for dtype, transposed, dim in itertools.product(floats, (False, True), (0, 1, -1)):
+        yield aten._log_softmax.default, (_spec((3, 4, 5), dtype, transposed), dim, False)
+        yield aten._safe_softmax.default, (_spec((3, 4, 5), dtype, transposed), dim)
+        yield aten._safe_softmax.default, (_spec((3, 4, 5), dtype, transposed), dim, torch.float32)
+    for dtype, reduction, ignore, weighted in itertools.product(floats, (0, 1, 2), (-100, 1), (False, True)):
+        for logits, target in (((6, 4), (6,)), ((4,), ())):
+            weight = _spec((4,), dtype) if weighted else None
+            yield aten.nll_loss_forward.default, (_spec(logits, dtype), _spec(target, torch.long), weight,
+                                                  reduction, ignore)
+
+
+def _outcome(op, args, fast: bool, dispatched: list):
+    """The outputs' metadata and which input each shares memory with, or the
+    error's type; each op fake mode computed meanwhile appended to ``dispatched``
+    (a Python decomposition's ops after the op's own)."""
+    kwargs = args[-1] if isinstance(args[-1], dict) else {}
+    args = args[:-1] if kwargs else args
+    mode = next(a for a in args if isinstance(a, torch.Tensor)).fake_mode
+    inputs = [a for a in args if isinstance(a, torch.Tensor)]
+    original = FakeTensorMode._dispatch_impl
+
+    def counted(self, func, *rest):
+        dispatched.append(func)
+        return original(self, func, *rest)
+
+    FakeTensorMode.cache_clear()
+    try:
+        with mock.patch.object(FakeTensorMode, "_dispatch_impl", counted), \
+                (fake_kernels.fast_fake_kernels() if fast else mock.patch.dict({})), mode:
+            out = op(*args, **kwargs)
+        out = out if isinstance(out, tuple) else (out,)
+        return [(*_metadata([t])[0], [i for i, a in enumerate(inputs)
+                                      if a.untyped_storage()._cdata == t.untyped_storage()._cdata]) for t in out]
+    except Exception as e:  # noqa: BLE001  (compared)
+        return type(e)
+    finally:
+        FakeTensorMode.cache_clear()
+
+
+class TestCppMetaKernels(unittest.TestCase):
+    def test_each_op_gives_what_torchs_decomposition_gives(self):
+        """Each op in CPP_META, across shapes, layouts, dtypes (mixed ones
+        too) and arguments: its outputs' sizes, strides, dtypes and devices,
+        and the inputs whose memory each shares, are those of torch's fake
+        path; and it fails where that fails (sizes that do not fit)."""
+        self.assertEqual({op for op, _ in _cpp_meta_cases()}, set(fake_kernels.CPP_META))
+        failed = 0
+        for (op, specs), device in itertools.product(_cpp_meta_cases(), ("cpu", "cuda")):
+            with self.subTest(op=op.__name__, args=specs, device=device):
+                mode = FakeTensorMode()
+                args = [_made(mode, a, device) if isinstance(a, tuple) and len(a) == 3 and isinstance(a[1], torch.dtype)
+                        else a for a in specs]
+                ours_dispatched, torch_dispatched = [], []
+                ours = _outcome(op, args, True, ours_dispatched)
+                torch_way = _outcome(op, args, False, torch_dispatched)
+                if torch_way is RuntimeError and device == "cuda" and not torch.backends.cuda.is_built():
+                    continue  # torch's decomposition makes a CUDA tensor (``contiguous()``) a CPU build cannot
+                self.assertEqual(ours_dispatched, [op])  # its C++ meta kernel, no op of a decomposition
+                self.assertGreater(len(torch_dispatched), 1)
+                self.assertEqual(ours, torch_way)
+                failed += isinstance(ours, type)
+        self.assertGreaterEqual(failed, 1)  # the sizes that do not fit (both accept the dtype mixes eager refuses)
+
+
+class _Stages(torch.nn.Module):
+    """Batch norms of several widths, 1-d and 2-d, channels last, with and without affine weights."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.ReLU())
+        self.stage = torch.nn.Sequential(torch.nn.Conv2d(8, 16, 3, stride=2), torch.nn.BatchNorm2d(16, affine=False))
+        self.head = torch.nn.Sequential(torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(16, 6),
+                                        torch.nn.BatchNorm1d(6))
+
+    def forward(self, x):
+        return self.head(self.stage(self.stem(x.to(memory_format=torch.channels_last))))
+
+
+class TestExports(unittest.TestCase):
+    def _export(self, model, x, fast: bool, dynamic_shapes=None):  # x: a tensor, or keyword inputs
+        """The program, its code, each node's value's metadata (sizes as printed: symbolic ones
+        by their expressions) and its range constraints; and the batch norms the fast kernels made."""
+        calls = []
+        real_kernel = fake_kernels._fast_kernel
+        off = {} if fast else {"KERNELS": {}, "CPP_META": frozenset()}
+        with mock.patch.multiple(fake_kernels, **off) if off else mock.patch.dict({}), \
+                mock.patch.object(fake_kernels, "_fast_kernel", lambda *a: calls.append(real_kernel(*a)) or calls[-1]):
+            ep = predispatch.export_predispatch(model, *((x,), {}) if isinstance(x, torch.Tensor) else ((), x),
+                                                dynamic_shapes=dynamic_shapes)
+        vals = [(n.name, [str(_metadata([v])) for v in (n.meta.get("val"), *(n.meta.get("val") or ()
+                 if isinstance(n.meta.get("val"), (tuple, list)) else ())) if isinstance(v, torch.Tensor)])
+                for n in ep.graph.nodes]
+        made = sum(c is not NotImplemented for c in calls)
+        return ep, (str(ep.graph_module.code), vals, str(ep.range_constraints)), made
+
+    def test_the_program_is_the_one_torchs_path_gives(self):
+        """Static, train and eval, fp32 and bf16; with dynamic batch and image
+        sizes torch's path runs (its symbolic strides are written as its
+        decomposition's ops write them, not as the input's)."""
+        for train, dtype, dynamic in itertools.product((True, False), (torch.float32, torch.bfloat16), (False, True)):
+            with self.subTest(train=train, dtype=dtype, dynamic=dynamic):
+                model = _Stages().to(dtype).train(train)
+                x = torch.randn(4, 3, 12, 12, dtype=dtype)
+                shapes = ({0: torch.export.Dim("batch", min=2), 2: torch.export.Dim("height", min=9, max=64)},) \
+                    if dynamic else None
+                ep, program, made = self._export(model, x, fast=True, dynamic_shapes=shapes)
+                _, program_torch, made_torch = self._export(model, x, fast=False, dynamic_shapes=shapes)
+                self.assertEqual(program, program_torch)
+                self.assertEqual((made, made_torch), (0 if dynamic else 3, 0))  # each batch norm's, static
+                tolerance = dict(rtol=1e-2, atol=1e-2) if dtype is torch.bfloat16 else {}
+                predispatch.testing.assert_matches_eager(model, (x,), dynamic_shapes=shapes, **tolerance)
+
+    def test_a_language_models_program_is_the_one_torchs_path_gives(self):
+        """BERT and GPT-2 (its Conv1D an addmm, eager attention's softmax) with
+        labels (log_softmax, nll_loss), fp32 and under bf16 autocast."""
+        transformers = __import__("pytest").importorskip("transformers")
+        configs = {
+            transformers.BertForMaskedLM: transformers.BertConfig(
+                vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                max_position_embeddings=32, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0),
+            transformers.GPT2LMHeadModel: transformers.GPT2Config(
+                vocab_size=64, n_embd=32, n_layer=2, n_head=2, n_positions=32, resid_pdrop=0.0, embd_pdrop=0.0,
+                attn_pdrop=0.0, attn_implementation="eager", use_cache=False),
+        }
+        ids = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(0))
+        for (cls, config), autocast in itertools.product(configs.items(), (False, True)):
+            with self.subTest(model=cls.__name__, autocast=autocast), \
+                    torch.autocast("cpu", torch.bfloat16, enabled=autocast):
+                torch.manual_seed(0)
+                model = cls(config).eval()
+                inputs = {"input_ids": ids, "labels": ids}
+                met = []
+
+                class Counted(frozenset):
+                    def __contains__(self, op):
+                        met.append(op) if frozenset.__contains__(self, op) else None
+                        return frozenset.__contains__(self, op)
+
+                with mock.patch.object(fake_kernels, "CPP_META", Counted(fake_kernels.CPP_META)):
+                    _, program, _ = self._export(model, inputs, fast=True)
+                _, program_torch, _ = self._export(model, inputs, fast=False)
+                self.assertEqual(program, program_torch)
+                self.assertGreaterEqual(set(met), {aten.addmm.default, aten._log_softmax.default,
+                                                   aten.nll_loss_forward.default})  # made by C++ meta kernels
+
+
+if __name__ == "__main__":
+    unittest.main()
