@@ -291,5 +291,20 @@ class TestExports(unittest.TestCase):
                                                    aten.nll_loss_forward.default})  # made by C++ meta kernels
 
 
+    def test_timm_models_programs_are_the_ones_torchs_path_gives(self):
+        """timm's test-sized ResNet, EfficientNet (drop path, squeeze-excite) and
+        ConvNeXt (channels-last Linear), train and eval (torch >= 2.14, the vision extra)."""
+        timm = __import__("pytest").importorskip("timm")
+        x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+        for name, train in itertools.product(("test_resnet", "test_efficientnet", "test_convnext"), (True, False)):
+            with self.subTest(model=name, train=train):
+                torch.manual_seed(0)
+                model = timm.create_model(name, pretrained=False, num_classes=10, drop_path_rate=0.1).train(train)
+                _, program, made = self._export(model, x, fast=True)
+                _, program_torch, _ = self._export(model, x, fast=False)
+                self.assertEqual(program, program_torch)
+                self.assertEqual(made > 0, name != "test_convnext")  # batch norms by rule (ConvNeXt has none)
+
+
 if __name__ == "__main__":
     unittest.main()
