@@ -34,7 +34,6 @@ LAYOUTS = {
 DTYPES = {  # input, weight and statistics
     "fp32": (torch.float32, torch.float32),
     "bf16": (torch.bfloat16, torch.bfloat16),
-    "bf16, fp32 weights": (torch.bfloat16, torch.float32),
     "fp16, fp32 weights": (torch.float16, torch.float32),
     "fp64": (torch.float64, torch.float64),
 }
@@ -254,12 +253,12 @@ class TestExports(unittest.TestCase):
                 _, program_torch, made_torch = self._export(model, x, fast=False, dynamic_shapes=shapes)
                 self.assertEqual(program, program_torch)
                 self.assertEqual((made, made_torch), (0 if dynamic else 3, 0))  # each batch norm's, static
-                tolerance = dict(rtol=1e-2, atol=1e-2) if dtype is torch.bfloat16 else {}
-                predispatch.testing.assert_matches_eager(model, (x,), dynamic_shapes=shapes, **tolerance)
+                if dtype is torch.float32 and not dynamic:  # and the program (its kernels ours) is eager's
+                    predispatch.testing.assert_matches_eager(model, (x,))
 
     def test_a_language_models_program_is_the_one_torchs_path_gives(self):
-        """BERT and GPT-2 (its Conv1D an addmm, eager attention's softmax) with
-        labels (log_softmax, nll_loss), fp32 and under bf16 autocast."""
+        """BERT in fp32, GPT-2 (its Conv1D an addmm, eager attention's softmax)
+        under bf16 autocast, each with labels (log_softmax, nll_loss)."""
         transformers = __import__("pytest").importorskip("transformers")
         configs = {
             transformers.BertForMaskedLM: transformers.BertConfig(
@@ -270,7 +269,8 @@ class TestExports(unittest.TestCase):
                 attn_pdrop=0.0, attn_implementation="eager", use_cache=False),
         }
         ids = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(0))
-        for (cls, config), autocast in itertools.product(configs.items(), (False, True)):
+        for cls, autocast in ((transformers.BertForMaskedLM, False), (transformers.GPT2LMHeadModel, True)):
+            config = configs[cls]
             with self.subTest(model=cls.__name__, autocast=autocast), \
                     torch.autocast("cpu", torch.bfloat16, enabled=autocast):
                 torch.manual_seed(0)

@@ -105,8 +105,8 @@ def _fast_kernel(mode, func, args, kwargs):
     kernel = KERNELS.get(func)
     if kernel is None or kwargs or mode.propagate_real_tensors:
         return NotImplemented
-    if any(type(a) is FakeTensor and a.constant is not None for a in args):
-        return NotImplemented  # constant propagation: torch's path computes the values
+    if any(type(a) is FakeTensor and (a.constant is not None or a.fake_mode is not mode) for a in args):
+        return NotImplemented  # constant propagation, another mode's tensor: torch's path decides
     return kernel(mode, *args)
 
 
