@@ -16,7 +16,9 @@ Cases (see CASES): transformers BERT, GPT-2 and Llama built from configs
 the same Llama at 8 and 32 layers, modules running 25/50/100 small no_grad or
 autocast blocks, the Llama-3-70B shape on meta weights (80 layers), and BERT,
 GPT-2 and Llama at 4 layers with attention mask and labels, static
-(``*-L4``) and with batch and sequence length dynamic (``*-L4-dyn``).
+(``*-L4``) and with batch and sequence length dynamic (``*-L4-dyn``); the
+train/eval mode cases, Qwen3-Next and Qwen3.5, a diffusers U-Net and timm's
+ResNet-50 (``resnet50-train``, ``resnet50-eval``) for issue 42.
 
 How it measures:
 
@@ -364,6 +366,19 @@ def diffusers_installed() -> bool:
 CASES += [Case(f"{kind}-L8", "scans", lambda kind=kind: linear_attention_lm(kind), layers=8)
           for kind in ("qwen3_next", "qwen3_5")]
 CASES += [Case("unet", "scans", unet)]
+
+
+def resnet50(mode: str):
+    """timm's ResNet-50 at its real depth (16 bottleneck blocks, 3-4-6-3), 2 x 3 x 64 x 64,
+    drop path 0.1 in train mode (issue 42's CNN target)."""
+    import timm
+
+    torch.manual_seed(0)
+    model = timm.create_model("resnet50", pretrained=False, drop_path_rate=0.1 if mode == "train" else 0.0)
+    return model.train(mode == "train"), (torch.randn(2, 3, 64, 64),)
+
+
+CASES += [Case(f"resnet50-{mode}", "scans", lambda mode=mode: resnet50(mode), layers=16) for mode in ("train", "eval")]
 
 CASE_BY_NAME = {c.name: c for c in CASES}
 LLAMA_SERIES = ("llama", "llama-L8", "llama-L32")  # the Llama at 2, 8, 32 layers
@@ -879,6 +894,12 @@ def targets(results) -> list[str]:
                            t is not None and t <= 1.0))
         lines.append(check(f"70B meta: peak memory ratio {fmt(m, '.2f')} (<= 1.0)", m,
                            m is not None and m <= 1.0))
+    for mode in ("train", "eval"):
+        r50 = by.get(f"resnet50-{mode}")
+        if r50 is not None:
+            t = ratio(r50.median("predispatch"), r50.median("torch"))
+            lines.append(check(f"ResNet-50 at real depth, {mode}: ratio {fmt(t, '.2f')} to torch.export (<= 0.6)",
+                               t, t is not None and t <= 0.6))
     lines.append(check(f"run time ep.module()/eager fwd+bwd, median over real models "
                        f"= {fmt(med_run, '.3f')} (<= 1.03)", med_run,
                        med_run is not None and med_run <= 1.03))
@@ -1173,7 +1194,7 @@ def select(opts) -> list[Case]:
     cases = [c for c in CASES if c.quick] if opts.quick else list(CASES)
     if not timm_installed():
         print("the vision cases skipped: timm is not installed (torch 2.14 and later)", flush=True)
-        cases = [c for c in cases if not c.name.startswith(("vit-", "resnet-"))]
+        cases = [c for c in cases if not c.name.startswith(("vit-", "resnet-", "resnet50-"))]
     if not diffusers_installed():
         print("the U-Net case skipped: diffusers is not installed (pip install -e .[bench])", flush=True)
         cases = [c for c in cases if c.name != "unet"]
