@@ -130,7 +130,7 @@ def _made(mode, spec, device):
     return _fake(mode, shape, dtype, device, order=tuple(range(len(shape)))[::-1] if transposed else None)
 
 
-def _cpp_meta_cases():
+def _meta_kernel_cases():
     """(op, inputs as specs or values, keyword arguments last as a dict), each
     op across shapes, layouts, dtypes and arguments."""
     floats = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
@@ -183,15 +183,15 @@ def _outcome(op, args, fast: bool, dispatched: list):
         FakeTensorMode.cache_clear()
 
 
-class TestCppMetaKernels(unittest.TestCase):
+class TestMetaKernels(unittest.TestCase):
     def test_each_op_gives_what_torchs_decomposition_gives(self):
-        """Each op in CPP_META, across shapes, layouts, dtypes (mixed ones
+        """Each op in BY_META_KERNEL, across shapes, layouts, dtypes (mixed ones
         too) and arguments: its outputs' sizes, strides, dtypes and devices,
         and the inputs whose memory each shares, are those of torch's fake
         path; and it fails where that fails (sizes that do not fit)."""
-        self.assertEqual({op for op, _ in _cpp_meta_cases()}, set(fake_kernels.CPP_META))
+        self.assertEqual({op for op, _ in _meta_kernel_cases()}, set(fake_kernels.BY_META_KERNEL))
         failed = 0
-        for (op, specs), device in itertools.product(_cpp_meta_cases(), ("cpu", "cuda")):
+        for (op, specs), device in itertools.product(_meta_kernel_cases(), ("cpu", "cuda")):
             with self.subTest(op=op.__name__, args=specs, device=device):
                 mode = FakeTensorMode()
                 args = [_made(mode, a, device) if isinstance(a, tuple) and len(a) == 3 and isinstance(a[1], torch.dtype)
@@ -201,7 +201,7 @@ class TestCppMetaKernels(unittest.TestCase):
                 torch_way = _outcome(op, args, False, torch_dispatched)
                 if torch_way is RuntimeError and device == "cuda" and not torch.backends.cuda.is_built():
                     continue  # torch's decomposition makes a CUDA tensor (``contiguous()``) a CPU build cannot
-                self.assertEqual(ours_dispatched, [op])  # its C++ meta kernel, no op of a decomposition
+                self.assertEqual(ours_dispatched, [op])  # its meta kernel, no op of a decomposition
                 self.assertGreater(len(torch_dispatched), 1)
                 self.assertEqual(ours, torch_way)
                 failed += isinstance(ours, type)
@@ -228,7 +228,7 @@ class TestExports(unittest.TestCase):
         by their expressions) and its range constraints; and the batch norms the fast kernels made."""
         calls = []
         real_kernel = fake_kernels._fast_kernel
-        off = {} if fast else {"KERNELS": {}, "CPP_META": frozenset()}
+        off = {} if fast else {"KERNELS": {}, "BY_META_KERNEL": frozenset()}
         with mock.patch.multiple(fake_kernels, **off) if off else mock.patch.dict({}), \
                 mock.patch.object(fake_kernels, "_fast_kernel", lambda *a: calls.append(real_kernel(*a)) or calls[-1]):
             ep = predispatch.export_predispatch(model, *((x,), {}) if isinstance(x, torch.Tensor) else ((), x),
@@ -283,12 +283,12 @@ class TestExports(unittest.TestCase):
                         met.append(op) if frozenset.__contains__(self, op) else None
                         return frozenset.__contains__(self, op)
 
-                with mock.patch.object(fake_kernels, "CPP_META", Counted(fake_kernels.CPP_META)):
+                with mock.patch.object(fake_kernels, "BY_META_KERNEL", Counted(fake_kernels.BY_META_KERNEL)):
                     _, program, _ = self._export(model, inputs, fast=True)
                 _, program_torch, _ = self._export(model, inputs, fast=False)
                 self.assertEqual(program, program_torch)
                 self.assertGreaterEqual(set(met), {aten.addmm.default, aten._log_softmax.default,
-                                                   aten.nll_loss_forward.default})  # made by C++ meta kernels
+                                                   aten.nll_loss_forward.default})  # made by meta kernels
 
 
     def test_timm_models_programs_are_the_ones_torchs_path_gives(self):

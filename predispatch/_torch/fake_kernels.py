@@ -1,21 +1,21 @@
-"""Fake kernels in place of the Python decompositions fake mode runs: batch norm by rule, losses and addmm in C++.
+"""Fake kernels in place of the Python decompositions fake mode runs: batch norm by rule, losses and addmm by meta kernel.
 
 FakeTensorMode computes a batch norm's outputs by running its Python
 decomposition on fake tensors (``native_batch_norm_helper``: some twenty ops,
-each dispatched and cached as one), ~8 ms per batch norm of a new shape on
-CPU against ~0.7 ms for the convolution before it; a CNN's stages meet a new
-shape at each block, and torch.export pays it too. The outputs' metadata
+each dispatched and cached as one), 8-14 ms per batch norm of a new shape on
+CPU against ~0.9 ms for the convolution before it (``tools/fake_cost.py``);
+a CNN's stages meet a new shape at each block, and torch.export pays it too. The outputs' metadata
 follows from the inputs' by a few rules, which a kernel here applies where
 they are exact (static sizes, an input laid out densely with strides that
 order its dimensions alone, per-channel weights and statistics), returning
 ``NotImplemented`` elsewhere: torch's own path then runs, as before.
 
-Some ops have both a C++ meta kernel and a Python decomposition, and fake
+Some ops have both a meta kernel and a Python decomposition, and fake
 mode prefers the decomposition for static sizes (so that AOTAutograd's
 traces and its own agree); ``addmm`` costs ~3 ms a new shape that way,
-``nll_loss_forward`` 8 ms. For those in :data:`CPP_META` the meta kernel
+``nll_loss_forward`` 8 ms. For those in :data:`BY_META_KERNEL` the meta kernel
 runs instead, with the same outputs and the same failures.
-tests/test_fake_kernels.py checks each rule, and each op's C++ meta kernel,
+tests/test_fake_kernels.py checks each rule, and each op's meta kernel,
 against torch's decomposition.
 """
 from __future__ import annotations
@@ -110,8 +110,8 @@ def _fast_kernel(mode, func, args, kwargs):
     return kernel(mode, *args)
 
 
-# ops fake mode runs by their C++ meta kernel rather than by torch's Python decomposition
-CPP_META = frozenset({
+# ops fake mode runs by their meta kernel (one op, no nested fake ops) rather than by torch's Python decomposition
+BY_META_KERNEL = frozenset({
     aten.addmm.default,
     aten._log_softmax.default,
     aten._safe_softmax.default,
@@ -123,7 +123,7 @@ CPP_META = frozenset({
 def fast_fake_kernels():
     """While tracing, FakeTensorMode makes the outputs of the ops in
     :data:`KERNELS` by their rules where these are exact, and those of the
-    ops in :data:`CPP_META` by their C++ meta kernels (its cache keeps them
+    ops in :data:`BY_META_KERNEL` by their meta kernels (its cache keeps them
     as it keeps any); other threads run torch's own path."""
 
     def by_rule(original):
@@ -135,9 +135,9 @@ def fast_fake_kernels():
             return original(self, func, types, args, kwargs)
         return _dispatch_impl
 
-    def by_cpp_meta(original):
-        return lambda func: func not in CPP_META and original(func)
+    def by_meta_kernel(original):
+        return lambda func: func not in BY_META_KERNEL and original(func)
 
     with patched(FakeTensorMode, "_dispatch_impl", by_rule), \
-            patched(fake_tensor, "torch_decomp_decompositions", by_cpp_meta):
+            patched(fake_tensor, "torch_decomp_decompositions", by_meta_kernel):
         yield
