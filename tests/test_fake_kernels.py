@@ -49,8 +49,8 @@ def _fake(mode, shape, dtype, device, order=None, sliced=False):
     return mode.fake_tensor_converter.from_meta_and_device(mode, t, torch.device(device))
 
 
-def _metadata(out):
-    return [(t.shape, t.stride(), t.dtype, t.device, t.storage_offset()) for t in out]
+def _metadata(out):  # sizes and strides as written: symbolic ones by their expressions
+    return [(str(tuple(t.shape)), str(t.stride()), t.dtype, t.device, str(t.storage_offset())) for t in out]
 
 
 def _outputs(op, args, fast: bool):
@@ -107,6 +107,55 @@ class TestBatchNormKernels(unittest.TestCase):
                          fast | {"one value per channel"})
         self.assertEqual({layout for (op, layout), taken in used.items() if taken == {False}},
                          set(LAYOUTS) - fast)  # training divides by n - 1 = 0 there
+
+    def test_symbolic_sizes_outputs_and_guards_are_torchs(self):
+        """Every input layout with the batch, every dimension but the channels,
+        or the spatial ones dynamic: outputs as torch's decomposition writes
+        them, and the same guards and ranges in the shape env after; the
+        rule is used where no stride is symbolic (the batch dimension
+        outermost: its size is in no stride)."""
+        from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+
+        def symbolic(shape, order, sliced, dynamic, dtype, fast):
+            mode = FakeTensorMode(shape_env=ShapeEnv())
+            laid = torch.empty([shape[d] * (2 if sliced and d == order[-1] else 1) for d in order], dtype=dtype)
+            real = laid.permute(tuple(order.index(d) for d in range(len(shape))))
+            real = real.narrow(order[-1], 0, shape[order[-1]]) if sliced else real
+            sizes = [DimDynamic.DYNAMIC if d in dynamic else DimDynamic.STATIC for d in range(len(shape))]
+            x = mode.from_tensor(real, symbolic_context=StatelessSymbolicContext(dynamic_sizes=sizes))
+            self.assertTrue(x._has_symbolic_sizes_strides)
+            vector = lambda: mode.from_tensor(torch.empty(shape[1], dtype=dtype), static_shapes=True)  # noqa: E731
+            guards_before = len(mode.shape_env.guards)
+            with mode:  # weights as a module's parameters: static
+                args = (x, vector(), vector(), vector(), vector(), *extra)
+            out, used = _outputs(op, args, fast)
+            env = mode.shape_env
+            return (out, [str(g.expr) for g in env.guards[guards_before:]], str(env.replacements),
+                    str(sorted((str(k), str(v)) for k, v in env.var_to_range.items()))), used
+
+        used = {}
+        dynamics = {"batch": lambda n: {0}, "all but channels": lambda n: set(range(n)) - {1},
+                    "spatial": lambda n: set(range(2, n))}
+        for op, layout, dynamic, dtype in itertools.product(
+                (TRAINING, INFERENCE), LAYOUTS, dynamics, (torch.float32, torch.bfloat16)):
+            shape, order, sliced = LAYOUTS[layout]
+            dims = {d for d in dynamics[dynamic](len(shape)) if shape[d] > 1}  # a size of 1 stays static
+            if not dims:
+                continue
+            extra = (True, 0.1, 1e-5) if op is TRAINING else (0.1, 1e-5)
+            with self.subTest(op=op.__name__, layout=layout, dynamic=dynamic, dtype=dtype):
+                torch_way, _ = symbolic(shape, order, sliced, dims, dtype, fast=False)
+                ours, fast = symbolic(shape, order, sliced, dims, dtype, fast=True)
+                self.assertEqual(ours, torch_way)
+                used.setdefault((op.__name__, layout, dynamic), set()).add(fast)
+        by_rule = {key for key, taken in used.items() if taken == {True}}
+        self.assertEqual({key for key, taken in used.items() if taken == {False}}, set(used) - by_rule)
+        static_strides = {"2d", "3d", "3d channels last", "4d", "4d channels last", "4d spatial transposed",
+                          "5d channels last"}  # a batch of one is not dynamic
+        self.assertFalse({key for key in by_rule if key[2] == "spatial"})  # a spatial size is in a stride
+        for op in (TRAINING, INFERENCE):  # the batch alone dynamic: by rule wherever the static rule applies
+            self.assertEqual({layout for name, layout, dynamic in by_rule if name == op.__name__ and dynamic == "batch"},
+                             static_strides)
 
     def test_training_false_through_the_functional_op_is_torchs(self):
         mode = FakeTensorMode()
@@ -240,21 +289,24 @@ class TestExports(unittest.TestCase):
         return ep, (str(ep.graph_module.code), vals, str(ep.range_constraints)), made
 
     def test_the_program_is_the_one_torchs_path_gives(self):
-        """Static, train and eval, fp32 and bf16; with dynamic batch and image
-        sizes torch's path runs (its symbolic strides are written as its
-        decomposition's ops write them, not as the input's)."""
-        for train, dtype, dynamic in itertools.product((True, False), (torch.float32, torch.bfloat16), (False, True)):
+        """Static, train and eval, fp32 and bf16, and with dynamic shapes: the
+        batch alone (every batch norm by rule) or the batch and the image
+        height (the 2-d batch norms by torch's path: their strides are
+        symbolic, written as its decomposition's ops write them)."""
+        batch, height = torch.export.Dim("batch", min=2), torch.export.Dim("height", min=9, max=64)
+        dynamics = {"static": (None, 3), "batch": ({0: batch}, 3), "batch and height": ({0: batch, 2: height}, 1)}
+        for train, dtype, dynamic in itertools.product((True, False), (torch.float32, torch.bfloat16), dynamics):
             with self.subTest(train=train, dtype=dtype, dynamic=dynamic):
+                dims, by_rule = dynamics[dynamic]
                 model = _Stages().to(dtype).train(train)
                 x = torch.randn(4, 3, 12, 12, dtype=dtype)
-                shapes = ({0: torch.export.Dim("batch", min=2), 2: torch.export.Dim("height", min=9, max=64)},) \
-                    if dynamic else None
+                shapes = (dims,) if dims else None
                 ep, program, made = self._export(model, x, fast=True, dynamic_shapes=shapes)
                 _, program_torch, made_torch = self._export(model, x, fast=False, dynamic_shapes=shapes)
                 self.assertEqual(program, program_torch)
-                self.assertEqual((made, made_torch), (0 if dynamic else 3, 0))  # each batch norm's, static
-                if dtype is torch.float32 and not dynamic:  # and the program (its kernels ours) is eager's
-                    predispatch.testing.assert_matches_eager(model, (x,))
+                self.assertEqual((made, made_torch), (by_rule, 0))
+                if dtype is torch.float32 and dynamic != "batch and height":  # the program (its kernels ours) is eager's
+                    predispatch.testing.assert_matches_eager(model, (x,), dynamic_shapes=shapes)
 
     def test_a_language_models_program_is_the_one_torchs_path_gives(self):
         """BERT in fp32, GPT-2 (its Conv1D an addmm, eager attention's softmax)

@@ -82,6 +82,7 @@ from .functionalization import (  # noqa: E402,F401
     storage_extent,
     storage_of,
     storage_offset,
+    symbolic_work_recorded_when_read,
     sync_wrapper_layout,
     to_functional,
     wrappers_sized_by_wrapped_storage,

@@ -6,7 +6,7 @@ each dispatched and cached as one), 8-14 ms per batch norm of a new shape on
 CPU against ~0.9 ms for the convolution before it (``tools/fake_cost.py``);
 a CNN's stages meet a new shape at each block, and torch.export pays it too. The outputs' metadata
 follows from the inputs' by a few rules, which a kernel here applies where
-they are exact (static sizes, an input laid out densely with strides that
+they are exact (static strides, an input laid out densely with strides that
 order its dimensions alone, per-channel weights and statistics), returning
 ``NotImplemented`` elsewhere: torch's own path then runs, as before.
 
@@ -33,26 +33,33 @@ aten = torch.ops.aten
 
 
 def _channel_vector(t, channels: int) -> bool:
-    return t is None or (type(t) is FakeTensor and t.shape == (channels,) and t.stride() == (1,))
+    return t is None or (type(t) is FakeTensor and t.dim() == 1 and type(t.shape[0]) is int
+                         and t.shape[0] == channels and t.stride() == (1,))
 
 
 def _one_layout_order(x) -> bool:
-    """Dense, no two strides equal: an elementwise op's output (TensorIterator's
-    order, its other operands broadcast along every dimension but one) takes
-    ``x``'s strides exactly; with a tie the other operands' strides decide."""
+    """Dense, no two strides equal, every stride static: an elementwise op's
+    output (TensorIterator's order, its other operands broadcast along every
+    dimension but one) takes ``x``'s strides exactly; with a tie the other
+    operands' strides decide. A symbolic size may only be the outermost
+    dimension's, which no stride is made of (so nothing here guards on it)."""
     strides = x.stride()
-    if len(set(strides)) != len(strides):
+    if any(type(s) is not int for s in strides) or len(set(strides)) != len(strides):
         return False
+    order = sorted(range(x.dim()), key=lambda d: strides[d])
     expected = 1
-    for dim in sorted(range(x.dim()), key=lambda d: strides[d]):
+    for dim in order:
         if strides[dim] != expected:
             return False
-        expected *= x.shape[dim]
+        if dim != order[-1]:
+            if type(x.shape[dim]) is not int:
+                return False
+            expected *= x.shape[dim]
     return True
 
 
 def _usable(x, weight, bias, stats) -> bool:
-    if type(x) is not FakeTensor or x.dim() < 2 or x._has_symbolic_sizes_strides:
+    if type(x) is not FakeTensor or x.dim() < 2 or type(x.shape[1]) is not int:
         return False
     channels = x.shape[1]
     return _one_layout_order(x) and all(_channel_vector(t, channels) for t in (weight, bias, *stats)) \
@@ -70,7 +77,8 @@ def _batch_norm_training(mode, x, weight, bias, running_mean, running_var, train
     if not training or not _usable(x, weight, bias, (running_mean, running_var)):
         return NotImplemented
     channels = x.shape[1]
-    if x.numel() // max(channels, 1) <= 1:  # the decomposition divides by n - 1
+    # the decomposition divides by n - 1 (n values per channel): by zero where n is 1, but not where n is symbolic
+    if not x._has_symbolic_sizes_strides and x.numel() // max(channels, 1) <= 1:
         return NotImplemented
     compute = get_computation_dtype(x.dtype)
     saved = x.dtype if x.fake_device.type == "cpu" else compute

@@ -162,6 +162,35 @@ def to_functional(t):
 # predispatch traces, a wrapper of a tensor with a symbolic layout takes the
 # wrapped tensor's storage size instead: the same storage, known already.
 _wrapping = threading.local()  # .nbytes: the storage size for the wrapper being made
+
+
+def symbolic_work_recorded_when_read():
+    """While tracing, a SymInt operation inside an op's functionalization
+    becomes a graph node when a node reads its result, not when it runs
+    (make_fx's thunks, which torch turns off around the module's own code).
+    Functionalizing an in-place op runs its meta kernel first, for the
+    errors only the in-place op has, and a decomposition checks sizes: with
+    symbolic sizes, hundreds of SymInt operations per program that no node
+    reads, each recorded (a node, a dispatch-mode switch) and then dropped as
+    dead code. torch.export's graph functionalizes nothing."""
+    return patched(FunctionalTensorMode, "__torch_dispatch__", _thunked_dispatch)
+
+
+def _thunked_dispatch(dispatch):
+    """Replacement of ``FunctionalTensorMode.__torch_dispatch__`` (:func:`symbolic_work_recorded_when_read`)."""
+    @functools.wraps(dispatch)
+    def run(mode, func, types, args=(), kwargs=None):
+        proxy = get_proxy_mode()
+        if proxy is None or proxy.tracer.enable_thunkify:
+            return dispatch(mode, func, types, args, kwargs)
+        proxy.tracer.enable_thunkify = True
+        try:
+            return dispatch(mode, func, types, args, kwargs)
+        finally:
+            proxy.tracer.enable_thunkify = False
+    return run
+
+
 # torch 2.15's FunctionalTensor.__new__ gives its wrapper the wrapped storage's size itself
 _SIZED_BY_TORCH = "storage_size" in FunctionalTensor.__new__.__code__.co_varnames
 

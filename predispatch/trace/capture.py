@@ -101,6 +101,7 @@ def _aten_stage(policy: OpPolicy, record: TraceRecord, specialize: bool):
             stack.enter_context(_torch.decompose_by(policy.should_decompose))
             stack.enter_context(_torch.pre_dispatch_pushes_without_uncaching())
             stack.enter_context(_torch.fast_fake_kernels())
+            stack.enter_context(_torch.symbolic_work_recorded_when_read())
             with _torch.module_stacks_renamed_once() as hold_module_stacks:
                 gm, graph_signature = transform(trace)(stack, mod, fake_args, kwargs=fake_kwargs)
         # a program exported again: its checks of the example's branches are its own ops, not
