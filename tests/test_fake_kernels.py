@@ -167,6 +167,79 @@ class TestBatchNormKernels(unittest.TestCase):
         self.assertFalse(fast)
 
 
+ACTIVATIONS = {  # op -> its scalar arguments, as calls pass them (gelu's approximation: a keyword)
+    aten.relu.default: [()], aten.gelu.default: [(), {"approximate": "tanh"}, {"approximate": "none"}],
+    aten.hardtanh.default: [(), (0.0, 6.0), (6, 0)], aten.hardswish.default: [()], aten.hardsigmoid.default: [()],
+    aten.leaky_relu.default: [(), (0.2,)], aten.elu.default: [(), (1.0, 1.0, 2.0)], aten.mish.default: [()],
+    aten.softplus.default: [(), (2.0, 10.0)],
+}
+
+
+def _symbolic_fake(shape, order, sliced, dynamic, dtype):
+    """A fake tensor laid out as ``order`` says, the dimensions in ``dynamic``
+    symbolic (a size of 1 stays static), in a mode of its own with a shape env."""
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+
+    mode = FakeTensorMode(shape_env=ShapeEnv())
+    laid = torch.empty([shape[d] * (2 if sliced and d == order[-1] else 1) for d in order], dtype=dtype)
+    real = laid.permute(tuple(order.index(d) for d in range(len(shape))))
+    real = real.narrow(order[-1], 0, shape[order[-1]]) if sliced else real
+    sizes = [DimDynamic.DYNAMIC if d in dynamic else DimDynamic.STATIC for d in range(len(shape))]
+    return mode.from_tensor(real, symbolic_context=StatelessSymbolicContext(dynamic_sizes=sizes))
+
+
+def _shape_env_after(mode, guards_before: int) -> tuple:
+    env = mode.shape_env
+    return ([str(g.expr) for g in env.guards[guards_before:]], str(env.replacements),
+            str(sorted((str(k), str(v)) for k, v in env.var_to_range.items())))
+
+
+class TestActivationKernels(unittest.TestCase):
+    def test_each_output_is_torchs(self):
+        """Each activation in KERNELS, with each way its scalars are passed,
+        on every input layout in fp32 (bf16 and int64 on three), static and
+        with the batch or every dimension symbolic: its output's
+        metadata is that of torch's path (its meta kernel, or its Python
+        decomposition at symbolic sizes), with the same guards; the rule is
+        used wherever the input's strides order its dimensions alone."""
+        self.assertEqual(set(ACTIVATIONS), {op for op, k in fake_kernels.KERNELS.items()
+                                            if k is fake_kernels._activation})
+        dynamics = {"static": lambda n: set(), "batch": lambda n: {0}, "all": lambda n: set(range(n))}
+        grid = [*itertools.product(LAYOUTS, [torch.float32], dynamics),  # other dtypes on a few layouts
+                *itertools.product(("2d", "4d channels last", "one pixel"), (torch.bfloat16, torch.int64),
+                                   ("static", "batch"))]
+        used = {}
+        for (op, calls), (layout, dtype, dynamic) in itertools.product(ACTIVATIONS.items(), grid):
+            shape, order, sliced = LAYOUTS[layout]
+            dims = {d for d in dynamics[dynamic](len(shape)) if shape[d] > 1}
+            if dynamic != "static" and not dims:
+                continue
+            for call in calls:
+                args, kwargs = ((), call) if isinstance(call, dict) else (call, {})
+                with self.subTest(op=op.__name__, layout=layout, dtype=dtype, dynamic=dynamic, call=call):
+                    outcomes = []
+                    for fast in (False, True):
+                        x = _symbolic_fake(shape, order, sliced, dims, dtype)
+                        before = len(x.fake_mode.shape_env.guards)
+                        spec = (op, (x, *args, kwargs)) if kwargs else (op, (x, *args))
+                        dispatched = []
+                        out = _outcome(*spec, fast, dispatched)
+                        outcomes.append((out, _shape_env_after(x.fake_mode, before), dispatched))
+                    (torch_way, torch_env, _), (ours, our_env, our_dispatched) = outcomes
+                    self.assertEqual((ours, our_env), (torch_way, torch_env))
+                    # by rule: no fake kernel of torch's ran (the rule comes before them)
+                    used.setdefault((op, layout, dtype, dynamic), set()).add(not our_dispatched)
+        one_order = {"2d", "3d", "3d channels last", "4d", "4d channels last", "4d spatial transposed",
+                     "5d channels last", "batch of one", "one value per channel"}
+        by_rule = {key for key, taken in used.items() if taken == {True}}
+        expected = {"static": one_order, "batch": one_order - {"batch of one", "one value per channel"},  # not dynamic
+                    "all": set()}  # a symbolic size in a stride
+        for op, dynamic in itertools.product(ACTIVATIONS, dynamics):
+            self.assertEqual({layout for o, layout, dtype, d in by_rule if (o, d, dtype) == (op, dynamic, torch.float32)},
+                             expected[dynamic])
+        self.assertEqual({dtype for *_, dtype, _ in by_rule}, {torch.float32, torch.bfloat16})  # not an integer
+
+
 def _spec(shape, dtype=torch.float32, transposed=False):
     return (tuple(shape), dtype, transposed)
 
@@ -274,18 +347,19 @@ class _Stages(torch.nn.Module):
 class TestExports(unittest.TestCase):
     def _export(self, model, x, fast: bool, dynamic_shapes=None):  # x: a tensor, or keyword inputs
         """The program, its code, each node's value's metadata (sizes as printed: symbolic ones
-        by their expressions) and its range constraints; and the batch norms the fast kernels made."""
+        by their expressions) and its range constraints; and the batch norms the rules made."""
         calls = []
         real_kernel = fake_kernels._fast_kernel
         off = {} if fast else {"KERNELS": {}, "BY_META_KERNEL": frozenset()}
         with mock.patch.multiple(fake_kernels, **off) if off else mock.patch.dict({}), \
-                mock.patch.object(fake_kernels, "_fast_kernel", lambda *a: calls.append(real_kernel(*a)) or calls[-1]):
+                mock.patch.object(fake_kernels, "_fast_kernel",
+                                  lambda *a: calls.append((a[1], real_kernel(*a))) or calls[-1][1]):
             ep = predispatch.export_predispatch(model, *((x,), {}) if isinstance(x, torch.Tensor) else ((), x),
                                                 dynamic_shapes=dynamic_shapes)
         vals = [(n.name, [str(_metadata([v])) for v in (n.meta.get("val"), *(n.meta.get("val") or ()
                  if isinstance(n.meta.get("val"), (tuple, list)) else ())) if isinstance(v, torch.Tensor)])
                 for n in ep.graph.nodes]
-        made = sum(c is not NotImplemented for c in calls)
+        made = sum(out is not NotImplemented for op, out in calls if op in (TRAINING, INFERENCE))  # batch norms
         return ep, (str(ep.graph_module.code), vals, str(ep.range_constraints)), made
 
     def test_the_program_is_the_one_torchs_path_gives(self):

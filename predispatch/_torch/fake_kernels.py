@@ -1,14 +1,18 @@
-"""Fake kernels in place of the Python decompositions fake mode runs: batch norm by rule, losses and addmm by meta kernel.
+"""Fake kernels in place of the Python decompositions fake mode runs: batch norm and activations by rule, losses and addmm by meta kernel.
 
 FakeTensorMode computes a batch norm's outputs by running its Python
 decomposition on fake tensors (``native_batch_norm_helper``: some twenty ops,
 each dispatched and cached as one), 8-14 ms per batch norm of a new shape on
 CPU against ~0.9 ms for the convolution before it (``tools/fake_cost.py``);
-a CNN's stages meet a new shape at each block, and torch.export pays it too. The outputs' metadata
+a CNN's stages meet a new shape at each block, and torch.export pays it too.
+At symbolic sizes it does the same for every op without a meta kernel that
+takes symbolic sizes: an activation (``relu``, ``gelu``, ``hardswish``, ...)
+is 7 to 22 fake ops there, one at static sizes. The outputs' metadata
 follows from the inputs' by a few rules, which a kernel here applies where
-they are exact (static strides, an input laid out densely with strides that
-order its dimensions alone, per-channel weights and statistics), returning
-``NotImplemented`` elsewhere: torch's own path then runs, as before.
+they are exact (an input laid out densely with static strides that order its
+dimensions alone, so a symbolic size can only be the outermost one's;
+per-channel weights and statistics), returning ``NotImplemented``
+elsewhere: torch's own path then runs, as before.
 
 Some ops have both a meta kernel and a Python decomposition, and fake
 mode prefers the decomposition for static sizes (so that AOTAutograd's
@@ -16,7 +20,7 @@ traces and its own agree); ``addmm`` costs ~3 ms a new shape that way,
 ``nll_loss_forward`` 8 ms. For those in :data:`BY_META_KERNEL` the meta kernel
 runs instead, with the same outputs and the same failures.
 tests/test_fake_kernels.py checks each rule, and each op's meta kernel,
-against torch's decomposition.
+against torch's path, the guards it leaves in the shape env included.
 """
 from __future__ import annotations
 
@@ -103,19 +107,33 @@ def _batch_norm_inference(mode, x, weight, bias, running_mean, running_var, mome
     return (_like(mode, x, x.shape, x.stride(), x.dtype), *saved)
 
 
+def _activation(mode, x, *scalars, approximate="none"):
+    """An activation's output (``relu``, ``gelu``, ``hardswish``, ...): laid
+    out as its input, of its dtype; its scalars (a slope, a range, gelu's
+    approximation) change values only."""
+    if type(x) is not FakeTensor or not x.dtype.is_floating_point or not _one_layout_order(x) \
+            or any(type(s) not in (int, float, bool) for s in scalars) or approximate not in ("none", "tanh"):
+        return NotImplemented
+    return _like(mode, x, x.shape, x.stride(), x.dtype)
+
+
 KERNELS = {
     aten._native_batch_norm_legit_functional.default: _batch_norm_training,
     aten._native_batch_norm_legit_no_training.default: _batch_norm_inference,
+    # each a Python decomposition of 7 to 22 fake ops at symbolic sizes (hardswish, hardsigmoid: at any size)
+    **dict.fromkeys((aten.relu.default, aten.gelu.default, aten.hardtanh.default, aten.hardswish.default,
+                     aten.hardsigmoid.default, aten.leaky_relu.default, aten.elu.default, aten.mish.default,
+                     aten.softplus.default), _activation),
 }
 
 
 def _fast_kernel(mode, func, args, kwargs):
     kernel = KERNELS.get(func)
-    if kernel is None or kwargs or mode.propagate_real_tensors:
+    if kernel is None or mode.propagate_real_tensors:
         return NotImplemented
     if any(type(a) is FakeTensor and (a.constant is not None or a.fake_mode is not mode) for a in args):
         return NotImplemented  # constant propagation, another mode's tensor: torch's path decides
-    return kernel(mode, *args)
+    return kernel(mode, *args, **kwargs)  # keywords: gelu's approximation (a schema's keyword-only arguments)
 
 
 # ops fake mode runs by their meta kernel (one op, no nested fake ops) rather than by torch's Python decomposition
