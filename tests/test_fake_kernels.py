@@ -197,17 +197,18 @@ def _shape_env_after(mode, guards_before: int) -> tuple:
 class TestActivationKernels(unittest.TestCase):
     def test_each_output_is_torchs(self):
         """Each activation in KERNELS, with each way its scalars are passed,
-        on every input layout in fp32 (bf16 and int64 on three), static and
-        with the batch or every dimension symbolic: its output's
+        on every input layout in fp32 (bf16 and int64, and every dimension
+        symbolic, on three), static and with the batch symbolic: its output's
         metadata is that of torch's path (its meta kernel, or its Python
         decomposition at symbolic sizes), with the same guards; the rule is
         used wherever the input's strides order its dimensions alone."""
         self.assertEqual(set(ACTIVATIONS), {op for op, k in fake_kernels.KERNELS.items()
                                             if k is fake_kernels._activation})
         dynamics = {"static": lambda n: set(), "batch": lambda n: {0}, "all": lambda n: set(range(n))}
-        grid = [*itertools.product(LAYOUTS, [torch.float32], dynamics),  # other dtypes on a few layouts
-                *itertools.product(("2d", "4d channels last", "one pixel"), (torch.bfloat16, torch.int64),
-                                   ("static", "batch"))]
+        few = ("2d", "4d channels last", "one pixel")
+        grid = [*itertools.product(LAYOUTS, [torch.float32], ("static", "batch")),  # the rest on a few layouts
+                *itertools.product(few, [torch.float32], ["all"]),
+                *itertools.product(few, (torch.bfloat16, torch.int64), ("static", "batch"))]
         used = {}
         for (op, calls), (layout, dtype, dynamic) in itertools.product(ACTIVATIONS.items(), grid):
             shape, order, sliced = LAYOUTS[layout]
@@ -238,6 +239,73 @@ class TestActivationKernels(unittest.TestCase):
             self.assertEqual({layout for o, layout, dtype, d in by_rule if (o, d, dtype) == (op, dynamic, torch.float32)},
                              expected[dynamic])
         self.assertEqual({dtype for *_, dtype, _ in by_rule}, {torch.float32, torch.bfloat16})  # not an integer
+
+
+def _fakes_in_one_mode(specs):
+    """Fake tensors in one new mode with a shape env: each spec (shape, the
+    dimensions symbolic, dtype, transposed: laid out in reverse order)."""
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+
+    mode = FakeTensorMode(shape_env=ShapeEnv())
+    out = []
+    for shape, dynamic, dtype, transposed in specs:
+        real = torch.empty(shape[::-1] if transposed else shape, dtype=dtype)
+        real = real.permute(*reversed(range(len(shape)))) if transposed else real
+        sizes = [DimDynamic.DYNAMIC if d in dynamic else DimDynamic.STATIC for d in range(len(shape))]
+        out.append(mode.from_tensor(real, symbolic_context=StatelessSymbolicContext(dynamic_sizes=sizes)))
+    return mode, out
+
+
+def _symbolic_cases():
+    """(op, tensor specs, other arguments, keyword arguments) for the rules of
+    ops fake mode decomposes at symbolic sizes only."""
+    for shape, transposed, dynamic, dtype in itertools.product(
+            ((4, 10), (2, 3, 4, 5)), (False, True), ("batch", "all"), (torch.float32, torch.bfloat16, torch.float16)):
+        dims = {0} if dynamic == "batch" else set(range(len(shape)))
+        x = (shape, dims, dtype, transposed)
+        yield aten._log_softmax.default, [x], (-1, True), {}  # half to float: a half input only
+        if dtype is torch.float16:
+            continue
+        for dim in (1, -1, len(shape)):  # the last: out of range
+            yield aten._log_softmax.default, [x], (dim, False), {}
+            yield aten._safe_softmax.default, [x], (dim,), {}
+            yield aten._safe_softmax.default, [x], (dim, torch.float32), {}
+    for (bias, m2, m2_transposed, dtypes), (beta, alpha), dynamic in itertools.product(
+            [((6,), (8, 6), False, (torch.float32,) * 3), ((6,), (8, 6), True, (torch.bfloat16,) * 3),
+             ((4, 6), (8, 6), False, (torch.float32,) * 3), ((1, 6), (8, 6), False, (torch.float32,) * 3),
+             ((6,), (8, 6), False, (torch.float32, torch.bfloat16, torch.bfloat16)),
+             ((6,), (9, 6), False, (torch.float32,) * 3)],  # sizes that do not fit
+            ((1, 1), (0, 1), (0.5, 2)), ("batch", "batch and inner", "the weight's")):
+        m1_dims = {"batch": {0}, "batch and inner": {0, 1}, "the weight's": set()}[dynamic]
+        specs = [(bias, set(), dtypes[0], False), ((4, 8), m1_dims, dtypes[1], False),
+                 (m2, {0} if dynamic == "the weight's" else set(), dtypes[2], m2_transposed)]
+        yield aten.addmm.default, specs, (), ({} if (beta, alpha) == (1, 1) else {"beta": beta, "alpha": alpha})
+
+
+class TestSymbolicSizeRules(unittest.TestCase):
+    def test_each_output_is_torchs(self):
+        """_log_softmax, _safe_softmax and addmm at symbolic sizes, where fake
+        mode runs their Python decompositions: over shapes, layouts, dims (one
+        out of range), dtypes and arguments, the outputs' metadata and the
+        failures are torch's, with the same guards; the rule is used where
+        the input is contiguous with static strides (the batch alone dynamic)
+        and, for addmm, the bias is a row and the dtypes agree."""
+        used = {}
+        for op, specs, rest, kwargs in _symbolic_cases():
+            with self.subTest(op=op.__name__, specs=specs, rest=rest, kwargs=kwargs):
+                outcomes = []
+                for fast in (False, True):
+                    mode, tensors = _fakes_in_one_mode(specs)
+                    before = len(mode.shape_env.guards)
+                    dispatched = []
+                    args = (*tensors, *rest, kwargs) if kwargs else (*tensors, *rest)
+                    outcomes.append((_outcome(op, args, fast, dispatched), _shape_env_after(mode, before),
+                                     dispatched))
+                (torch_way, torch_env, _), (ours, our_env, our_dispatched) = outcomes
+                self.assertEqual((ours, our_env), (torch_way, torch_env))
+                used.setdefault(op, []).append(not our_dispatched)  # by rule: no fake kernel of torch's ran
+        self.assertEqual({op for op, taken in used.items() if True in taken and False in taken},
+                         {aten._log_softmax.default, aten._safe_softmax.default, aten.addmm.default})
 
 
 def _spec(shape, dtype=torch.float32, transposed=False):

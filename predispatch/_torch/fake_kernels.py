@@ -117,6 +117,48 @@ def _activation(mode, x, *scalars, approximate="none"):
     return _like(mode, x, x.shape, x.stride(), x.dtype)
 
 
+def _contiguous_static_strides(x) -> bool:
+    """Contiguous (row-major), every stride static: a symbolic size only in the
+    first dimension. ``_one_layout_order`` then holds, and ``contiguous()`` is ``x``."""
+    return type(x) is FakeTensor and _one_layout_order(x) and list(x.stride()) == sorted(x.stride(), reverse=True)
+
+
+def _dim_in_range(x, dim) -> bool:
+    return type(dim) is int and -max(x.dim(), 1) <= dim < max(x.dim(), 1)
+
+
+def _symbolic_log_softmax(mode, x, dim, half_to_float):
+    """``_log_softmax`` at symbolic sizes (static ones: :data:`BY_META_KERNEL`): contiguous, as the input."""
+    if not (x._has_symbolic_sizes_strides and x.dtype.is_floating_point and not half_to_float
+            and _contiguous_static_strides(x) and _dim_in_range(x, dim)):
+        return NotImplemented
+    return _like(mode, x, x.shape, x.stride(), x.dtype)
+
+
+def _symbolic_safe_softmax(mode, x, dim, dtype=None):
+    """``_safe_softmax`` at symbolic sizes: contiguous, as the input, in ``dtype`` where given."""
+    if not (x._has_symbolic_sizes_strides and x.dtype.is_floating_point and _contiguous_static_strides(x)
+            and _dim_in_range(x, dim) and (dtype is None or dtype.is_floating_point)):
+        return NotImplemented
+    return _like(mode, x, x.shape, x.stride(), dtype or x.dtype)
+
+
+def _symbolic_addmm(mode, bias, mat1, mat2, beta=1, alpha=1):
+    """``addmm`` at symbolic sizes: a contiguous (n, p) product, n the one
+    symbolic size, of the operands' one dtype; the bias a row of p."""
+    if not (type(mat1) is FakeTensor and mat1._has_symbolic_sizes_strides and mat1.dim() == 2
+            and type(mat2) is FakeTensor and mat2.dim() == 2 and not mat2._has_symbolic_sizes_strides
+            and type(bias) is FakeTensor and bias.dim() == 1 and not bias._has_symbolic_sizes_strides
+            and _contiguous_static_strides(mat1) and type(mat1.shape[1]) is int
+            and mat1.shape[1] == mat2.shape[0] and bias.shape[0] == mat2.shape[1]
+            and mat1.dtype == mat2.dtype == bias.dtype and mat1.dtype.is_floating_point
+            and mat1.fake_device == mat2.fake_device == bias.fake_device
+            and all(type(s) in (int, float) for s in (beta, alpha))):
+        return NotImplemented
+    n, p = mat1.shape[0], mat2.shape[1]
+    return _like(mode, mat1, (n, p), (p, 1), mat1.dtype)
+
+
 KERNELS = {
     aten._native_batch_norm_legit_functional.default: _batch_norm_training,
     aten._native_batch_norm_legit_no_training.default: _batch_norm_inference,
@@ -124,6 +166,10 @@ KERNELS = {
     **dict.fromkeys((aten.relu.default, aten.gelu.default, aten.hardtanh.default, aten.hardswish.default,
                      aten.hardsigmoid.default, aten.leaky_relu.default, aten.elu.default, aten.mish.default,
                      aten.softplus.default), _activation),
+    # at symbolic sizes fake mode runs their Python decompositions (a meta kernel, at static sizes)
+    aten._log_softmax.default: _symbolic_log_softmax,
+    aten._safe_softmax.default: _symbolic_safe_softmax,
+    aten.addmm.default: _symbolic_addmm,
 }
 
 
@@ -133,7 +179,7 @@ def _fast_kernel(mode, func, args, kwargs):
         return NotImplemented
     if any(type(a) is FakeTensor and (a.constant is not None or a.fake_mode is not mode) for a in args):
         return NotImplemented  # constant propagation, another mode's tensor: torch's path decides
-    return kernel(mode, *args, **kwargs)  # keywords: gelu's approximation (a schema's keyword-only arguments)
+    return kernel(mode, *args, **kwargs)  # keywords: a schema's keyword-only arguments (gelu's approximation)
 
 
 # ops fake mode runs by their meta kernel (one op, no nested fake ops) rather than by torch's Python decomposition

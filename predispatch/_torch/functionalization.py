@@ -154,16 +154,6 @@ def to_functional(t):
     return FunctionalTensor.to_functional(t) if isinstance(t, torch.Tensor) else t
 
 
-# A FunctionalTensor wraps each tensor the trace makes. Its wrapper computes a
-# storage size for itself from the sizes and strides, some ten SymInt
-# operations when they are symbolic: sympy work, each recorded in the graph by
-# make_fx (a node and a dispatch-mode switch) and dropped as dead code at the
-# end, for a storage nothing reads. torch.export's graph wraps nothing. While
-# predispatch traces, a wrapper of a tensor with a symbolic layout takes the
-# wrapped tensor's storage size instead: the same storage, known already.
-_wrapping = threading.local()  # .nbytes: the storage size for the wrapper being made
-
-
 def symbolic_work_recorded_when_read():
     """While tracing, a SymInt operation inside an op's functionalization
     becomes a graph node when a node reads its result, not when it runs
@@ -189,6 +179,16 @@ def _thunked_dispatch(dispatch):
         finally:
             proxy.tracer.enable_thunkify = False
     return run
+
+
+# A FunctionalTensor wraps each tensor the trace makes. Its wrapper computes a
+# storage size for itself from the sizes and strides, some ten SymInt
+# operations when they are symbolic: sympy work, each recorded in the graph by
+# make_fx (a node and a dispatch-mode switch) and dropped as dead code at the
+# end, for a storage nothing reads. torch.export's graph wraps nothing. While
+# predispatch traces, a wrapper of a tensor with a symbolic layout takes the
+# wrapped tensor's storage size instead: the same storage, known already.
+_wrapping = threading.local()  # .nbytes: the storage size for the wrapper being made
 
 
 # torch 2.15's FunctionalTensor.__new__ gives its wrapper the wrapped storage's size itself
