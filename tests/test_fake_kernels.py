@@ -427,6 +427,7 @@ class TestExports(unittest.TestCase):
         vals = [(n.name, [str(_metadata([v])) for v in (n.meta.get("val"), *(n.meta.get("val") or ()
                  if isinstance(n.meta.get("val"), (tuple, list)) else ())) if isinstance(v, torch.Tensor)])
                 for n in ep.graph.nodes]
+        self.ruled = {op for op, out in calls if out is not NotImplemented}  # the ops a rule made
         made = sum(out is not NotImplemented for op, out in calls if op in (TRAINING, INFERENCE))  # batch norms
         return ep, (str(ep.graph_module.code), vals, str(ep.range_constraints)), made
 
@@ -444,9 +445,12 @@ class TestExports(unittest.TestCase):
                 x = torch.randn(4, 3, 12, 12, dtype=dtype)
                 shapes = (dims,) if dims else None
                 ep, program, made = self._export(model, x, fast=True, dynamic_shapes=shapes)
+                ruled = self.ruled
                 _, program_torch, made_torch = self._export(model, x, fast=False, dynamic_shapes=shapes)
                 self.assertEqual(program, program_torch)
                 self.assertEqual((made, made_torch), (by_rule, 0))
+                if dynamic == "batch":  # the stem's ReLU and the head's addmm too (static: addmm's meta kernel)
+                    self.assertLessEqual({aten.relu.default, aten.addmm.default}, ruled)
                 if dtype is torch.float32 and dynamic != "batch and height":  # the program (its kernels ours) is eager's
                     predispatch.testing.assert_matches_eager(model, (x,), dynamic_shapes=shapes)
 
