@@ -173,12 +173,13 @@ class Facts:
 
     # -- what may require grad
 
-    def may_grad(self, caller_on: bool = True, leaves: bool = True, inputs: bool = True) -> set:
+    def may_grad(self, caller_on: bool = True, leaves: bool = True, inputs: bool = True,
+                 no_grad_views: bool = True) -> set:
         """The nodes whose value may require grad at run time, the caller's
         grad mode on or off (see :func:`_may_require_grad`)."""
-        key = (caller_on, leaves, inputs)
+        key = (caller_on, leaves, inputs, no_grad_views)
         if key not in self._may_grad:
-            self._may_grad[key] = _may_require_grad(self, caller_on, leaves, inputs)
+            self._may_grad[key] = _may_require_grad(self, caller_on, leaves, inputs, no_grad_views)
         return self._may_grad[key]
 
     def differentiable(self) -> set:
@@ -228,14 +229,16 @@ class Facts:
         return node.graph is self.graph and not getattr(node, "_erased", False)
 
 
-def _may_require_grad(facts: Facts, caller_on: bool, leaves: bool, inputs: bool) -> set:
+def _may_require_grad(facts: Facts, caller_on: bool, leaves: bool, inputs: bool, no_grad_views: bool) -> set:
     """Nodes whose value may require grad at run time, over the flat graph.
 
     Parameters as in the module, floating user inputs always (the program may
     be called with inputs that require grad), buffers and constants never;
     a computed value if it is floating, grad mode is on and an input may;
     a tensor made to require grad in the forward does (unless not ``leaves``).
-    Not ``inputs``: what surely requires grad (user inputs may not). The
+    Not ``inputs``: what surely requires grad (user inputs may not). Not
+    ``no_grad_views``: what has a history, which a view made under no_grad of
+    a tensor that requires grad has not (it requires grad all the same). The
     caller's grad mode on: the trace's modes, as its markers set them; off:
     grad on only inside the blocks that set it, and a kept history is one
     whatever the mode."""
@@ -246,12 +249,13 @@ def _may_require_grad(facts: Facts, caller_on: bool, leaves: bool, inputs: bool)
         if node.target is _torch.SET_GRAD_ENABLED:
             grad_on = bool(node.args[0])
             continue
-        if _requires(node, specs, facts.params_requiring_grad, result, grad_on, modes, leaves, inputs):
+        if _requires(node, specs, facts.params_requiring_grad, result, grad_on, modes, leaves, inputs,
+                     no_grad_views):
             result.add(node)
     return result
 
 
-def _requires(node, specs, requiring, result, grad_on, modes, leaves, inputs) -> bool:
+def _requires(node, specs, requiring, result, grad_on, modes, leaves, inputs, no_grad_views) -> bool:
     """May ``node`` require grad, given what may before it?"""
     if node.op == "placeholder":
         spec = specs.get(node.name)
@@ -266,7 +270,7 @@ def _requires(node, specs, requiring, result, grad_on, modes, leaves, inputs) ->
         return node.args[0] in result
     if node.op == "call_function":
         on = grad_on if modes is None else modes.get(node) is True
-        if not on and is_view(node) and node.target not in NO_HISTORY and node.args[0] in result:
+        if no_grad_views and not on and is_view(node) and node.target not in NO_HISTORY and node.args[0] in result:
             return True  # a view made under no_grad of a tensor that requires grad requires grad too
         return on and node.target not in NO_HISTORY and is_float(node) and any(
             i in result for i in history_inputs(node))

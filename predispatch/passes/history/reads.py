@@ -59,8 +59,9 @@ def _drop_historyless_own_reads_once(facts: Facts, may_grad: set) -> bool:
 
 def drop_unseen_leaves(facts: Facts) -> None:
     """Reads of one value as a leaf become one read. A tensor made to require
-    grad whose history no output can show (every value it reaches requires
-    grad anyway, like T5's position bias under gradient checkpointing) is
+    grad whose history no output can show (every value it reaches has a
+    history anyway, like T5's position bias under gradient checkpointing; a
+    view made under no_grad requires grad but has none) is
     read as itself: its own gradient is never seen, and a leaf changes a
     kernel's choice (sdpa given a mask that requires grad), so the layout the
     trace assumed. A leaf goes where it is unseen under a caller with grad
@@ -78,7 +79,8 @@ def drop_unseen_leaves(facts: Facts) -> None:
         return
     facts.changed()
     outputs = set(facts.graph.output_node().all_input_nodes)
-    analyses = [(facts.may_grad(on), facts.may_grad(on, leaves=False, inputs=False)) for on in (True, False)]
+    analyses = [(facts.may_grad(on), facts.may_grad(on, leaves=False, inputs=False, no_grad_views=False))
+                for on in (True, False)]
     for leaf in first.values():
         if not any(_shown_by_an_output(leaf, outputs, *analysis) for analysis in analyses):
             leaf.replace_all_uses_with(leaf.args[0])
