@@ -114,24 +114,16 @@ class TestBatchNormKernels(unittest.TestCase):
         them, and the same guards and ranges in the shape env after; the
         rule is used where no stride is symbolic (the batch dimension
         outermost: its size is in no stride)."""
-        from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
-
         def symbolic(shape, order, sliced, dynamic, dtype, fast):
-            mode = FakeTensorMode(shape_env=ShapeEnv())
-            laid = torch.empty([shape[d] * (2 if sliced and d == order[-1] else 1) for d in order], dtype=dtype)
-            real = laid.permute(tuple(order.index(d) for d in range(len(shape))))
-            real = real.narrow(order[-1], 0, shape[order[-1]]) if sliced else real
-            sizes = [DimDynamic.DYNAMIC if d in dynamic else DimDynamic.STATIC for d in range(len(shape))]
-            x = mode.from_tensor(real, symbolic_context=StatelessSymbolicContext(dynamic_sizes=sizes))
+            x = _symbolic_fake(shape, order, sliced, dynamic, dtype)
             self.assertTrue(x._has_symbolic_sizes_strides)
+            mode = x.fake_mode
             vector = lambda: mode.from_tensor(torch.empty(shape[1], dtype=dtype), static_shapes=True)  # noqa: E731
             guards_before = len(mode.shape_env.guards)
             with mode:  # weights as a module's parameters: static
                 args = (x, vector(), vector(), vector(), vector(), *extra)
             out, used = _outputs(op, args, fast)
-            env = mode.shape_env
-            return (out, [str(g.expr) for g in env.guards[guards_before:]], str(env.replacements),
-                    str(sorted((str(k), str(v)) for k, v in env.var_to_range.items()))), used
+            return (out, *_shape_env_after(mode, guards_before)), used
 
         used = {}
         dynamics = {"batch": lambda n: {0}, "all but channels": lambda n: set(range(n)) - {1},
@@ -175,12 +167,12 @@ ACTIVATIONS = {  # op -> its scalar arguments, as calls pass them (gelu's approx
 }
 
 
-def _symbolic_fake(shape, order, sliced, dynamic, dtype):
+def _symbolic_fake(shape, order, sliced, dynamic, dtype, mode=None):
     """A fake tensor laid out as ``order`` says, the dimensions in ``dynamic``
-    symbolic (a size of 1 stays static), in a mode of its own with a shape env."""
+    symbolic (a size of 1 stays static), in ``mode`` (or a new one with a shape env)."""
     from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
 
-    mode = FakeTensorMode(shape_env=ShapeEnv())
+    mode = mode or FakeTensorMode(shape_env=ShapeEnv())
     laid = torch.empty([shape[d] * (2 if sliced and d == order[-1] else 1) for d in order], dtype=dtype)
     real = laid.permute(tuple(order.index(d) for d in range(len(shape))))
     real = real.narrow(order[-1], 0, shape[order[-1]]) if sliced else real
@@ -244,16 +236,11 @@ class TestActivationKernels(unittest.TestCase):
 def _fakes_in_one_mode(specs):
     """Fake tensors in one new mode with a shape env: each spec (shape, the
     dimensions symbolic, dtype, transposed: laid out in reverse order)."""
-    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
     mode = FakeTensorMode(shape_env=ShapeEnv())
-    out = []
-    for shape, dynamic, dtype, transposed in specs:
-        real = torch.empty(shape[::-1] if transposed else shape, dtype=dtype)
-        real = real.permute(*reversed(range(len(shape)))) if transposed else real
-        sizes = [DimDynamic.DYNAMIC if d in dynamic else DimDynamic.STATIC for d in range(len(shape))]
-        out.append(mode.from_tensor(real, symbolic_context=StatelessSymbolicContext(dynamic_sizes=sizes)))
-    return mode, out
+    return mode, [_symbolic_fake(shape, tuple(range(len(shape)))[::-1] if transposed else tuple(range(len(shape))),
+                                 False, dynamic, dtype, mode) for shape, dynamic, dtype, transposed in specs]
 
 
 def _symbolic_cases():

@@ -127,20 +127,22 @@ def _dim_in_range(x, dim) -> bool:
     return type(dim) is int and -max(x.dim(), 1) <= dim < max(x.dim(), 1)
 
 
-def _symbolic_log_softmax(mode, x, dim, half_to_float):
-    """``_log_softmax`` at symbolic sizes (static ones: :data:`BY_META_KERNEL`): contiguous, as the input."""
-    if not (x._has_symbolic_sizes_strides and x.dtype.is_floating_point and not half_to_float
-            and _contiguous_static_strides(x) and _dim_in_range(x, dim)):
+def _symbolic_softmax(mode, x, dim, dtype):
+    """A softmax's output at symbolic sizes (static ones: :data:`BY_META_KERNEL`): contiguous, as the input, in ``dtype``."""
+    if not (x._has_symbolic_sizes_strides and x.dtype.is_floating_point and _contiguous_static_strides(x)
+            and _dim_in_range(x, dim)):
         return NotImplemented
-    return _like(mode, x, x.shape, x.stride(), x.dtype)
+    return _like(mode, x, x.shape, x.stride(), dtype)
+
+
+def _symbolic_log_softmax(mode, x, dim, half_to_float):
+    return NotImplemented if half_to_float else _symbolic_softmax(mode, x, dim, x.dtype)
 
 
 def _symbolic_safe_softmax(mode, x, dim, dtype=None):
-    """``_safe_softmax`` at symbolic sizes: contiguous, as the input, in ``dtype`` where given."""
-    if not (x._has_symbolic_sizes_strides and x.dtype.is_floating_point and _contiguous_static_strides(x)
-            and _dim_in_range(x, dim) and (dtype is None or dtype.is_floating_point)):
+    if dtype is not None and not dtype.is_floating_point:
         return NotImplemented
-    return _like(mode, x, x.shape, x.stride(), dtype or x.dtype)
+    return _symbolic_softmax(mode, x, dim, dtype or x.dtype)
 
 
 def _symbolic_addmm(mode, bias, mat1, mat2, beta=1, alpha=1):
@@ -149,8 +151,7 @@ def _symbolic_addmm(mode, bias, mat1, mat2, beta=1, alpha=1):
     if not (type(mat1) is FakeTensor and mat1._has_symbolic_sizes_strides and mat1.dim() == 2
             and type(mat2) is FakeTensor and mat2.dim() == 2 and not mat2._has_symbolic_sizes_strides
             and type(bias) is FakeTensor and bias.dim() == 1 and not bias._has_symbolic_sizes_strides
-            and _contiguous_static_strides(mat1) and type(mat1.shape[1]) is int
-            and mat1.shape[1] == mat2.shape[0] and bias.shape[0] == mat2.shape[1]
+            and _contiguous_static_strides(mat1) and mat1.shape[1] == mat2.shape[0] and bias.shape[0] == mat2.shape[1]
             and mat1.dtype == mat2.dtype == bias.dtype and mat1.dtype.is_floating_point
             and mat1.fake_device == mat2.fake_device == bias.fake_device
             and all(type(s) in (int, float) for s in (beta, alpha))):
