@@ -159,6 +159,53 @@ class TestBatchNormKernels(unittest.TestCase):
         self.assertFalse(fast)
 
 
+def _meta(shape, dtype, order=None, sliced=False):
+    order = order or tuple(range(len(shape)))
+    laid = torch.empty([shape[d] * (2 if sliced and d == order[-1] else 1) for d in order], dtype=dtype, device="meta")
+    t = laid.permute(tuple(order.index(d) for d in range(len(shape))))
+    return t.narrow(order[-1], 0, shape[order[-1]]) if sliced else t
+
+
+class TestMetaBatchNorm(unittest.TestCase):
+    """``aten.batch_norm`` on meta tensors (a layer's replay) by rule."""
+
+    def test_each_output_is_the_meta_kernels(self):
+        """Every layout, dtype mix (weights and statistics of another dtype
+        too), training or not, with or without weights and statistics: the
+        rule's output is the meta kernel's (sizes, strides, offset, dtype),
+        and where the meta kernel fails the rule is not used."""
+        used = set()
+        for layout, dtypes, training, weights, stats in itertools.product(
+                LAYOUTS, DTYPES, (True, False), (True, False), (True, False)):
+            shape, order, sliced = LAYOUTS[layout]
+            x_dtype, w_dtype = DTYPES[dtypes]
+            x = _meta(shape, x_dtype, order, sliced)
+            vector = lambda: _meta((shape[1],), w_dtype)  # noqa: E731
+            args = (x, *((vector(), vector()) if weights else (None, None)),
+                    *((vector(), vector()) if stats else (None, None)), training, 0.1, 1e-5, False)
+            with self.subTest(layout=layout, dtypes=dtypes, training=training, weights=weights, stats=stats), \
+                    predispatch._torch.below_autograd():
+                try:
+                    expected = _metadata([aten.batch_norm.default(*args)])
+                except Exception as e:  # noqa: BLE001  (the rule must then not be used)
+                    expected = type(e)
+                out = fake_kernels.by_meta_rule(aten.batch_norm.default, args, {})
+                if out is not NotImplemented:
+                    used.add(layout)
+                    self.assertEqual(_metadata([out]), expected)
+        self.assertEqual(used, {"2d", "3d", "3d channels last", "4d", "4d channels last", "4d spatial transposed",
+                                "5d channels last", "batch of one", "one value per channel"})
+
+    def test_a_replay_runs_it(self):
+        """Under :func:`meta_rules` the meta kernel does not run where the rule holds."""
+        x, v = _meta((2, 3, 4, 5), torch.float32), _meta((3,), torch.float32)
+        rule = mock.Mock(wraps=fake_kernels._meta_batch_norm)
+        with mock.patch.dict(fake_kernels.META_KERNELS, {aten.batch_norm.default: rule}), \
+                predispatch._torch.below_autograd(), fake_kernels.meta_rules():
+            out = torch.nn.functional.batch_norm(x, v, v, v, v, training=True)
+        self.assertEqual(rule.call_count, 1)
+        self.assertEqual((out.shape, out.stride()), (x.shape, x.stride()))
+
 ACTIVATIONS = {  # op -> its scalar arguments, as calls pass them (gelu's approximation: a keyword)
     aten.relu.default: [()], aten.gelu.default: [(), {"approximate": "tanh"}, {"approximate": "none"}],
     aten.hardtanh.default: [(), (0.0, 6.0), (6, 0)], aten.hardswish.default: [()], aten.hardsigmoid.default: [()],

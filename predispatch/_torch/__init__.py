@@ -176,7 +176,7 @@ from .tracing import (  # noqa: E402,F401
     traced_output,
     traces_above_autograd,
 )
-from .fake_kernels import fast_fake_kernels  # noqa: E402,F401
+from .fake_kernels import fast_fake_kernels, meta_rules  # noqa: E402,F401
 from .export import (  # noqa: E402,F401
     backend_decompositions_ignored,
     build_exported_program,

@@ -18,9 +18,10 @@ from torch.fx.experimental.symbolic_shapes import uninteresting_files
 from torch.fx.proxy import _STACK_TRACE_ANCHORS
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.autograd.function import _is_setup_context_defined
-from torch.fx.experimental.proxy_tensor import ProxyTorchDispatchMode, track_tensor_tree
+from torch.fx.experimental.proxy_tensor import ProxyTorchDispatchMode, _ProxyTensor, set_proxy_slot, track_tensor_tree
 from torch.utils._python_dispatch import TorchDispatchMode, _detect_infra_mode, _disable_infra_mode
 
+from .fake_kernels import by_meta_rule
 from .ops import SET_GRAD_ENABLED, may_return_a_view
 from .patching import patched, patches_suspended
 
@@ -378,7 +379,8 @@ class _DispatchLog(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         self.ops.append((func, args, kwargs or {}))
-        return func(*args, **(kwargs or {}))
+        out = by_meta_rule(func, args, kwargs or {})  # the op is logged; how its outputs are made is not
+        return func(*args, **(kwargs or {})) if out is NotImplemented else out
 
 
 def dispatched_ops(arguments, fn) -> list:
@@ -415,7 +417,10 @@ def traced_output(value: torch.Tensor, node: torch.fx.Node) -> FunctionalTensor:
     by the running proxy mode and wrapped for the running FunctionalTensorMode,
     as an op's output is."""
     tracer = current_tracer()
-    track_tensor_tree(value, torch.fx.Proxy(node, tracer), constant=None, tracer=tracer)
+    if value._has_symbolic_sizes_strides:
+        track_tensor_tree(value, torch.fx.Proxy(node, tracer), constant=None, tracer=tracer)
+    else:  # no size to track; the node's metadata stays (a stamp's node: its template's, the same)
+        set_proxy_slot(value, tracer, _ProxyTensor(torch.fx.Proxy(node, tracer), None))
     mode = _detect_infra_mode(torch._C._TorchDispatchModeKey.FUNCTIONAL)
     return FunctionalTensor(torch._to_functional_tensor(value), mode)
 
@@ -424,6 +429,8 @@ def fresh_like(t: torch.Tensor, requires_grad: bool) -> torch.Tensor | None:
     """A new (fake) tensor with ``t``'s metadata, made out of the trace, with
     an autograd history when ``requires_grad`` (as an op's output has); None
     when its layout cannot be made so."""
+    if not requires_grad and type(t) is FakeTensor and not t._has_symbolic_sizes_strides:
+        return _fresh_fake(t)
     # the pre-dispatch modes (functionalization, the proxy) skipped rather than
     # popped: pushing one back clears every op's dispatch cache
     with torch._C.DisableTorchFunction(), torch._C._ExcludeDispatchKeyGuard(
@@ -437,6 +444,21 @@ def fresh_like(t: torch.Tensor, requires_grad: bool) -> torch.Tensor | None:
         if out.stride() != t.stride() or out.storage_offset() != t.storage_offset():
             return None
     return out
+
+
+_NO_MODES = torch._C.DispatchKeySet(torch._C.DispatchKey.PreDispatch) | torch._C.DispatchKeySet(
+    torch._C.DispatchKey.Python) | torch._C.DispatchKeySet(torch._C.DispatchKey.PythonTLSSnapshot)
+
+
+def _fresh_fake(t: FakeTensor) -> FakeTensor | None:
+    """:func:`fresh_like` at static sizes, no history: a meta tensor made below
+    every mode, made fake directly (fake mode's own ``empty_strided`` is a
+    cache lookup, a third of a stamped layer's state updates)."""
+    with torch._C.DisableTorchFunction(), torch._C._ExcludeDispatchKeyGuard(_NO_MODES):
+        meta = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device="meta")
+    if meta.stride() != t.stride() or t.storage_offset() != 0:
+        return None
+    return t.fake_mode.fake_tensor_converter.from_meta_and_device(t.fake_mode, meta, t.device)
 
 
 @contextlib.contextmanager

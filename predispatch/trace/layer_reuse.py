@@ -162,6 +162,7 @@ class _CallLog(_torch.TorchFunctionMode):
         self.calls: list = []
         self.keep: list = []
         self.external = False
+        self.rules = _torch.meta_rules()
 
     def _register(self, t) -> tuple:
         entry = self.number.get(id(t))
@@ -204,7 +205,8 @@ class _CallLog(_torch.TorchFunctionMode):
                 out = self._as_guided(func, called)
                 if out is not None:
                     return out
-        out = func(*args, **kwargs)
+        with self.rules:  # a batch norm's outputs by rule, not by its meta decomposition
+            out = func(*args, **kwargs)
         with _torch.torch_function_disabled():
             self.calls.append((func, called, self.encode(out, new=True)))
         return out
