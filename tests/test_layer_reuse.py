@@ -649,3 +649,94 @@ def test_a_layer_with_other_submodules_is_not_replayed_with_the_others():
     assert (report.traced, report.templates, report.stamped) == (1, 1, 2)
     with layer_reuse.reuse_layers(True):
         assert_matches_eager(module, _x())
+
+
+# --- blocks of one code at other sizes (layer_sizes)
+
+class ConvBlock(nn.Module):
+    """A CNN block: its own width, at the resolution its stage runs at; in
+    train mode its own drop-path rate and batch-norm statistics updates."""
+
+    def __init__(self, width, rate=0.0, flatten=False):
+        super().__init__()
+        self.conv = nn.Conv2d(width, width, 3, padding=1)
+        self.norm = nn.BatchNorm2d(width)
+        self.rate, self.flatten = rate, flatten
+
+    def forward(self, x):
+        y = torch.relu(self.norm(self.conv(x)))
+        if self.flatten:  # aten makes the shape of a view: a number from the sizes in the graph
+            y = torch.flatten(y, 1).sigmoid().view_as(y)
+        return x + _drop_path(y, self.rate, self.training)
+
+
+class Pyramid(nn.Module):
+    """Stages of two blocks each, widths doubling as the resolution halves."""
+
+    def __init__(self, widths=(4, 8, 16, 32), rates=None, strides=(2, 2, 2, 2), **block):
+        super().__init__()
+        rates = rates or [0.0] * 2 * len(widths)
+        chans = (3, *widths)
+        self.downs = nn.ModuleList(nn.Conv2d(a, b, 3, stride=s, padding=1) for a, b, s in zip(chans, widths, strides))
+        self.stages = nn.ModuleList(nn.Sequential(*(ConvBlock(w, r, **block) for r in rates[2 * i:2 * i + 2]))
+                                    for i, w in enumerate(widths))
+
+    def forward(self, x):
+        for down, stage in zip(self.downs, self.stages):
+            x = stage(down(x))
+        return x.mean()
+
+
+@pytest.mark.parametrize("train", [True, False])
+def test_blocks_of_other_sizes_are_stamped_from_one_template(train):
+    """A stage's blocks share a key, another stage's do not (another width
+    and resolution): the first two stages' first blocks are traced, which
+    make a template of other sizes, and the later stages' first blocks are
+    stamped from it, each node's value made at their sizes (each stage's
+    second block stamped from its first): node for node the program without
+    reuse, eager's results (the batch norms' running statistics included)."""
+    torch.manual_seed(0)
+    module, args = Pyramid().train(train), (torch.randn(2, 3, 64, 64),)
+    ep, report = export_both(module, args)
+    assert (report.templates, report.stamped, report.resized) == (2, 6, 2)
+    widths = [n.meta["val"].shape[1] for n in ep.graph.nodes if n.target == torch.ops.aten.conv2d.default]
+    assert widths == [4, 4, 4, 8, 8, 8, 16, 16, 16, 32, 32, 32]
+    with layer_reuse.reuse_layers(True):
+        assert_matches_eager(module, args)
+
+
+def test_blocks_of_other_sizes_and_drop_rates_are_stamped():
+    """Each block its own drop-path rate too: the two traced show where the
+    rate goes; the others are stamped at their sizes with their own rate,
+    drawing what eager draws."""
+    torch.manual_seed(0)
+    rates = [0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4]  # not 0.5: bernoulli_'s default, which its dispatch leaves out
+    module, args = Pyramid(rates=rates).train(), (torch.randn(2, 3, 64, 64),)
+    ep, report = export_both(module, args)
+    assert (report.templates, report.stamped, report.resized) == (2, 6, 2)
+    bernoulli = [n.args[1] for n in ep.graph.nodes if n.target == torch.ops.aten.bernoulli.p]
+    assert bernoulli == pytest.approx([1.0 - r for r in rates])
+    _same_draws(ep, module, args)
+
+
+@pytest.mark.parametrize("case", ["a size aten computes", "a size of one", "a size equal in both traced"])
+def test_blocks_whose_sizes_the_template_cannot_tell_are_traced(case):
+    """Stamped only where the two traced calls show the sizes are free:
+    not where the graph holds a number made from a size (flatten's view),
+    nor where a size becomes 1 (a kernel may take another path there), nor
+    where a size that was equal in both changes (nothing showed it free).
+    Such a stage's first block is traced, and with an earlier one makes
+    another template; its second is stamped from it."""
+    torch.manual_seed(0)
+    if case == "a size aten computes":
+        module, image, expected = Pyramid(flatten=True), 64, (4, 0)
+    elif case == "a size of one":
+        module, image, expected = Pyramid(), 16, (3, 1)  # the last stage at 1 x 1
+    else:  # the first two stages at one resolution, the third at another
+        module, image, expected = Pyramid(strides=(2, 1, 2, 2)), 64, (3, 1)
+    module.train()
+    ep, report = export_both(module, (torch.randn(2, 3, image, image),))
+    assert (report.templates, report.resized) == expected
+    assert report.stamped == 4 + report.resized
+    with layer_reuse.reuse_layers(True):
+        assert_matches_eager(module, (torch.randn(2, 3, image, image),))

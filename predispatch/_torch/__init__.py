@@ -131,6 +131,8 @@ from .tracing import (  # noqa: E402,F401
     clear_fake_dispatch_cache,
     copy_node,
     current_tracer,
+    fake_kernels_only,
+    set_value,
     torch_fns_recorded,
     data_dependence_errors,
     defines_setup_context,

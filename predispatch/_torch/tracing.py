@@ -15,6 +15,7 @@ from torch.overrides import TorchFunctionMode
 from torch._dispatch.python import enable_python_dispatcher
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import uninteresting_files
+from torch.fx.passes.shape_prop import _extract_tensor_metadata
 from torch.fx.proxy import _STACK_TRACE_ANCHORS
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.autograd.function import _is_setup_context_defined
@@ -459,6 +460,25 @@ def _fresh_fake(t: FakeTensor) -> FakeTensor | None:
     if meta.stride() != t.stride() or t.storage_offset() != 0:
         return None
     return t.fake_mode.fake_tensor_converter.from_meta_and_device(t.fake_mode, meta, t.device)
+
+
+@contextlib.contextmanager
+def fake_kernels_only():
+    """Until exit, ops on the trace's fake tensors run by fake mode's kernels
+    alone, below autograd: no torch-function mode, no pre-dispatch mode
+    (functionalization, the proxy) sees them, and their outputs have no
+    history, as a node's recorded value has none."""
+    with torch._C.DisableTorchFunction(), torch._C._ExcludeDispatchKeyGuard(
+            torch._C.DispatchKeySet(torch._C.DispatchKey.PreDispatch)), _pre_dispatch_proxy_hidden(), \
+            torch._C._AutoDispatchBelowAutograd():
+        yield
+
+
+def set_value(node: torch.fx.Node, value) -> None:
+    """``node``'s recorded value (and tensor metadata, where it has one) made ``value``'s, as the tracer records an op's."""
+    node.meta["val"] = value
+    if "tensor_meta" in node.meta and isinstance(value, torch.Tensor):
+        node.meta["tensor_meta"] = _extract_tensor_metadata(value)
 
 
 @contextlib.contextmanager

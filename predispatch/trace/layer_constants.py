@@ -44,14 +44,14 @@ class Parametric:
             return None
         for i in {path[0] for path in differ}:
             if i not in self.dispatched:
-                self.dispatched[i] = _dispatch_outline(first_calls[i], first_keep)
-            if self.dispatched[i] is None or _dispatch_outline(calls[i], keep) != self.dispatched[i]:
+                self.dispatched[i] = dispatch_outline(first_calls[i], first_keep)
+            if self.dispatched[i] is None or dispatch_outline(calls[i], keep) != self.dispatched[i]:
                 return None
         constants = {}
         for node, holes in self.holes.items():
             filled = []
             for path, sources in holes:
-                values = {_value_at(calls, s) for s in sources}
+                values = {value_at(calls, s) for s in sources}
                 if len(values) != 1:
                     return None
                 filled.append((path, values.pop()))
@@ -64,8 +64,16 @@ def paired(first, first_log: tuple, second, second_log: tuple) -> Parametric | N
     their replays' logs), or None where they differ in more than floats."""
     first_calls, second_calls = first_log[0], second_log[0]
     varying = log_differences(first_calls, second_calls) if first_log[1] == second_log[1] else None
-    if not varying or len(first.nodes) != len(second.nodes) or _outline(first) != _outline(second):
+    if not varying or len(first.nodes) != len(second.nodes) or outline(first) != outline(second):
         return None
+    holes = float_holes(first, first_calls, second, second_calls, varying)
+    return Parametric(first, first_log, frozenset(varying), holes) if holes else None
+
+
+def float_holes(first, first_calls: list, second, second_calls: list, varying: list) -> dict | None:
+    """template node -> [(path in its (args, kwargs) form, the log paths holding
+    its value in both calls)] for each float where two templates' nodes differ;
+    None where they differ otherwise, or a float has no source among ``varying``."""
     index_a, index_b = _node_index(first), _node_index(second)
     holes = {}
     for a, b in zip(first.nodes, second.nodes):
@@ -75,11 +83,11 @@ def paired(first, first_log: tuple, second, second_log: tuple) -> Parametric | N
             return None
         for path in differ:
             ga, gb = _value_at_form(form_a, path), _value_at_form(form_b, path)
-            sources = [s for s in varying if _value_at(first_calls, s) == ga and _value_at(second_calls, s) == gb]
+            sources = [s for s in varying if value_at(first_calls, s) == ga and value_at(second_calls, s) == gb]
             if not sources:
                 return None
             holes.setdefault(a, []).append((path, sources))
-    return Parametric(first, first_log, frozenset(varying), holes) if holes else None
+    return holes
 
 
 @dataclasses.dataclass
@@ -201,7 +209,7 @@ def filled(node: torch.fx.Node, constants: list) -> None:
     """``node`` (a copy of a template's) with the call's values in its holes."""
     args_kwargs = (node.args, node.kwargs)
     for path, value in constants:
-        args_kwargs = _put(args_kwargs, path, value)
+        args_kwargs = put(args_kwargs, path, value)
     node.args, node.kwargs = _torch.without_default_arguments(node.target, *args_kwargs)
 
 
@@ -233,7 +241,7 @@ def _float_differences(a, b, path: tuple, differ: list) -> bool:
     return all(_float_differences(x, y, (*path, i), differ) for i, (x, y) in enumerate(zip(a, b)))
 
 
-def _value_at(calls: list, path: tuple) -> float:
+def value_at(calls: list, path: tuple) -> float:
     return _value_at_form(calls[path[0]][1], path[1:])
 
 
@@ -255,16 +263,16 @@ def _form(arg, index: dict):
     return (type(arg), arg)
 
 
-def _put(x, path: tuple, value):
+def put(x, path: tuple, value):
     """``x`` with the leaf at a :func:`_form` path replaced by ``value``."""
     if not path:
         return value
     i, rest = path[0], path[1:]
     if isinstance(x, dict):
         key = list(x)[i - 2]
-        return {**x, key: _put(x[key], rest, value)}
+        return {**x, key: put(x[key], rest, value)}
     items = list(x)
-    items[i - 1] = _put(items[i - 1], rest, value)
+    items[i - 1] = put(items[i - 1], rest, value)
     return type(x)(items)
 
 
@@ -276,7 +284,7 @@ def _node_index(template) -> dict:
     return index
 
 
-def _outline(template) -> tuple:
+def outline(template) -> tuple:
     """What a stamp takes from a template besides its nodes' arguments, its
     nodes as their places: equal for two calls a stamp of one may stand for."""
     index = _node_index(template)
@@ -301,7 +309,7 @@ def _relative(path: str, root: str) -> str:
 # ---------------------------------------------------------------- the ops a call dispatches
 
 
-def _dispatch_outline(call: tuple, keep: list) -> list | None:
+def dispatch_outline(call: tuple, keep: list) -> list | None:
     """The aten ops a logged call dispatches, floats apart (their tensors as
     metadata); None where its arguments cannot be made again or it fails."""
     ops = _dispatched_ops(call, keep)

@@ -25,6 +25,10 @@ call's inputs, state and outputs must not be mutated later (the recorder
 would have followed its views): if one is, :class:`Retrace` makes the trace
 again without reuse.
 
+A later call of the same code at other sizes (a CNN's next stage) is stamped
+from a template two traced calls of its *kind* make, its nodes' values made
+again at its sizes: :mod:`predispatch.trace.layer_sizes`.
+
 ``predispatch.reuse_layers(False)`` (or ``PREDISPATCH_LAYER_REUSE=0`` in the environment)
 turns it off; the program is the same either way, up to node names.
 """
@@ -40,7 +44,7 @@ import types
 import torch
 
 from .. import _torch
-from . import layer_constants
+from . import layer_constants, layer_sizes
 from ..ir.meta_keys import GRAD_MODE_READ
 from .grad_mode_reads import grad_mode_read
 from .host_random import host_generator_states, restore_host_generators
@@ -98,6 +102,7 @@ class ReuseReport:
     stamped: int = 0  # calls made by copying a template
     traced: int = 0  # calls of repeated modules traced (templates among them)
     templates: int = 0
+    resized: int = 0  # stamped calls among them made from a template of other sizes (layer_sizes)
 
 
 last_report = ReuseReport()
@@ -443,7 +448,11 @@ class LayerReuse:
         self.templates: dict = {}
         self.parametric: dict = {}  # key -> its parametric templates (layer_constants)
         self.from_one_call: dict = {}  # id of a template -> its layer_constants.FromOneCall (or None)
+        self.kinds: dict = {}  # key -> (its kind (layer_sizes.kind_of), its tensors' sizes), or (None, None)
+        self.sized: dict = {}  # kind -> its traced calls: [(template, log, sizes)]
+        self.resized: dict = {}  # kind -> its layer_sizes.Resized templates
         self.named: dict = {}  # key -> the (globals, names) of the code its first complete replay ran
+        self.named_by_kind: dict = {}  # kind (layer_sizes.kind_of) -> the same, of its first key
         self.last_log: dict = {}  # key -> the calls its last complete replay logged (the next one's guide)
         self.raw_keys: dict = {}  # a key with symbolic sizes -> its raw key (:func:`_key`)
         self.learned = 0  # the shape env's equals when the keys were written (:meth:`_keyed`)
@@ -498,23 +507,61 @@ class LayerReuse:
         # the kind's last log guides: the next layer is most like the one before
         # (a drop rate of its own changes a call or two, a first layer may lack a branch)
         guide = self.last_log.get(key)
-        log, self.named[key] = _replay(forward, flat, spec, state, module, guide, self.named.get(key))
+        if key not in self.kinds:  # one key, one kind and sizes
+            with _torch.torch_function_disabled():  # metadata reads, not the layer's
+                self.kinds[key] = self._kind(raw, flat, state)
+        kind, sizes = self.kinds[key]
+        # the code a kind's calls run is one: the names its first replay learned serve each size
+        named = self.named.get(key, self.named_by_kind.get(kind))
+        log, self.named[key] = _replay(forward, flat, spec, state, module, guide, named)
+        if kind is not None and self.named[key] is not None:
+            self.named_by_kind.setdefault(kind, self.named[key])
         if log is None:
             return forward(*args, **kwargs)
         self.last_log[key] = log[0]
         for template, constants in self._matches(key, templates, log):
             with _torch.torch_function_disabled():  # no torch call is the layer's
-                out = self._stamp(template, module, caller, flat, state, constants)
-            if out is not None:
+                stamped = self._stamp(template, module, caller, flat, state, constants)
+            if stamped is not None:
                 self.report.stamped += 1
                 self.report.traced -= 1
-                return out
+                return stamped[0]
+        for resized in self.resized.get(kind, ()):
+            with _torch.torch_function_disabled():  # the checks' and the fake kernels' torch calls
+                constants = resized.constants_for(sizes, log)
+                stamped = None if constants is None else self._stamp(
+                    resized.template, module, caller, flat, state, constants, (resized, log[1]))
+            if stamped is not None:
+                self.report.stamped += 1
+                self.report.resized += 1
+                self.report.traced -= 1
+                templates.append((log, stamped[1]))  # this key's later calls: stamped from this one, as it is
+                return stamped[0]
         out, template = self._trace(module, forward, caller, flat, state, args, kwargs, mark)
         if template is not None:
             self._pair(key, templates, log, template)
+            if kind is not None:
+                self._pair_sizes(kind, sizes, log, template)
         templates.append((log, template))
         self.report.templates += template is not None
         return out
+
+    def _kind(self, raw, flat: list, state: list) -> tuple:
+        """(the call's kind, its sizes): its key with sizes apart and its tensors'
+        dimensions (layer_sizes); (None, None) where a size is symbolic or a tensor not dense."""
+        sizes = layer_sizes.sizes_of([x for x in flat if isinstance(x, torch.Tensor)] + state)
+        return (None, None) if sizes is None else (layer_sizes.kind_of(raw), sizes)
+
+    def _pair_sizes(self, kind, sizes: tuple, log: tuple, template: _Template) -> None:
+        """A template of other sizes (:mod:`.layer_sizes`) of this call's and an earlier one of its kind."""
+        traced = self.sized.setdefault(kind, [])
+        for first, first_log, first_sizes in traced:
+            resized = layer_sizes.paired(first, first_log, first_sizes, template, log, sizes)
+            if resized is not None:
+                self.resized.setdefault(kind, []).append(resized)
+                break
+        if len(traced) < _MAX_TEMPLATES:
+            traced.append((template, log, sizes))
 
     def _keyed(self, raw) -> tuple:
         """The key of a raw key (:func:`_frozen`); where the shape env learned
@@ -624,9 +671,13 @@ class LayerReuse:
 
     # -- a later call of the kind: the template's nodes copied
 
-    def _stamp(self, template: _Template, module, caller, flat, state, constants: dict):
-        """The call's outputs, made by copying the template's nodes; None where
-        the module calls it makes would be named otherwise than the template's."""
+    def _stamp(self, template: _Template, module, caller, flat, state, constants: dict, resized=None):
+        """(the call's outputs, made by copying the template's nodes; the
+        template as this call made it, where ``resized``); None where the
+        module calls it makes would be named otherwise than the template's.
+        ``resized``: (a layer_sizes.Resized template, what the call's replay
+        returned) where the call's sizes are not the template's: its nodes'
+        values made again (None where they cannot be, or differ from the replay's)."""
         tracer = _torch.current_tracer()
         stack = list(tracer.module_stack.items())
         module_key, (module_path, _) = stack[-1]
@@ -637,6 +688,12 @@ class LayerReuse:
             return None
         inputs = [x for x in flat if isinstance(x, torch.Tensor)] + state
         env = _nodes_read(template, inputs)
+        values = {}
+        if resized is not None:
+            values = layer_sizes.values_at(resized[0], [env[n].meta["val"] for n in template.inputs], constants)
+            if values is None or not layer_sizes.returns_as_replayed(
+                    [values[node] for kind, (node, _) in template.outputs if kind == "node"], resized[1]):
+                return None
         call_site = self.stamper.call_site_text(caller) if self.stamper is not None else None
         relocation = _Relocation(template, {k: (fqn, _class_name(cls)) for k, (fqn, cls) in stack},
                                  module_key, module_path, call_site if call_site != template.call_site else None,
@@ -645,14 +702,17 @@ class LayerReuse:
             env[node] = relocation.copied(tracer.graph, node, env)
             if node in constants:
                 layer_constants.filled(env[node], constants[node])
+            if node in values:
+                _torch.set_value(env[node], values[node])
         _advance_counters(tracer, template, module_calls)
-        _update_state(template, env, state)
-        made, leaves = _outputs_made(template, env)
+        _update_state(template, env, state, values)
+        made, leaves = _outputs_made(template, env, values)
         self.recorder.note_stamped_writes(_writes_made(template, env, leaves, state))
         inputs_viewed, leaves_viewed = template.viewed
         tensors = [*(inputs[i] for i in inputs_viewed), *(leaves[j] for j in leaves_viewed)]
         self.stamped.append(_Stamped(tensors, [_torch.storage_counters(t) for t in tensors]))
-        return _torch.pytree.tree_unflatten(leaves, template.out_spec)
+        here = _made_here(template, env, call_site) if resized is not None else None
+        return _torch.pytree.tree_unflatten(leaves, template.out_spec), here
 
     def check_stamped(self) -> None:
         """After the forward: no stamped call's tensors were mutated since."""
@@ -660,6 +720,22 @@ class LayerReuse:
             changed = any([_torch.storage_counters(t) for t in s.tensors] != s.counters for s in self.stamped)
         if changed:
             raise Retrace()
+
+
+def _made_here(template: _Template, env: dict, call_site: str | None) -> _Template:
+    """The template as a stamp made it (``env``: its nodes -> the copies): the
+    copies are a template of this call's sizes, its module paths still the
+    first call's (its inner stacks are), its call site this call's (its stack traces start with it)."""
+    def node(n):
+        return env.get(n, n)
+    return dataclasses.replace(
+        template, inputs=[node(n) for n in template.inputs], nodes=[node(n) for n in template.nodes],
+        outputs=[(kind, (node(v[0]), v[1]) if kind == "node" else v) for kind, v in template.outputs],
+        torch_fns={node(n): f for n, f in template.torch_fns.items()},
+        writes=[(where, node(old), node(new)) for where, old, new in template.writes],
+        updates=[(position, node(n), kind) for position, n, kind in template.updates],
+        inner_stacks={node(n): stack for n, stack in template.inner_stacks.items()},
+        call_site=call_site if call_site is not None else template.call_site)
 
 
 def _nodes_read(template: _Template, inputs: list) -> dict:
@@ -762,11 +838,12 @@ def _state_updates(inputs: list, before: list, n_state: int, made: set) -> list 
     return updates
 
 
-def _update_state(template: _Template, env: dict, state: list) -> None:
+def _update_state(template: _Template, env: dict, state: list, values: dict) -> None:
     """The stamped layer's state updated as the template's was: its new values
-    the copied nodes', mutated in the grad mode (or hidden) the template's were."""
+    the copied nodes', mutated in the grad mode (or hidden) the template's were
+    (``values``: the nodes' values at this call's sizes, where they differ)."""
     for position, node, kind in template.updates:
-        value = _torch.traced_output(_torch.fresh_like(node.meta["val"], False), env[node])
+        value = _torch.traced_output(_torch.fresh_like(values.get(node, node.meta["val"]), False), env[node])
         with torch.no_grad() if kind == "no_grad" else contextlib.nullcontext():
             _torch.functional_write(state[position], value, hidden=kind == "hidden")
 
@@ -803,9 +880,10 @@ def _writes_made(template: _Template, env: dict, leaves: list, state: list) -> l
     return written
 
 
-def _outputs_made(template: _Template, env: dict) -> tuple[list, list]:
+def _outputs_made(template: _Template, env: dict, values: dict) -> tuple[list, list]:
     """(the new traced tensors, the call's output leaves): a fresh traced
-    tensor for each output node of the template's copied (once per node)."""
+    tensor for each output node of the template's copied (once per node),
+    of its value at this call's sizes (``values``, where they differ)."""
     made, leaves = {}, []
     for kind, value in template.outputs:
         if kind == "value":
@@ -813,7 +891,8 @@ def _outputs_made(template: _Template, env: dict) -> tuple[list, list]:
             continue
         node, requires_grad = value
         if node not in made:
-            made[node] = _torch.traced_output(_torch.fresh_like(node.meta["val"], requires_grad), env[node])
+            made[node] = _torch.traced_output(_torch.fresh_like(values.get(node, node.meta["val"]), requires_grad),
+                                              env[node])
         leaves.append(made[node])
     return list(made.values()), leaves
 
@@ -911,7 +990,10 @@ def _repeated_modules(root: torch.nn.Module) -> list:
     single ops) whose class, submodules' classes, and parameter and buffer
     shapes repeat. (A layer whose submodules differ, a stochastic depth that
     is an ``Identity`` at rate 0, runs other code: replaying it to compare
-    with the others would be wasted.)"""
+    with the others would be wasted. Modules that repeat only at other sizes,
+    a CNN's first block of each stage, are not wrapped either: their replays
+    cost more than the few stamps a template of other sizes gives them,
+    measured on timm's ResNets and diffusers' U-Net, design/layer-reuse.md.)"""
     def signature(m):
         return (type(m), tuple((n, type(c)) for n, c in m.named_modules(remove_duplicate=False)),
                 tuple((n, _dims(t.shape), t.dtype) for n, t in (
