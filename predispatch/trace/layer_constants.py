@@ -47,16 +47,22 @@ class Parametric:
                 self.dispatched[i] = dispatch_outline(first_calls[i], first_keep)
             if self.dispatched[i] is None or dispatch_outline(calls[i], keep) != self.dispatched[i]:
                 return None
-        constants = {}
-        for node, holes in self.holes.items():
-            filled = []
-            for path, sources in holes:
-                values = {value_at(calls, s) for s in sources}
-                if len(values) != 1:
-                    return None
-                filled.append((path, values.pop()))
-            constants[node] = filled
-        return constants
+        return hole_values(self.holes, calls)
+
+
+def hole_values(holes: dict, calls: list) -> dict | None:
+    """template node -> [(path, value)]: each hole's value in a call's log,
+    where the log paths that held it in the traced calls hold one value here."""
+    constants = {}
+    for node, node_holes in holes.items():
+        filled = []
+        for path, sources in node_holes:
+            values = {value_at(calls, s) for s in sources}
+            if len(values) != 1:
+                return None
+            filled.append((path, values.pop()))
+        constants[node] = filled
+    return constants
 
 
 def paired(first, first_log: tuple, second, second_log: tuple) -> Parametric | None:

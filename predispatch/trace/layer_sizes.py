@@ -68,16 +68,7 @@ class Resized:
                 self.dispatched[i] = _outline(self.log[0][i], self.log[2])
             if self.dispatched[i] is None or _outline(calls[i], keep) != self.dispatched[i]:
                 return None
-        constants = {}
-        for node, holes in self.holes.items():
-            filled = []
-            for path, sources in holes:
-                values = {lc.value_at(calls, s) for s in sources}
-                if len(values) != 1:
-                    return None
-                filled.append((path, values.pop()))
-            constants[node] = filled
-        return constants
+        return lc.hole_values(self.holes, calls)
 
 
 def sizes_of(tensors: list) -> tuple | None:
