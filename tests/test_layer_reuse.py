@@ -740,3 +740,45 @@ def test_blocks_whose_sizes_the_template_cannot_tell_are_traced(case):
     assert report.stamped == 4 + report.resized
     with layer_reuse.reuse_layers(True):
         assert_matches_eager(module, (torch.randn(2, 3, image, image),))
+
+
+class NormAct(nn.Module):
+    """A norm whose activation writes its output in place (timm's BatchNormAct2d)."""
+
+    def __init__(self, width):
+        super().__init__()
+        self.norm = nn.BatchNorm2d(width)
+        self.act = nn.ReLU(inplace=True)
+
+    def forward(self, x):
+        return self.act(self.norm(x))
+
+
+class SplitAfterNormAct(nn.Module):
+    """timm's MixNet: the output of a stamped norm-activation split in two (a mixed convolution)."""
+
+    def __init__(self, width=8):
+        super().__init__()
+        self.conv1, self.norm1 = nn.Conv2d(width, width, 1), NormAct(width)
+        self.conv2, self.norm2 = nn.Conv2d(width, width, 3, padding=1, groups=width), NormAct(width)
+        self.heads = nn.ModuleList(nn.Conv2d(width // 2, width, 1) for _ in range(2))
+
+    def forward(self, x):
+        y = self.norm2(self.conv2(self.norm1(self.conv1(x))))
+        parts = torch.split(y, [4, 4], 1)
+        return torch.cat([head(part) for head, part in zip(self.heads, parts)], 1)
+
+
+@pytest.mark.parametrize("train", [True, False])
+def test_an_output_written_in_place_is_stamped_as_written(train):
+    """A layer's output its activation wrote in place is, in the trace, a
+    written tensor: functionalization makes a later view of it again from it
+    where it is read. A stamp's output is written as the template's was, so
+    the program is the one without reuse (before, the stamp's output was a
+    fresh tensor and the split stayed where it was called)."""
+    torch.manual_seed(0)
+    module, args = SplitAfterNormAct().train(train), (torch.randn(2, 8, 6, 6),)
+    _, report = export_both(module, args)
+    assert report.stamped == 1
+    with layer_reuse.reuse_layers(True):
+        assert_matches_eager(module, args)

@@ -884,15 +884,25 @@ def _outputs_made(template: _Template, env: dict, values: dict) -> tuple[list, l
     """(the new traced tensors, the call's output leaves): a fresh traced
     tensor for each output node of the template's copied (once per node),
     of its value at this call's sizes (``values``, where they differ)."""
+    def fresh(node, requires_grad):
+        return _torch.traced_output(_torch.fresh_like(values.get(node, node.meta["val"]), requires_grad), env[node])
+
+    # an output the call wrote in place: made as it was before, then written, as the trace left it
+    # (functionalization replays a later view of a written tensor from it: slices, not one split)
+    written = {how[0]: (old, new) for (where, *how), old, new in template.writes if where == "output"}
     made, leaves = {}, []
-    for kind, value in template.outputs:
+    for j, (kind, value) in enumerate(template.outputs):
         if kind == "value":
             leaves.append(value)
             continue
         node, requires_grad = value
         if node not in made:
-            made[node] = _torch.traced_output(_torch.fresh_like(values.get(node, node.meta["val"]), requires_grad),
-                                              env[node])
+            old, new = written.get(j, (None, node))
+            if old is None or old not in env or new is not node:
+                made[node] = fresh(node, requires_grad)
+            else:
+                made[node] = fresh(old, requires_grad)
+                _torch.functional_write(made[node], fresh(node, requires_grad), hidden=False)
         leaves.append(made[node])
     return list(made.values()), leaves
 
