@@ -897,12 +897,12 @@ def _outputs_made(template: _Template, env: dict, values: dict) -> tuple[list, l
             continue
         node, requires_grad = value
         if node not in made:
-            old, new = written.get(j, (None, node))
-            if old is None or old not in env or new is not node:
-                made[node] = fresh(node, requires_grad)
-            else:
-                made[node] = fresh(old, requires_grad)
+            write = written.get(j)
+            if write is not None and write[1] is node and write[0] in env:
+                made[node] = fresh(write[0], requires_grad)
                 _torch.functional_write(made[node], fresh(node, requires_grad), hidden=False)
+            else:
+                made[node] = fresh(node, requires_grad)
         leaves.append(made[node])
     return list(made.values()), leaves
 

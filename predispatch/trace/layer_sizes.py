@@ -166,11 +166,10 @@ def values_at(resized: Resized, in_values: list, constants: dict) -> dict | None
                 for path, value in constants.get(node, ()):
                     args, kwargs = lc.put((args, kwargs), path, value)
                 values[node] = node.target(*args, **kwargs)
+                if not _alike(values[node], node.meta["val"]):
+                    return None
     except Exception:  # noqa: BLE001 (these sizes do not fit the op: traced, where torch says why)
         return None
-    for node in template.nodes:
-        if node in values and not _alike(values[node], node.meta["val"]):
-            return None
     return values
 
 
@@ -184,7 +183,7 @@ def _alike(new, old) -> bool:
 
 def returns_as_replayed(values: list, returned: tuple) -> bool:
     """Whether the output values' sizes and strides are those the call's replay returned."""
-    replayed = [e for e in _tensor_entries(returned)]
+    replayed = list(_tensor_entries(returned))
     made = [v for v in values if isinstance(v, torch.Tensor)]
     return len(made) == len(replayed) and all(
         (tuple(v.shape), tuple(v.stride())) == (tuple(e[1]), tuple(e[2])) for v, e in zip(made, replayed))
@@ -219,7 +218,7 @@ def sizes_apart(encoded):
 
 def _is_tensor(encoded: tuple) -> bool:
     """A tensor as a log encodes it: (its number, shape, stride, and six more)."""
-    return type(encoded[0]) is int and len(encoded) == 9 and type(encoded[1]) is tuple
+    return len(encoded) == 9 and type(encoded[0]) is int and type(encoded[1]) is tuple
 
 
 def _order(stride) -> tuple:
