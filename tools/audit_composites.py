@@ -23,6 +23,7 @@ re-run on the same torch gives identical files.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import functools
 import itertools
@@ -593,11 +594,29 @@ def run_audit(limit: int | None = None, progress: bool = False) -> list[AuditRec
     if limit is not None:
         ops = ops[:limit]
     records = []
-    for i, op in enumerate(ops):
-        if progress:
-            print(f"[{i + 1}/{len(ops)}] {op.name()}", file=sys.stderr, flush=True)
-        records.append(audit_op(op))
+    with _no_test_function_lookup():
+        for i, op in enumerate(ops):
+            if progress:
+                print(f"[{i + 1}/{len(ops)}] {op.name()}", file=sys.stderr, flush=True)
+            records.append(audit_op(op))
     return records
+
+
+@contextlib.contextmanager
+def _no_test_function_lookup():
+    """OpInfo's sample iterators look for the unittest test running them by
+    crawling the stack (``inspect.stack()`` reads each frame's source: three
+    quarters of the audit's time under pytest). The audit is no unittest
+    test, so the lookup finds none; it is told so at once."""
+    from torch.testing._internal import common_utils
+    from torch.testing._internal.opinfo import core
+
+    saved = common_utils.extract_test_fn, core.extract_test_fn
+    common_utils.extract_test_fn = core.extract_test_fn = lambda: None
+    try:
+        yield
+    finally:
+        common_utils.extract_test_fn, core.extract_test_fn = saved
 
 
 def summarize(records: list[AuditRecord]) -> dict:
