@@ -354,8 +354,9 @@ def _meta_like(node: torch.fx.Node) -> torch.Tensor:
 def trace_suspended():
     """Until exit, torch calls run on plain tensors as if no trace ran: no
     torch-function mode, no dispatch mode (functionalization, proxy, fake), no
-    Python dispatcher, the thread's patches (:mod:`predispatch._torch.patching`) serving as the originals."""
-    popped, dispatch_modes = [], []
+    Python dispatcher, the thread's patches (:mod:`predispatch._torch.patching`) serving as the originals,
+    and modules called and read as in eager (not through make_fx's tracer)."""
+    popped, dispatch_modes, tracer = [], [], current_tracer()
     try:
         while torch._C._len_torch_function_stack() > 0:
             popped.append(torch._C._pop_torch_function_stack())
@@ -364,13 +365,37 @@ def trace_suspended():
         # the pre-dispatch modes (the trace's functionalization and proxy) skipped
         # rather than popped: pushing one back clears every op's dispatch cache
         with torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(torch._C.DispatchKey.PreDispatch)), \
-                torch._C._DisablePythonDispatcher(), patches_suspended():
+                torch._C._DisablePythonDispatcher(), patches_suspended(), _module_calls_as_eager(tracer):
             yield
     finally:
         for mode in reversed(dispatch_modes):
             torch._C._push_on_torch_dispatch_stack(mode)
         for mode in reversed(popped):
             torch._C._push_on_torch_function_stack(mode)
+
+
+@contextlib.contextmanager
+def _module_calls_as_eager(tracer):
+    """make_fx's tracer sees each module call (for its module stack) and each
+    submodule read (made a proxy of it) through ``nn.Module.__call__`` and
+    ``__getattr__``, patched to ask the tracer: meanwhile this tracer passes
+    them through. (The tracer's methods are changed, not the class's: a
+    class attribute set on ``nn.Module`` costs ~1 ms, every subclass's
+    method cache flushed.)"""
+    if tracer is None:
+        yield
+        return
+    own = {name: tracer.__dict__[name] for name in ("call_module", "getattr") if name in tracer.__dict__}
+    tracer.call_module = lambda module, forward, args, kwargs: forward(*args, **kwargs)
+    tracer.getattr = lambda name, value, parameter_proxy_cache: value
+    try:
+        yield
+    finally:
+        for name in ("call_module", "getattr"):
+            if name in own:
+                setattr(tracer, name, own[name])
+            else:
+                del tracer.__dict__[name]
 
 
 class _DispatchLog(TorchDispatchMode):

@@ -323,13 +323,7 @@ def _replay(forward, flat: list, spec, state: list, module, guide, named):
     suspended, or None where the call cannot be compared so (it reads another
     tensor, draws host random numbers, changes Python state it can reach,
     fails); and the globals its code named (``named`` where given, see :func:`_isolated`)."""
-    tracer = _torch.current_tracer()
-    num_calls = dict(tracer.num_calls)  # the replay's module calls are not the trace's
-    try:
-        return _logged(forward, flat, spec, state, module, guide, named)
-    finally:
-        tracer.num_calls.clear()
-        tracer.num_calls.update(num_calls)
+    return _logged(forward, flat, spec, state, module, guide, named)  # its module calls not the tracer's
 
 
 def _logged(forward, flat: list, spec, state: list, module, guide, named):
