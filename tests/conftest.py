@@ -1,5 +1,4 @@
-"""Shared pytest configuration: the run says what it ran against; the garbage collector spares what collection made."""
-import gc
+"""Shared pytest configuration: the run says what it ran against."""
 from importlib import metadata
 
 
@@ -23,11 +22,3 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     """Again at the end, where ``-q`` (which hides the header) shows failures."""
     if config.get_verbosity() < 0:
         terminalreporter.write_line(_versions())
-
-
-def pytest_collection_finish(session):
-    """What collection made (torch, transformers, every test module) lives to
-    the end: moved out of the collector's sight, so the full collections a
-    fake-tensor-heavy test triggers do not walk it each time (the suite ~12%
-    faster)."""
-    gc.freeze()
