@@ -75,6 +75,33 @@ def test_same_layers_are_stamped_and_match_eager():
     assert_stamped_from_the_first(Block)
 
 
+class TwoPasses(Stack):
+    """The layers run twice over (a looped model: transformers' Dory)."""
+
+    def forward(self, x):
+        x = x * self.scale
+        for _ in range(2):
+            for layer in self.layers:
+                x = layer(x)
+        return x * 2
+
+
+def test_layers_called_again_are_stamped_with_their_modules_named_as_traced():
+    """A second call of a layer is keyed ``layers.1@1``, the modules inside it
+    ``layers.1.norm@1``: stamped from the first layer's second call, each
+    node's module stack names them as the trace does (transformers' Dory
+    differed here: ``layers.0.norm@1`` under ``layers.1@1``)."""
+    torch.manual_seed(0)
+    module = TwoPasses(Block)
+    reused, report = export_both(module, _x())
+    assert report.stamped == 6
+    keys = {k for node in reused.graph.nodes for k in node.meta.get("nn_module_stack", {})}
+    assert keys == {"L__self__"} | {f"L__self__layers.{i}{inner}{call}" for i in range(4)
+                                    for inner in ("", ".norm", ".lin") for call in ("", "@1")}
+    with layer_reuse.reuse_layers(True):
+        assert_matches_eager(module, _x())
+
+
 class ByIndex(Block):
     """Every other layer doubles: its graph depends on its index."""
 

@@ -783,7 +783,7 @@ class _Relocation:
         if whole is None:
             template = self.template
             whole = self.stacks[id(inner)] = {**self.outer, **{
-                _moved(k, template.module_key, self.module_key): (
+                _moved_key(k, template.module_key, self.module_key): (
                     _moved(fqn, template.module_path, self.module_path), cls)
                 for k, (fqn, cls) in inner}}
         return whole
@@ -917,6 +917,16 @@ def _moved(name: str, old: str, new: str) -> str:
     if name == old:
         return new
     return new + name[len(old):] if name.startswith(old + ".") else name
+
+
+def _moved_key(key: str, old: str, new: str) -> str:
+    """An ``nn_module_stack`` key under the module keyed ``old`` keyed as
+    under ``new``. A key is its module's name, with ``@n`` after it on the
+    module's (n+1)-th call; the keys of the modules inside it name it
+    without that (``layers.0@1`` holds ``layers.0.norm@1``)."""
+    if key == old:
+        return new
+    return _moved(key, old.partition("@")[0], new.partition("@")[0])
 
 
 def _class_name(cls) -> str:
