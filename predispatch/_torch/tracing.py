@@ -374,6 +374,17 @@ def trace_suspended():
             torch._C._push_on_torch_function_stack(mode)
 
 
+def _called_through(module, forward, args, kwargs):
+    return forward(*args, **kwargs)
+
+
+def _read_through(name, value, parameter_proxy_cache):
+    return value
+
+
+_PASSED_THROUGH = {"call_module": _called_through, "getattr": _read_through}
+
+
 @contextlib.contextmanager
 def _module_calls_as_eager(tracer):
     """make_fx's tracer sees each module call (for its module stack) and each
@@ -385,17 +396,16 @@ def _module_calls_as_eager(tracer):
     if tracer is None:
         yield
         return
-    own = {name: tracer.__dict__[name] for name in ("call_module", "getattr") if name in tracer.__dict__}
-    tracer.call_module = lambda module, forward, args, kwargs: forward(*args, **kwargs)
-    tracer.getattr = lambda name, value, parameter_proxy_cache: value
+    own = {name: tracer.__dict__.get(name) for name in _PASSED_THROUGH}
+    tracer.__dict__.update(_PASSED_THROUGH)
     try:
         yield
     finally:
-        for name in ("call_module", "getattr"):
-            if name in own:
-                setattr(tracer, name, own[name])
-            else:
+        for name, method in own.items():
+            if method is None:
                 del tracer.__dict__[name]
+            else:
+                tracer.__dict__[name] = method
 
 
 class _DispatchLog(TorchDispatchMode):
