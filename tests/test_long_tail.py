@@ -50,6 +50,23 @@ def test_an_internal_error_in_a_later_stage_is_an_export_error(monkeypatch):
     with pytest.raises(predispatch.ExportError, match="the regions stage failed on it") as info:
         predispatch.export_predispatch(RaisesItsOwnError(), (torch.randn(2),))
     assert isinstance(info.value.__cause__, TypeError)
+    # no line of the module's code was running: said so, with where it was raised
+    assert str(info.value).startswith("the module at no line of its code (raised in ")
+    assert "pipeline.py" in str(info.value)
+
+
+class TakesNoneAndNumbers(torch.nn.Module):
+    def forward(self, x, options, scale=None, offset=1):
+        y = x * (2 if scale is None else scale) + offset
+        return y if options["mask"] is None else y * options["mask"]
+
+
+@pytest.mark.parametrize("options", [{"mask": None}, {"mask": None, "extra": None}])
+def test_none_and_numbers_among_the_inputs(options):
+    # a None leaf in the inputs (transformers' added_cond_kwargs={"resolution": None}) once made the
+    # output-view search read None as a traced input, an internal TypeError
+    ep = assert_matches_eager(TakesNoneAndNumbers(), (torch.randn(3), options), {"scale": None, "offset": 3})
+    assert torch.equal(ep.module()(torch.ones(3), options, scale=None, offset=3), torch.full((3,), 5.0))
 
 
 def test_the_models_own_exception_surfaces_as_it_is():

@@ -614,7 +614,8 @@ def _output_views(inputs: _CallInputs, starts: _InputStarts, outputs, as_given: 
     as it is: ``as_given``, or torch's write-back returns it."""
     first: dict = {}
     for i, f in enumerate(inputs.functional):
-        first.setdefault(id(f), i)
+        if isinstance(f, _torch.FunctionalTensor):  # not a None or a number given as an input
+            first.setdefault(id(f), i)
     found = {}
     for n, o in enumerate(outputs):
         if not isinstance(o, _torch.FunctionalTensor) or id(o) in first or id(o) in as_given:

@@ -19,6 +19,7 @@ converted: still a ``RuntimeError``, its message kept in the new one.
 from __future__ import annotations
 
 import contextlib
+import traceback
 import types
 
 from .. import _torch
@@ -37,13 +38,14 @@ def internal_errors_as_export_errors(stage: str = "capture"):
     except Exception as e:
         if not _raised_in_library(e):
             raise
-        construct = raising_construct(e) or type(e).__name__
+        construct, where = raising_construct(e), exception_location(e)
+        if construct is None:  # no line of the module's code on the stack: raised before or after it ran
+            construct, where = "the module", f"no line of its code (raised in {_innermost_frame(e)})"
         if _torch.is_uncaptured_control_flow(e):  # however the operator was reached (imported before the export)
-            raise ExportError(f"{construct} at {exception_location(e)} cannot be exported soundly: "
-                              f"{CONTROL_FLOW_CALL}") from e
+            raise ExportError(f"{construct} at {where} cannot be exported soundly: {CONTROL_FLOW_CALL}") from e
         what = "torch failed while tracing it" if stage == "capture" else f"the {stage} stage failed on it"
         raise ExportError(
-            f"{construct} at {exception_location(e)} cannot be exported: {what} "
+            f"{construct} at {where} cannot be exported: {what} "
             f"({type(e).__name__}: {_text(e)}). Where the module runs in eager with these inputs, "
             "this is a limitation or bug of predispatch or torch; the original error is chained "
             "as __cause__") from e
@@ -62,11 +64,14 @@ def raising_construct(e: BaseException) -> str | None:
     traceback: the outermost torch call a torch-function mode saw below the
     user's innermost frame (``func`` of a ``__torch_function__``) and the
     innermost op a dispatch mode saw (``func`` of a ``__torch_dispatch__``);
-    else the library function the user's frame called. None if neither."""
+    else the library function the user's frame called. None if neither, or
+    if no frame is the user's."""
     frames = _frames(e)
     users = [i for i, f in enumerate(frames) if not is_library_file(f.f_code.co_filename)
              and f.f_code.co_filename != "<string>"]
-    below = frames[users[-1] + 1:] if users else frames
+    if not users:
+        return None
+    below = frames[users[-1] + 1:]
     calls = [_func_name(f) for f in below if f.f_code.co_name == "__torch_function__"]
     ops = [_func_name(f) for f in below if f.f_code.co_name == "__torch_dispatch__"]
     call = next((c for c in calls if c), None)
@@ -76,6 +81,11 @@ def raising_construct(e: BaseException) -> str | None:
     if call or op:
         return call or f"op {op}"
     return f"{below[0].f_code.co_name}()" if below else None
+
+
+def _innermost_frame(e: BaseException) -> str:
+    frame = traceback.extract_tb(e.__traceback__)[-1]
+    return f"{frame.filename.split('site-packages/')[-1]}:{frame.lineno} in {frame.name}"
 
 
 def _frames(e: BaseException) -> list[types.FrameType]:
