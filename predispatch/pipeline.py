@@ -96,6 +96,8 @@ def _assumptions(work: Work) -> None:
         if r.specialized_guards else []
     if carried:
         assumptions.drop_regenerated_checks(work.captured.gm, r.unbacked_bindings)
+    if work.exports_a_module:
+        assumptions.drop_restated_checks(work.captured.gm)
     r.assumptions = [*carried, *(a for a in made if a not in carried)]
 
 

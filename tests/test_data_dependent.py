@@ -397,3 +397,21 @@ def test_ibert(one_thread):
     program.load_state_dict(poisoned.state_dict())
     with pytest.raises(RuntimeError, match=r"quant_modules.py:\d+ in forward: `assert x_max.isnan"):
         program(**_tokens(1))
+
+
+class IndexDrawn(torch.nn.Module):
+    """peft's BOFT dropout: a row index drawn, read as a Python int, written through."""
+
+    def forward(self, x):
+        n = torch.randint(0, 1, (1,)).item()
+        mask = torch.zeros(1, 4)
+        mask[n] = x
+        return mask
+
+
+def test_a_bound_check_torch_writes_again_in_another_form_is_dropped():
+    # exported again, torch's runtime-assert pass wrote `0 <= u0 + 1` beside the program's own
+    # `u0 >= -1` (the index's bounds): a check more per export (G7), dropped as a restatement
+    ep = assert_matches_eager(IndexDrawn(), (torch.randn(4),))
+    checks = [n.args[1] for n in ep.graph.nodes if n.target is torch.ops.aten._assert_scalar.default]
+    assert len(checks) == 3 and not any("u0 + 1" in c for c in checks)

@@ -239,6 +239,7 @@ from .autograd import (  # noqa: E402,F401
 )
 from .symbolic import (  # noqa: E402,F401
     concrete,
+    condition_form,
     is_symbolic,
     may_be_nonempty,
     ShapeGuards,

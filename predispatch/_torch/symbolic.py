@@ -120,6 +120,31 @@ def concrete(size, bindings: dict) -> int:
     return int(size.node.expr.xreplace(bindings))
 
 
+# a relation as (kind, what is compared with 0): a >= b and b <= a are both ("ge", a - b)
+_RELATIONS = {sympy.GreaterThan: ("ge", 1), sympy.LessThan: ("ge", -1),
+              sympy.StrictGreaterThan: ("gt", 1), sympy.StrictLessThan: ("gt", -1)}
+
+
+def condition_form(val):
+    """A symbolic condition (a SymBool: a run-time check's) in a form that is
+    the same however torch wrote it (``u0 >= -1`` and ``0 <= u0 + 1`` alike);
+    None where ``val`` is not symbolic, or no longer says what it checks (a
+    branch's condition the trace decided reads ``True``)."""
+    if not isinstance(val, torch.SymBool):
+        return None
+    expr = val.node.expr
+    if not expr.free_symbols:
+        return None
+    kind = _RELATIONS.get(type(expr))
+    if kind is not None:
+        name, sign = kind
+        return name, sympy.expand(sign * (expr.lhs - expr.rhs))
+    if isinstance(expr, (sympy.Eq, sympy.Ne)):
+        difference = sympy.expand(expr.lhs - expr.rhs)
+        return type(expr).__name__, frozenset((difference, -difference))
+    return "expr", expr
+
+
 def may_be_nonempty(t: torch.Tensor) -> bool:
     """False only where ``t`` is known empty (a size not known, an unbacked
     one, counts as possibly non-empty: no guard is added)."""

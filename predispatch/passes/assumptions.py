@@ -126,6 +126,34 @@ def drop_regenerated_checks(gm: torch.fx.GraphModule, bindings: dict) -> None:
     gm.recompile()
 
 
+def drop_restated_checks(gm: torch.fx.GraphModule) -> None:
+    """A check of a condition an earlier check of the graph already checks,
+    written in another form, is dropped, with what only it read. A program
+    exported again runs its checks as ops of its graph, and torch's
+    runtime-assert pass may write one of them again beside it (``0 <= u0 +
+    1`` beside the program's ``u0 >= -1``, an index read from a tensor):
+    the program would grow a check per export (G7). Of two, ours (naming a
+    line) is kept."""
+    kept: dict = {}
+    for node in list(gm.graph.find_nodes(op="call_function", target=_torch.ASSERT_SCALAR)):
+        form = _torch.condition_form(node.args[0].meta.get("val")) if isinstance(node.args[0], torch.fx.Node) else None
+        if form is None:
+            continue
+        first = kept.setdefault(form, node)
+        if first is node:
+            continue
+        if _is_ours(node) and not _is_ours(first):
+            first, node, kept[form] = node, first, node
+        condition = node.args[0]
+        gm.graph.erase_node(node)
+        _erase_unused(gm.graph, condition)
+    gm.recompile()
+
+
+def _is_ours(node: torch.fx.Node) -> bool:
+    return _message(node) is not None and is_run_time_message(_message(node))
+
+
 def _message(node: torch.fx.Node) -> str | None:
     return node.args[1] if len(node.args) > 1 and isinstance(node.args[1], str) else None
 
