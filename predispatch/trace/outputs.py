@@ -56,7 +56,9 @@ def _unflattenable(module: torch.nn.Module, where: str, cls: type) -> str:
     except (OSError, TypeError):
         line = "unknown location"
     hint = ("; a transformers model returns its cache with use_cache=True: pass use_cache=False "
-            "(or set model.config.use_cache = False)"
+            "(or set model.config.use_cache = False); one given a cache as past_key_values (peft's "
+            "prefix tuning gives its prefix so) returns it whatever use_cache says: export a wrapper "
+            "returning only the fields you need (loss, logits)"
             if cls.__module__.startswith("transformers.") and cls.__name__.endswith("Cache") else "")
     return (f"the output{where or ''} of {type(module).__qualname__}.forward ({line}) is a "
             f"{cls.__module__}.{cls.__qualname__}, which a program cannot return: its outputs are "
