@@ -397,3 +397,34 @@ def test_timm_convit_computes_its_relative_indices(train):
                               num_heads=2, depth=2, num_classes=3, local_up_to_layer=1).train(train)
     ep = assert_matches_eager(model, (torch.randn(2, 3, 32, 32),), grad_modes=(True,))
     assert "blocks.0.attn.rel_indices" in [s.target for s in ep.graph_signature.output_specs]
+
+
+# ---------------------------------------------------------------- a layout picked at run time
+
+
+class AttendsWithAMask(torch.nn.Module):
+    """diffusers' attention (LTX-Video, Kandinsky 3): heads permuted in, attention with an additive
+    float mask, heads permuted out and flattened."""
+
+    def forward(self, q, k, v, mask):
+        q, k, v = (x.permute(0, 2, 1, 3) for x in (q, k, v))
+        o = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return o.permute(0, 2, 1, 3).flatten(2, 3)
+
+
+ATTENTION_INPUTS = (torch.randn(1, 6, 2, 8), torch.randn(1, 5, 2, 8), torch.randn(1, 5, 2, 8), torch.zeros(1, 2, 1, 5))
+
+
+def test_a_view_of_a_layout_the_run_time_kernel_picks_is_a_reshape():
+    # traced (no input requires grad), attention's fused kernel lays its output out so that the
+    # flatten is a view; called with a mask that requires grad, its math kernel's contiguous output
+    # is not viewable so: the program failed where eager runs, ep.module() and compile_training alike
+    ep = assert_matches_eager(AttendsWithAMask(), ATTENTION_INPUTS)  # every input requiring grad
+    assert torch.ops.aten.reshape.default in {n.target for n in ep.graph.nodes}
+    args = [x.clone().requires_grad_() for x in ATTENTION_INPUTS]
+    train = predispatch.compile_training(ep)
+    train(*args).sum().backward()
+    expected = [x.clone().requires_grad_() for x in ATTENTION_INPUTS]
+    AttendsWithAMask()(*expected).sum().backward()
+    for got, want in zip(args, expected):
+        torch.testing.assert_close(got.grad, want.grad)

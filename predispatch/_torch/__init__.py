@@ -164,6 +164,7 @@ from .tracing import (  # noqa: E402,F401
     restore_ambient_modes,
     returns_a_view,
     rng_freezing_owners,
+    laid_out_contiguous,
     size_hint,
     state_tables,
     TENSOR_DATA,

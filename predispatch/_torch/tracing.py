@@ -573,6 +573,20 @@ def free_unbacked_symbols(value) -> bool:
     return bool(free(value)) if isinstance(value, torch.Tensor) else False
 
 
+def laid_out_contiguous(t: torch.Tensor) -> bool:
+    """Is ``t`` laid out contiguously (row-major), read at its sizes' example
+    values, adding no guard? A dimension of size 1 may have any stride."""
+    expected = 1
+    for size, stride in reversed(list(zip(t.shape, t.stride()))):
+        size, stride = size_hint(size), size_hint(stride)
+        if size is None or stride is None:
+            return True  # no example value: taken as traced
+        if size != 1 and stride != expected:
+            return False
+        expected *= size
+    return True
+
+
 def size_hint(value) -> int | None:
     """An int, or a symbolic size's example value (None where it has none)."""
     if isinstance(value, int):

@@ -34,6 +34,7 @@ from ..ir.blocks import grad_modes
 from ..ir.records import Event, Kind
 from . import eager_layout, input_aliasing, layer_reuse, recorder
 from .recorder import marks
+from .run_time_layouts import views_of_run_time_layouts_as_reshapes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,6 +168,7 @@ def functional_trace(mod: torch.nn.Module, args, kwargs, keep=frozenset, on_layo
             on_output_view(index, view)
     _drop_storage_swaps_of_constants(gm)
     _drop_dead_code(gm, keep())
+    views_of_run_time_layouts_as_reshapes(gm)
     outputs_made_distinct(gm, range(len(mutated)))
     return (gm, _signature(gm, named_parameters, named_buffers, mutated, in_spec, out_spec.spec),
             {**layout.views, **layout.built})
