@@ -415,3 +415,24 @@ def test_a_bound_check_torch_writes_again_in_another_form_is_dropped():
     ep = assert_matches_eager(IndexDrawn(), (torch.randn(4),))
     checks = [n.args[1] for n in ep.graph.nodes if n.target is torch.ops.aten._assert_scalar.default]
     assert len(checks) == 3 and not any("u0 + 1" in c for c in checks)
+
+
+class IndicesDrawn(torch.nn.Module):
+    """Two rows picked by draws, as BOFT's dropout in two layers."""
+
+    def forward(self, x):
+        rows = []
+        for _ in range(2):
+            n = torch.randint(0, 1, (1,)).item()
+            mask = torch.zeros(1, 4)
+            mask[n] = x
+            rows.append(mask)
+        return rows
+
+
+def test_checks_say_the_values_they_read_as_a_program_exported_again_says_them():
+    # torch's checks named the draws by the trace's symbol count (u0, u3: the writes' storage offsets
+    # counted too); exported again, by another count (u0, u2): named u0, u1 as the graph reads them
+    ep = assert_matches_eager(IndicesDrawn(), (torch.randn(4),))
+    said = " ".join(n.args[1] for n in ep.graph.nodes if n.target is torch.ops.aten._assert_scalar.default)
+    assert "u0 >= -1" in said and "u1 >= -1" in said and "u2" not in said and "u3" not in said

@@ -208,6 +208,7 @@ from .export import (  # noqa: E402,F401
     ValueRangeError,
 )
 from .data_dependence import (  # noqa: E402,F401
+    checks_say_their_conditions,
     ASSERT_SCALAR,
     checks_guard,
     forget_real_values,

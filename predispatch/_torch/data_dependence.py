@@ -16,6 +16,7 @@ import dataclasses
 import functools
 import re
 
+import sympy
 import torch
 import torch.fx
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
@@ -41,6 +42,30 @@ def checks_named_by_their_conditions(gm: torch.fx.GraphModule) -> None:
         match = _TORCH_CHECK_MESSAGE.match(message) if isinstance(message, str) else None
         if match and isinstance(condition, torch.fx.Node) and match.group(2) != condition.name:
             node.args = (condition, f"{match.group(1)}{condition.name}{match.group(3)}", *node.args[2:])
+    gm.recompile()
+
+
+def checks_say_their_conditions(gm: torch.fx.GraphModule) -> None:
+    """Each check torch's runtime-assert pass wrote says its condition with
+    the values read from tensors named u0, u1, ... in the order the graph
+    reads them: torch numbers them as the trace made them (symbols of
+    storage offsets, and ones it made and dropped, counted too), and a
+    program exported again keeps its own checks' words beside checks torch
+    writes anew (G7)."""
+    checks = [(node, node.args[0], node.args[1]) for node in gm.graph.find_nodes(
+        op="call_function", target=ASSERT_SCALAR) if len(node.args) > 1 and isinstance(node.args[1], str)]
+    checks = [(node, c, m) for node, c, m in checks if _TORCH_CHECK_MESSAGE.match(m)
+              and isinstance(c, torch.fx.Node) and isinstance(c.meta.get("val"), torch.SymBool)]
+    if not checks:
+        return
+    read_at = {s: i for i, n in enumerate(gm.graph.nodes) for s in (n.meta.get("unbacked_bindings") or {})}
+    symbols = sorted({s for _, c, _ in checks for s in c.meta["val"].node.expr.free_symbols},
+                     key=lambda s: (read_at.get(s, len(read_at)), str(s)))
+    names = {s: sympy.Symbol(f"u{i}", integer=True) for i, s in enumerate(symbols)}
+    for node, condition, message in checks:
+        said = condition.meta["val"].node.expr.xreplace(names)
+        node.args = (condition, f"Runtime assertion failed for expression {said} on node '{condition.name}'",
+                     *node.args[2:])
     gm.recompile()
 
 
