@@ -451,3 +451,24 @@ def test_a_module_called_without_inputs():
     train = predispatch.compile_training(ep)
     train()[0].sum().backward()
     assert torch.equal(dict(train.named_parameters())["w"].grad, torch.arange(5.0))
+
+
+# ---------------------------------------------------------------- torch.nn modules refused, said plainly
+
+
+def test_a_lazy_module_not_yet_called_is_refused_saying_what_to_do():
+    with pytest.raises(predispatch.ExportError, match=r"weight of LazyLinear is not initialized yet.*call the module once"):
+        predispatch.export_predispatch(torch.nn.Sequential(torch.nn.LazyLinear(3)), (torch.randn(2, 4),))
+    module = torch.nn.Sequential(torch.nn.LazyLinear(3))
+    module(torch.randn(2, 4))  # its first call gives it its shapes: then it exports
+    assert_matches_eager(module, (torch.randn(2, 4),))
+
+
+def test_an_op_without_a_kernel_for_its_shape_is_refused_naming_torchs_line():
+    # a torch.nn module exported as it is: its own code's line, the op, and why
+    args = (torch.randn(50, 3, 15).log_softmax(2), torch.randint(1, 15, (3, 30)), torch.tensor([50, 50, 50]),
+            torch.tensor([30, 25, 20]))
+    with pytest.raises(predispatch.ExportError) as info:
+        predispatch.export_predispatch(torch.nn.CTCLoss(), args)
+    message = str(info.value)
+    assert "aten._ctc_loss" in message and "functional.py" in message and "no fake kernel for its output" in message

@@ -21,6 +21,7 @@ from torch.utils import _pytree as pytree  # noqa: E402,F401  (pytrees of inputs
 
 from .ops import (  # noqa: E402,F401
     ASSERT_TENSOR_METADATA_BINDING,
+    has_no_kernel_for_its_shape,
     is_uncaptured_control_flow,
     decompose_by,
     pre_dispatch_pushes_without_uncaching,

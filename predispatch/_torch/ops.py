@@ -254,6 +254,15 @@ def redispatch_below_autograd(op: OpOverload, keyset, *args):
         return op.redispatch(keyset & torch._C._after_autograd_keyset, *args)
 
 
+def has_no_kernel_for_its_shape(e: BaseException) -> bool:
+    """Is ``e`` fake tensors' answer for an op whose output shape its inputs'
+    values decide and that has no fake kernel saying it (``aten._ctc_loss``,
+    ``aten.linalg_lstsq``)?"""
+    from torch._subclasses.fake_tensor import DynamicOutputShapeException
+
+    return isinstance(e, DynamicOutputShapeException)
+
+
 def is_uncaptured_control_flow(e: BaseException) -> bool:
     """Is ``e`` torch's failure to capture a control-flow operator's branches
     or body (``torch.cond``, ``while_loop``, ``map``, ``scan`` called

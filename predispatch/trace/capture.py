@@ -134,6 +134,18 @@ def _hooked(path: str | None) -> str:
     return "every module (global)" if path is None else f"submodule {path!r}" if path else "the module"
 
 
+def _refuse_uninitialized_state(module: torch.nn.Module) -> None:
+    """A lazy module (``nn.LazyConv2d``) learns its parameters' shapes from its
+    first call, which eager makes before any other; a trace cannot: it
+    works on the state as the export finds it."""
+    for name, t in _named_state(module).items():
+        if isinstance(t, torch.nn.parameter.UninitializedTensorMixin):
+            owner = module.get_submodule(name.rpartition(".")[0])
+            raise ExportError(
+                f"{name} of {type(owner).__name__} is not initialized yet: a lazy module takes its "
+                "shapes from its first call; call the module once on an example input before exporting it")
+
+
 def _refuse_backward_hooks(module: torch.nn.Module) -> None:
     """A module backward hook changes eager's gradients; a graph cannot call it."""
     for path, hook in _torch.backward_hooks(module):
@@ -153,6 +165,7 @@ def capture_module(module, args, kwargs, dynamic_shapes, policy: OpPolicy, recor
     carries the example's real values and takes the branches they take, each
     a guard recorded in ``record`` and checked at run time."""
     _refuse_backward_hooks(module)
+    _refuse_uninitialized_state(module)
     args, kwargs, orig_in_spec, dynamic_shapes, verify_additional_inputs = (
         _torch.process_export_inputs(module, args, kwargs, dynamic_shapes))
     original_state_dict = _torch.original_state_dict(module)

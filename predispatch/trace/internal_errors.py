@@ -38,12 +38,15 @@ def internal_errors_as_export_errors(stage: str = "capture"):
     except Exception as e:
         if not _raised_in_library(e):
             raise
-        construct, where = raising_construct(e), exception_location(e)
-        if construct is None:  # no line of the module's code on the stack: raised before or after it ran
-            construct, where = "the module", f"no line of its code (raised in {_innermost_frame(e)})"
+        construct, where = raising_construct(e) or "the module", exception_location(e)
+        if where == "unknown location":  # no line of the module's code on the stack: raised before or after it ran
+            where = f"no line of its code (raised in {_innermost_frame(e)})"
         if _torch.is_uncaptured_control_flow(e):  # however the operator was reached (imported before the export)
             raise ExportError(f"{construct} at {where} cannot be exported soundly: {CONTROL_FLOW_CALL}") from e
         what = "torch failed while tracing it" if stage == "capture" else f"the {stage} stage failed on it"
+        if _torch.has_no_kernel_for_its_shape(e):
+            what = ("torch has no fake kernel for its output, whose shape the input's values decide, so no "
+                    "trace can hold it (torch.export's neither)")
         raise ExportError(
             f"{construct} at {where} cannot be exported: {what} "
             f"({type(e).__name__}: {_text(e)}). Where the module runs in eager with these inputs, "
@@ -64,14 +67,12 @@ def raising_construct(e: BaseException) -> str | None:
     traceback: the outermost torch call a torch-function mode saw below the
     user's innermost frame (``func`` of a ``__torch_function__``) and the
     innermost op a dispatch mode saw (``func`` of a ``__torch_dispatch__``);
-    else the library function the user's frame called. None if neither, or
-    if no frame is the user's."""
+    else the library function the user's frame called. None if none of
+    these."""
     frames = _frames(e)
     users = [i for i, f in enumerate(frames) if not is_library_file(f.f_code.co_filename)
              and f.f_code.co_filename != "<string>"]
-    if not users:
-        return None
-    below = frames[users[-1] + 1:]
+    below = frames[users[-1] + 1:] if users else frames
     calls = [_func_name(f) for f in below if f.f_code.co_name == "__torch_function__"]
     ops = [_func_name(f) for f in below if f.f_code.co_name == "__torch_dispatch__"]
     call = next((c for c in calls if c), None)
@@ -80,7 +81,7 @@ def raising_construct(e: BaseException) -> str | None:
         return f"{call} (op {op})"
     if call or op:
         return call or f"op {op}"
-    return f"{below[0].f_code.co_name}()" if below else None
+    return f"{below[0].f_code.co_name}()" if users and below else None
 
 
 def _innermost_frame(e: BaseException) -> str:
