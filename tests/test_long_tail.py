@@ -472,3 +472,30 @@ def test_an_op_without_a_kernel_for_its_shape_is_refused_naming_torchs_line():
         predispatch.export_predispatch(torch.nn.CTCLoss(), args)
     message = str(info.value)
     assert "aten._ctc_loss" in message and "functional.py" in message and "no fake kernel for its output" in message
+
+
+# ---------------------------------------------------------------- requires_grad of a tensor the forward made
+
+
+class BranchesOnAViewsRequiresGrad(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.ones(3))
+
+    def forward(self, x):
+        with torch.no_grad():
+            frozen = self.w * 1
+        scale = 2 if self.w.reshape(-1).requires_grad else 1  # a view of a parameter: True, as eager's
+        shift = 3 if frozen.requires_grad else 0  # made under no_grad: False
+        return x * self.w * scale + shift
+
+
+def test_a_tensor_made_in_the_forward_requires_grad_as_eagers_does():
+    # above autograd, a traced view of a parameter read requires_grad False, and the program took
+    # the other branch; torch's LinearCrossEntropyLoss so baked "no weight gradient" into its op
+    ep = assert_matches_eager(BranchesOnAViewsRequiresGrad(), (torch.randn(3),))
+    assert torch.equal(ep.module()(torch.ones(3)), torch.full((3,), 2.0))
+    if hasattr(torch.nn, "LinearCrossEntropyLoss"):
+        torch.manual_seed(0)
+        loss = torch.nn.LinearCrossEntropyLoss(5, 4, options=torch.nn.LinearCrossEntropyOptions())
+        assert_matches_eager(loss, (torch.randn(8, 5), torch.randint(0, 4, (8,))), inputs_require_grad=False)

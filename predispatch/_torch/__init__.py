@@ -169,6 +169,7 @@ from .tracing import (  # noqa: E402,F401
     size_hint,
     state_tables,
     TENSOR_DATA,
+    requires_grad_answered,
     TENSOR_REQUIRES_GRAD,
     torch_function_disabled,
     torch_function_enabled,

@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
+import threading
 import types
 
 import torch
@@ -242,6 +244,37 @@ def torch_function_off():
 # the Tensor attributes whose ``__get__`` / ``__set__`` torch-function modes see as the func called
 TENSOR_DATA = torch._C.TensorBase.__dict__["data"]
 TENSOR_REQUIRES_GRAD = torch._C.TensorBase.__dict__["requires_grad"]
+
+
+# the code that traces, whose reads of a traced tensor's flags are about the trace's own tensors
+_TRACING_MACHINERY = tuple(os.path.join(os.path.dirname(torch.__file__), d) for d in (
+    "_subclasses", "fx", "_functorch", "_export", "export", "_dynamo", "utils", "_ops.py", "_library",
+    "_higher_order_ops", "_prims", "_refs", "_decomp", "_guards.py", "_C")) + (
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))),)
+
+
+@contextlib.contextmanager
+def requires_grad_answered(answer):
+    """While tracing, ``t.requires_grad`` of a FunctionalTensor (read on this
+    thread, outside torch's tracing machinery and predispatch) is
+    ``answer(t)``: torch-function modes see its setter, not its getter.
+    Every other read and every write is torch's own."""
+    thread = threading.get_ident()
+
+    def read(t):
+        if threading.get_ident() == thread and not sys._getframe(1).f_code.co_filename.startswith(_TRACING_MACHINERY):
+            return answer(t)
+        return TENSOR_REQUIRES_GRAD.__get__(t)
+
+    previous = FunctionalTensor.__dict__.get("requires_grad")  # an outer trace's (a Function's body is traced inside)
+    FunctionalTensor.requires_grad = property(read, TENSOR_REQUIRES_GRAD.__set__, doc=TENSOR_REQUIRES_GRAD.__doc__)
+    try:
+        yield
+    finally:
+        if previous is None:
+            del FunctionalTensor.requires_grad
+        else:
+            FunctionalTensor.requires_grad = previous
 
 
 @contextlib.contextmanager

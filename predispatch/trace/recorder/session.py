@@ -28,7 +28,7 @@ from ..vmap import tracing_vmap_as_plain_ops
 from ..translations import as_rebound, autocast_blocks_as_in_eager, buffer_rebinding_checked, inference_mode_as_no_grad
 from ..translations import rebound_buffers, was_rebound
 from ..translations import scalar_tensors_formatted_as_in_eager
-from . import grad_blocks, leaves, spans, swaps, views
+from . import grad_blocks, leaves, requires_grad_reads, spans, swaps, views
 from .functional_ops import before_functional_op
 from .mode import Recorder
 from .observing import observing_ops
@@ -51,7 +51,8 @@ def recording(module: torch.nn.Module, record: TraceRecord, strip, reuse_layers:
         views.note_input_views(state, _torch.pytree.tree_leaves((args, kwargs)))
         state.graph_inputs = _graph_input_keys(params, buffers, _torch.pytree.tree_leaves((args, kwargs)), strip)
         try:
-            with _forward_recorded(module, state, eager_autocast_cache, reuse_layers) as reuse:
+            tensors = (*params.values(), *buffers.values(), *_torch.pytree.tree_leaves((args, kwargs)))
+            with _forward_recorded(module, state, tensors, eager_autocast_cache, reuse_layers) as reuse:
                 out = forward(*args, **kwargs)
                 if reuse is not None:
                     reuse.check_stamped()
@@ -102,7 +103,7 @@ def _cast_sources(params: dict, buffers: dict, args, kwargs) -> CastCache:
 
 
 @contextlib.contextmanager
-def _forward_recorded(module, state: TraceState, eager_autocast_cache: bool, reuse_layers: bool):
+def _forward_recorded(module, state: TraceState, tensors: tuple, eager_autocast_cache: bool, reuse_layers: bool):
     """Everything the forward runs under while it is recorded, entered in
     this order (left in the reverse one); yields the layer reuse (or None)."""
     recorder = Recorder(state)
@@ -123,6 +124,7 @@ def _forward_recorded(module, state: TraceState, eager_autocast_cache: bool, reu
         enter(refusing_host_randomness(state.draws))  # Python's and numpy's generators
         enter(scalar_tensors_formatted_as_in_eager())  # f"{t}" of a 0-dim tensor: its value
         enter(inference_mode_as_no_grad())
+        enter(requires_grad_reads.answered_as_eager(tensors))  # t.requires_grad of a tensor the forward made
         enter(buffer_rebinding_checked())  # self.buf = new: refused where no write-back can follow
         enter(refusing_state_calls())
         enter(refusing_new_state(module))  # register_buffer / register_parameter of a new name
