@@ -10,6 +10,7 @@ checkpointing) found one difference, BOFT's re-export (G7), fixed; here one
 case of each kind of mechanism.
 """
 import copy
+import os
 
 import pytest
 import torch
@@ -21,6 +22,17 @@ peft = pytest.importorskip("peft")
 transformers = pytest.importorskip("transformers")
 
 VOCAB, BATCH, TOKENS = 100, 2, 8
+
+
+@pytest.fixture(autouse=True)
+def _environment_kept():
+    """peft's BOFT tries to build a CUDA extension with CC=gcc and CXX=gcc put in
+    os.environ, and where that fails (no CUDA) leaves them there: inductor would
+    compile the later tests' kernels with gcc, without the C++ library."""
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
 
 
 def _llama():
