@@ -1,12 +1,5 @@
-"""Shared pytest configuration: the run says what it ran against; inductor's builds kept per torch release."""
-import os
-import tempfile
+"""Shared pytest configuration: the run says what it ran against."""
 from importlib import metadata
-
-# inductor's compiled kernels in a folder of this torch release's: CI runs the suites of two releases side
-# by side, and one release's process loading the other's build of the same kernel fails to link it
-os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(
-    tempfile.gettempdir(), f"torchinductor_predispatch_tests_torch{metadata.version('torch')}"))
 
 
 def _versions() -> str:
