@@ -142,8 +142,8 @@ def drop_restated_checks(gm: torch.fx.GraphModule) -> None:
         first = kept.setdefault(form, node)
         if first is node:
             continue
-        if _is_ours(node) and not _is_ours(first):
-            first, node, kept[form] = node, first, node
+        if _is_ours(node) and not _is_ours(first):  # ours kept: the earlier one goes
+            node, kept[form] = first, node
         condition = node.args[0]
         gm.graph.erase_node(node)
         _erase_unused(gm.graph, condition)

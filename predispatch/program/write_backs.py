@@ -352,10 +352,10 @@ def check_input_aliasing(unlifted: torch.fx.GraphModule, views: dict, mutated: l
     share memory as the example inputs did, where it matters (see
     :mod:`predispatch.trace.input_aliasing`); one whose example inputs gave
     a tensor twice, that the call does too."""
-    graph = unlifted.graph
-    inputs = [n for n in graph.nodes if n.op == "placeholder"]
     if not (repeated or mutated):  # nothing to check (a module called without inputs among them)
         return
+    graph = unlifted.graph
+    inputs = [n for n in graph.nodes if n.op == "placeholder"]
     with graph.inserting_after(inputs[-1]):
         if repeated:
             graph.call_function(input_aliasing.check_inputs_repeated_as_exported, (repeated, *inputs))

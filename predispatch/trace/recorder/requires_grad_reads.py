@@ -50,10 +50,11 @@ def _as_eager(tensors, t) -> bool:
     return _requiring_grad(node, roots)
 
 
-def _requiring_grad(target: torch.fx.Node, placeholders: set) -> bool:
+def _requiring_grad(target: torch.fx.Node, roots: set) -> bool:
     """Does eager's tensor of ``target`` require grad? The graph read in order
-    up to it, each node's grad mode the last switch's before it."""
-    grad_mode, requiring = True, set(placeholders)
+    up to it, each node's grad mode the last switch's before it; ``roots``:
+    the nodes of the state and inputs that require grad."""
+    grad_mode, requiring = True, set(roots)
     for node in target.graph.nodes:
         if node.op == "call_function":
             if node.target is _torch.SET_GRAD_ENABLED:

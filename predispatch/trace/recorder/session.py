@@ -47,11 +47,12 @@ def recording(module: torch.nn.Module, record: TraceRecord, strip, reuse_layers:
         # one walk of the module tree each, before the forward (what a rebinding replaces too)
         params = dict(module.named_parameters(remove_duplicate=False))
         buffers = dict(module.named_buffers(remove_duplicate=False))
+        inputs = _torch.pytree.tree_leaves((args, kwargs))
         state = TraceState(record, _cast_sources(params, buffers, args, kwargs), HostDraws())
-        views.note_input_views(state, _torch.pytree.tree_leaves((args, kwargs)))
-        state.graph_inputs = _graph_input_keys(params, buffers, _torch.pytree.tree_leaves((args, kwargs)), strip)
+        views.note_input_views(state, inputs)
+        state.graph_inputs = _graph_input_keys(params, buffers, inputs, strip)
         try:
-            tensors = (*params.values(), *buffers.values(), *_torch.pytree.tree_leaves((args, kwargs)))
+            tensors = (*params.values(), *buffers.values(), *inputs)
             with _forward_recorded(module, state, tensors, eager_autocast_cache, reuse_layers) as reuse:
                 out = forward(*args, **kwargs)
                 if reuse is not None:
@@ -63,8 +64,7 @@ def recording(module: torch.nn.Module, record: TraceRecord, strip, reuse_layers:
         refuse_buffers_gained(buffers, buffers_after, strip)
         rebound = rebound_buffers(buffers, as_rebound(buffers_after), strip)
         record.rebound_buffers = {f"buffer:{name}": t for name, t in rebound.items()}
-        _note_mutation_kinds(record, module.named_parameters(remove_duplicate=False), buffers_after,
-                             _torch.pytree.tree_leaves((args, kwargs)), strip)
+        _note_mutation_kinds(record, module.named_parameters(remove_duplicate=False), buffers_after, inputs, strip)
         return out
 
     # torch.export's wrapper flattens what the user's module (its _export_root) returns: checked before
