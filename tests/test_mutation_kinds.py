@@ -262,6 +262,38 @@ def test_unsqueeze__of_an_intermediate_under_no_grad_keeps_its_history():
     both(f, torch.randn(4))
 
 
+def RESIZE(v):
+    return v.resize_(3, 2)
+
+
+@pytest.mark.parametrize("relaid, shape", [
+    (lambda v: v.t_(), (2, 2, 3)), (lambda v: v.transpose_(0, 1), (2, 2, 3)), (lambda v: v.unsqueeze_(1), (2, 2, 3)),
+    (lambda v: v.squeeze_(), (2, 2, 1, 3)), (lambda v: v.as_strided_((2, 2), (1, 2)), (2, 2, 3)),
+    (RESIZE, (2, 2, 3))],
+    ids=["t_", "transpose_", "unsqueeze_1", "squeeze_", "as_strided_", "resize_"])
+def test_a_view_of_an_input_relaid_in_the_callers_mode(relaid, shape):
+    """Was refused (op_db's in-place metadata ops on ``base[1]``) as a view
+    keeping a history of its old shape: in grad mode, eager's relayout is an
+    op of the view's history; under a no_grad caller the view, made there,
+    has no history to keep (eager's raises when used)."""
+    def f(base):
+        return relaid(base[1])
+    assert_matches_eager(F(f), (torch.randn(shape),), inputs_require_grad=False)
+    if relaid is not RESIZE:  # (eager cannot resize a tensor that requires grad)
+        assert_matches_eager(F(f), (torch.randn(shape),), inputs_with_history=True, grad_modes=(True,))
+
+
+def test_a_view_of_an_input_relaid_in_the_callers_mode_then_read_in_a_grad_block_is_exported():
+    """Under a no_grad caller the relaid view has no history; an enable_grad
+    block reading it then raises in eager (a view made in no_grad, changed
+    in place): the grad-mode call is the one to match."""
+    def f(base):
+        v = base[1].t_()
+        with torch.enable_grad():
+            return v * 2
+    assert_matches_eager(F(f), (torch.randn(2, 2, 3),), inputs_with_history=True, grad_modes=(True,))
+
+
 def test_metadata_mutation_of_a_parameter_under_no_grad():
     class Transposes(torch.nn.Module):
         def __init__(self):

@@ -182,8 +182,10 @@ def _kept_for_another_shape(kept, history: torch.fx.Node, facts: Facts) -> dict 
         _broadcasts(tuple(va.shape), s) and s != tuple(vb.shape) for s in map(shape, kept.later))
     if not unreducible and (not (leaf or view) or not (reshaped or (view and moved))):
         return None  # eager's history reduces the gradient as the program's does
-    if not _kept_history_shown(kept, facts, origin, leaf and (in_callers_mode or kept.in_callers_mode),
-                               leaf or unreducible, leaf and reshaped):
+    in_callers_mode = kept.in_callers_mode or (leaf and in_callers_mode)
+    if in_callers_mode and history not in facts.may_grad(caller_on=False, no_grad_views=False):
+        return None  # kept under a no_grad caller only, where it has none (a view made there has none)
+    if not _kept_history_shown(kept, facts, origin, in_callers_mode, leaf or unreducible, leaf and reshaped):
         return None
     return {"history": history.name, "shape": tuple(va.shape), "where": kept.where or location(kept.new, *kept.later),
             "change": f"another shape {tuple(vb.shape)}" if reshaped else "other memory",
@@ -214,16 +216,18 @@ def _made_as_a_view(node: torch.fx.Node, facts: Facts) -> bool:
     return first.op == "call_function" and _torch.returns_a_view(first)
 
 
-def _kept_history_shown(kept, facts: Facts, origin, leaf_in_callers_mode: bool, user_outputs_only: bool,
+def _kept_history_shown(kept, facts: Facts, origin, in_callers_mode: bool, user_outputs_only: bool,
                         views_too: bool) -> bool:
-    """Can a gradient reach the kept history from an output? A leaf updated
-    in the caller's mode is one under a no_grad caller only (eager refuses
-    the update of a leaf that requires grad); a leaf's history, and one the
+    """Can a gradient reach the kept history from an output? A tensor
+    relaid in the caller's mode keeps a history under a no_grad caller
+    only (in grad mode, eager's relayout is an op of the history, as the
+    program's; and it refuses a leaf's that requires grad), so only a grad
+    span of the forward can reach it; a leaf's history, and one the
     new shape cannot reach, show through what the user gets only, and a
     leaf's value written back as a mutation is the caller's tensor, whose
     history is its own. A leaf's views made before, read after: eager
     regenerates them through the new layout."""
-    modes = facts.under_a_no_grad_caller() if leaf_in_callers_mode else facts.modes
+    modes = facts.under_a_no_grad_caller() if in_callers_mode else facts.modes
     outputs, kinds = facts.outputs, facts.output_kinds()
     shown = None if not user_outputs_only or kinds is None else facts.user_outputs()
     if shown:  # returned as written back: the program returns the caller's tensor
