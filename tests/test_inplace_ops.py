@@ -6,6 +6,9 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+
+from predispatch.testing.eager import assert_matches_eager
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repo root: tools
 from tools import inplace_sweep  # noqa: E402
@@ -19,3 +22,22 @@ def test_in_place_op_matches_eager(info, case):
     if status == inplace_sweep.SKIPPED:
         pytest.skip(detail)
     assert status == inplace_sweep.MATCHED, detail
+
+
+class ComparedInPlace(torch.nn.Module):
+    def __init__(self, op, other):
+        super().__init__()
+        self.op, self.other = op, other
+
+    def forward(self, x):
+        y = x * 1
+        return getattr(y, self.op)(self.other)
+
+
+@pytest.mark.parametrize("other", [0, 0.5, torch.tensor(0.5)], ids=["int", "float", "tensor"])
+@pytest.mark.parametrize("op", ["ge_", "gt_", "le_", "lt_", "eq_", "ne_"])
+def test_an_in_place_comparison_with_a_number_is_its_scalar_overload(op, other):
+    """Was refused (torch's test_functionalization test_metadata_change): the
+    out-of-place variant was found by argument names only, ge_.Scalar as
+    ge.Tensor, which does not take a number."""
+    assert_matches_eager(ComparedInPlace(op, other), (torch.tensor([[-1.0, 2.0], [0.5, 3.0]]),))

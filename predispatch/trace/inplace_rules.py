@@ -203,16 +203,25 @@ def _rule(op) -> OutOfPlace | Unrecorded | GrowingResize | None:
 
 
 def _functional_variant(op) -> _torch.OpOverload | None:
-    """The out-of-place op taking the same arguments (by name) and mutating none."""
+    """The out-of-place op taking the same arguments and mutating none: by
+    name and type (``ge_.Scalar``: ``ge.Scalar``, not ``ge.Tensor``), else by
+    name only."""
     name = op._schema.name.split("::")[1].rstrip("_")
-    wanted = {a.name for a in op._schema.arguments}
-    for packet_name in (name, f"{name}_functional"):
-        packet = getattr(aten, packet_name, None)
-        if packet is None:
-            continue
-        for overload in packet.overloads():
-            candidate = getattr(packet, overload)
-            schema = candidate._schema
-            if not schema.is_mutable and {a.name for a in schema.arguments} == wanted:
-                return candidate
+    candidates = [getattr(packet, overload) for packet in
+                  filter(None, (getattr(aten, n, None) for n in (name, f"{name}_functional")))
+                  for overload in packet.overloads()]
+    candidates = [c for c in candidates if not c._schema.is_mutable]
+    for arguments in (_named_and_typed, _named):
+        wanted = arguments(op)
+        found = next((c for c in candidates if arguments(c) == wanted), None)
+        if found is not None:
+            return found
     return None
+
+
+def _named(op) -> set:
+    return {a.name for a in op._schema.arguments}
+
+
+def _named_and_typed(op) -> set:
+    return {(a.name, str(a.type)) for a in op._schema.arguments}
