@@ -252,6 +252,29 @@ def test_resize__of_an_input_within_and_past_its_storage():
     both(grow, torch.randn(3, 4), requires_grad=(False,))
 
 
+def test_resize__growing_memory_a_view_shares_is_refused():
+    """Was silently wrong (torch's test_functionalization
+    test_resize_larger_invalid): eager grows the memory a view and its base
+    share, so the base reads what is written through the view; the program
+    moved the resized view to memory of its own. (torch's functionalization
+    refuses it too.)"""
+    def of_an_intermediate(x):
+        y = x + 1
+        z = y.view(4, 4)
+        z.resize_(5, 5)
+        z.view(25).fill_(1)
+        return y, z + 1
+
+    def of_an_input(x):
+        z = x.view(4, 4)
+        z.resize_(5, 5)
+        z.view(25).fill_(1)
+        return z + 1
+    for f in (of_an_intermediate, of_an_input):
+        with pytest.raises(predispatch.ExportError, match=r"resize_ at .*z\.resize_\(5, 5\) grows memory other tensors share"):
+            predispatch.export_predispatch(F(f), (torch.ones(8, 2),))
+
+
 def test_unsqueeze__of_an_intermediate_under_no_grad_keeps_its_history():
     """Was silently wrong: the program dropped the gradient to x."""
     def f(x):

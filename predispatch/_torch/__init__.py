@@ -80,6 +80,7 @@ from .functionalization import (  # noqa: E402,F401
     storage_changed,
     storage_counters,
     storage_elements,
+    storage_shared,
     storage_extent,
     storage_of,
     storage_offset,

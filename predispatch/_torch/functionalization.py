@@ -272,6 +272,14 @@ def storage_changed(t: FunctionalTensor) -> bool:
     return torch._functionalize_was_storage_changed(t.elem)
 
 
+def storage_shared(t: FunctionalTensor) -> bool:
+    """Does another traced tensor hold ``t``'s (functional) storage (a view
+    of it, its base; ``t``'s own Python handle aside)? Functionalization's
+    own check before it lets a resize_ replace a storage."""
+    storage = t.elem.untyped_storage()
+    return torch._C._storage_Use_Count(storage._cdata) > 2  # t's wrapper and this handle
+
+
 def storage_elements(t: FunctionalTensor) -> int:
     """How many elements of ``t``'s dtype its (functional) storage holds."""
     return torch._functionalize_get_storage_size(t.elem, True) // t.element_size()

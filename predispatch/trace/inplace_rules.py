@@ -46,6 +46,7 @@ import functools
 import torch
 
 from .. import _torch
+from ..errors import ExportError, user_location
 
 aten = torch.ops.aten
 
@@ -139,7 +140,9 @@ class GrowingResize:
     """``t.resize_(size)`` past the end of ``t``'s storage (functionalization
     cannot grow one): ``t`` moves to a new storage holding its old elements
     first, as eager's reallocation does; the new ones are uninitialized in
-    eager (zeros here). Within its storage, a resize is left as it is."""
+    eager (zeros here). Within its storage, a resize is left as it is.
+    Refused where other tensors share the storage (a view of it, its base):
+    eager grows the memory they all read, the move would leave them behind."""
 
     for_history = False
 
@@ -152,6 +155,12 @@ class GrowingResize:
         have = _torch.storage_elements(target)
         if numel <= have:
             return dispatch(op, args, kwargs)
+        if _torch.storage_shared(target):
+            raise ExportError(
+                f"resize_ at {user_location()} grows memory other tensors share (a view of the tensor, or "
+                "the tensor it views): eager grows it under all of them, which a program, giving the "
+                "resized tensor memory of its own, cannot reproduce; resize a clone, or one whose memory "
+                "is its own")
         flat = dispatch(aten.as_strided.default, (target, [have], [1], 0), {})
         grown = dispatch(aten.constant_pad_nd.default, (flat, [0, numel - have]), {})
         new = dispatch(aten.view.default, (grown, list(size)), {})
