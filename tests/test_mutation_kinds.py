@@ -657,6 +657,30 @@ def test_an_explicit_storage_offset_on_an_input_seen_through_a_synthetic_base_is
         predispatch.export_predispatch(F(reads_at_an_offset), (b[2:5], b[3:6]))
 
 
+def test_an_op_writing_one_tensor_as_two_of_its_arguments_is_refused():
+    """Was silently wrong (torch's test_functionalization
+    test_mutable_op_not_inplace_or_other): eager's values are what the
+    kernel writes last; the program wrote back one of the results. Two
+    arguments written into disjoint parts of one tensor are exported."""
+    def same_buffer(x):
+        b = torch.zeros(4)
+        torch.aminmax(x, dim=0, out=(b, b))
+        return b
+
+    def same_input(x):
+        return torch._fused_moving_avg_obs_fq_helper(x, x, x, x, x, x, x, 1.0, 0, 1, 0)
+
+    def rows_of_one_buffer(x):
+        b = torch.zeros(2, 4)
+        torch.aminmax(x, dim=0, out=(b[0], b[1]))
+        return b
+    for f, x in ((same_buffer, torch.randn(3, 4)), (same_input, torch.ones(1))):
+        with pytest.raises(predispatch.ExportError, match=r"at .*test_mutation_kinds.py:\d+ .* writes two of its "
+                                                          r"arguments that share memory"):
+            predispatch.export_predispatch(F(f), (x,))
+    assert_matches_eager(F(rows_of_one_buffer), (torch.randn(3, 4),), inputs_require_grad=False)
+
+
 def test_inputs_sharing_memory_as_different_dtypes_one_mutated_are_refused():
     b = torch.randn(4)
     with pytest.raises(predispatch.ExportError, match="share memory as different dtypes"):

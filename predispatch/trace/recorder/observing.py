@@ -13,6 +13,7 @@ import contextlib
 import torch
 
 from ... import _torch
+from ...errors import ExportError, user_location
 from .. import inplace_rules
 from ..._torch.patching import patched
 
@@ -49,7 +50,10 @@ def observing_ops(observer):
                 # the rewrite's own ops are observed; the op it rewrites is not rewritten again
                 return rewrite(lambda f, a, k: call(mode, f, types, a, k, rules=f is not func),
                                func, args, kwargs)
-            observer(func, _written_tensors(func, args, kwargs))
+            written = _written_tensors(func, args, kwargs)
+            if len(written) > 1:
+                _refuse_writes_into_one_memory(func, written)
+            observer(func, written)
             return dispatch(mode, func, types, args, kwargs)
         return call
     return patched(_torch.FunctionalTensorMode, "__torch_dispatch__", observed)
@@ -60,3 +64,22 @@ def _written_tensors(func, args, kwargs) -> list:
     return [t for i, name in _torch.written_arguments(func)
             for t in ((args[i] if i < len(args) else kwargs.get(name)),)
             if isinstance(t, _torch.FunctionalTensor)]
+
+
+def _refuse_writes_into_one_memory(func, written: list) -> None:
+    """An op writing two of its arguments that overlap in memory (the same
+    tensor passed twice): eager's values are what its kernel wrote last,
+    the program writes each result back in turn."""
+    for i, a in enumerate(written):
+        for b in written[i + 1:]:
+            if a is b or (_torch.shares_storage(a, b) and _overlap(a, b)):
+                raise ExportError(
+                    f"{func} at {user_location()} writes two of its arguments that share memory (one "
+                    "tensor passed twice, or views overlapping): eager's values are what its kernel writes "
+                    "last, which a program, writing each result back, cannot reproduce; pass clones")
+
+
+def _overlap(a, b) -> bool:
+    (size_a, stride_a, start_a), (size_b, stride_b, start_b) = _torch.layout(a), _torch.layout(b)
+    end_a, end_b = _torch.storage_extent(size_a, stride_a, start_a), _torch.storage_extent(size_b, stride_b, start_b)
+    return start_a < end_b and start_b < end_a
