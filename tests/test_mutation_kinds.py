@@ -317,6 +317,21 @@ def test_a_view_of_an_input_relaid_in_the_callers_mode_then_read_in_a_grad_block
     assert_matches_eager(F(f), (torch.randn(2, 2, 3),), inputs_with_history=True, grad_modes=(True,))
 
 
+def test_a_view_made_in_a_grad_block_relaid_in_the_callers_mode_then_differentiated_is_refused():
+    """Under a no_grad caller the view keeps its history, of the old shape,
+    and eager regenerates it through the new layout when the grad block
+    reads it. (The reach check stopped at the output, given a no_grad
+    caller's modes: this exported, and its backward raised.)"""
+    def f(x):
+        with torch.enable_grad():
+            v = (x * 2)[0]
+        v.t_()
+        with torch.enable_grad():
+            return v * 3
+    with pytest.raises(predispatch.ExportError, match=r"given another shape \(4, 3\) under no_grad"):
+        predispatch.export_predispatch(F(f), (torch.randn(2, 3, 4),))
+
+
 def test_metadata_mutation_of_a_parameter_under_no_grad():
     class Transposes(torch.nn.Module):
         def __init__(self):

@@ -315,9 +315,9 @@ def differentiated(readers: list, modes: dict | None, shown: set | None = None) 
     def passes(n):
         return n.target not in NO_HISTORY and not (modes is not None and modes.get(n) is False and not is_keep(n))
 
-    def step(n):
-        return [u for u in n.users if passes(u) and (u.target is not KEEP_HISTORY or u.args[0] is n)
-                and (shown is None or u.op != "output")]
+    def step(n):  # (returning a value a grad-mode op made is no op of a mode)
+        return [u for u in n.users if (passes(u) or u.op == "output")
+                and (u.target is not KEEP_HISTORY or u.args[0] is n) and (shown is None or u.op != "output")]
     return any(n.op == "output" or (shown is not None and n in shown)
                for n in walk([r for r in readers if passes(r)], step))
 
