@@ -332,6 +332,44 @@ def test_a_view_made_in_a_grad_block_relaid_in_the_callers_mode_then_differentia
         predispatch.export_predispatch(F(f), (torch.randn(2, 3, 4),))
 
 
+@pytest.mark.parametrize("made", ["fresh", "with a history"])
+@pytest.mark.parametrize("then", ["add_", "copy_ in a loop", "a view's add_", "no_grad add_"])
+def test_a_tensor_detached_in_place_then_updated_gets_the_updates_history(made, then):
+    """Was silently wrong (torch's test_autograd test_no_unnecessary_save):
+    functionalization holds ``x.detach_()`` as a view of x's old value and
+    replays it after each update, dropping the update's history; eager's x
+    is a tensor of its own, whose update records one."""
+    def f(mu):
+        x = torch.zeros(3) if made == "fresh" else mu * 2
+        out = 0
+        for i in range(3 if then == "copy_ in a loop" else 1):
+            x.detach_()
+            if then == "add_":
+                x.add_(mu)
+            elif then == "copy_ in a loop":
+                x.copy_(mu + i)
+            elif then == "a view's add_":
+                x[1:].add_(mu[1:])
+            else:
+                with torch.no_grad():
+                    x.add_(mu)
+            out = out + x * (i + 1)
+        return out + mu
+    assert_matches_eager(F(f), (torch.randn(3),))
+    assert_matches_eager(F(f), (torch.randn(3),), inputs_with_history=True)
+
+
+def test_detach__of_a_tensor_with_views_made_before_is_refused():
+    def f(mu):
+        x = mu * 2
+        v = x[1:]
+        x.detach_()
+        x.add_(mu)
+        return v * 3, x
+    with pytest.raises(predispatch.ExportError, match=r"detach_\(\) at .* of a tensor with views made before"):
+        predispatch.export_predispatch(F(f), (torch.randn(3),))
+
+
 def test_metadata_mutation_of_a_parameter_under_no_grad():
     class Transposes(torch.nn.Module):
         def __init__(self):

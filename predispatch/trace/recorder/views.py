@@ -13,6 +13,7 @@ import torch
 import torch.fx
 
 from ... import _torch
+from ...errors import ExportError, user_location
 from ...ir.records import Event, Kind
 from . import marks
 from .state import TorchCall, TraceState
@@ -83,11 +84,32 @@ def note_views(state: TraceState, func, args, out) -> None:
     """After a call: the views it returned are the span's, and each new one
     gets its lineage (what it is a view of, and how it was made)."""
     source = args[0] if args and isinstance(args[0], torch.Tensor) else None
+    if func is torch.Tensor.detach_ and isinstance(source, _torch.FunctionalTensor):
+        _note_detached_in_place(state, source)
+        return
     for t in out if isinstance(out, (tuple, list)) else (out,):
         if isinstance(t, _torch.FunctionalTensor) and _torch.is_view(t):
             state.span_views.append(t)
             if source is not None and t is not source and not marks.SOURCE.on(t):
                 _note_lineage(state, func, source, t)
+
+
+def _note_detached_in_place(state: TraceState, t: torch.Tensor) -> None:
+    """``t.detach_()`` (a tensor the forward made): ``t`` is a detach result
+    of its old value, an autograd base of its own, which functionalization
+    holds as a view of that value: an update in grad mode gives it the
+    update's history, as a ``detach()`` result's (:mod:`.detached`)."""
+    if any(v is not t and marks.base(v) is t for v in state.grad_views.values()):
+        raise ExportError(
+            f"detach_() at {user_location()} of a tensor with views made before: eager regenerates their "
+            "history from the tensor's next update, and a write through one gives the tensor a history, "
+            "which the program does not follow; use t = t.detach(), or take the views after")
+    marks.DETACHED.set(t)
+    marks.DETACH_RESULT.set(t)
+    marks.NO_GRAD_VIEW.clear(t)
+    marks.OWN_HISTORY.set(t, _torch.materialized_node(t))  # none: its value, detached
+    if torch.is_grad_enabled():
+        state.detached_views.add(t)
 
 
 def _differentiable(t: torch.Tensor) -> bool:
