@@ -809,9 +809,20 @@ class _InputMadeToRequireGrad(torch.nn.Module):
         return x * 2
 
 
-def test_requires_grad_set_on_an_input_is_refused():
+class _InputUpdatedThenMadeToRequireGrad(torch.nn.Module):
+    def forward(self, a):
+        a[:].add_(5)
+        a.requires_grad = True
+        return a.sum()
+
+
+@pytest.mark.parametrize("module", [_InputMadeToRequireGrad, _InputUpdatedThenMadeToRequireGrad])
+def test_requires_grad_set_on_an_input_is_refused(module):
+    """Also once updated in place (torch's test_autograd
+    test_no_requires_grad_inplace: the program silently gave the input no
+    .grad)."""
     with pytest.raises(predispatch.ExportError, match=r"requires_grad set on a parameter, buffer or input at .*test_core.py:\d+"):
-        predispatch.export_predispatch(_InputMadeToRequireGrad(), (torch.randn(3),))
+        predispatch.export_predispatch(module(), (torch.randn(3),))
 
 
 class _MaskRequiringGrad(torch.nn.Module):

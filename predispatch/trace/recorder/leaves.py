@@ -74,7 +74,7 @@ def note_leaf(state: TraceState, t, required: bool = False) -> None:
     node = current_node(state, t)
     if node is None:
         return
-    if node.op == "placeholder":
+    if node.op == "placeholder" or id(t) in state.graph_inputs:  # (also once updated in place)
         if required:
             return  # a parameter that requires grad: nothing changes
         raise ExportError(
