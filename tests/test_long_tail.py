@@ -499,3 +499,18 @@ def test_a_tensor_made_in_the_forward_requires_grad_as_eagers_does():
         torch.manual_seed(0)
         loss = torch.nn.LinearCrossEntropyLoss(5, 4, options=torch.nn.LinearCrossEntropyOptions())
         assert_matches_eager(loss, (torch.randn(8, 5), torch.randint(0, 4, (8,))), inputs_require_grad=False)
+
+
+class FactoryOverwritten(torch.nn.Module):
+    def forward(self, x):
+        c = torch.ones(1, 2, 3)
+        c.copy_(torch.ones(1, 2, 3) * 2)
+        return c, x + 1
+
+
+def test_a_factory_tensor_copy__overwrites_leaves_no_node_a_re_export_drops():
+    """Was G7 (torch's test_autograd inference-mode copy_ test): the
+    ``ones`` that ``copy_`` overwrites stayed as a dead node, which
+    exporting ``ep.module()`` again does not make."""
+    ep = assert_matches_eager(FactoryOverwritten(), (torch.ones(1, 2, 3),))
+    assert [n.target for n in ep.graph.nodes].count(torch.ops.aten.ones.default) == 1

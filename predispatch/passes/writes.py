@@ -120,7 +120,7 @@ _REWRITES = {
 
 def replace_writes(gm: torch.fx.GraphModule) -> int:
     """Rewrite every node :data:`_REWRITES` names; returns how many."""
-    graph, count = gm.graph, 0
+    graph, count, impure = gm.graph, 0, _torch.impure_by_op()
     for node in list(graph.nodes):
         rewrite = _REWRITES.get(node.target) if node.op == "call_function" else None
         if rewrite is None or (node.target is aten.copy.default and node.kwargs) or (
@@ -134,9 +134,21 @@ def replace_writes(gm: torch.fx.GraphModule) -> int:
                 if key in node.meta:
                     new.meta[key] = node.meta[key]
         node.replace_all_uses_with(value)
+        operands = node.all_input_nodes
         graph.erase_node(node)
+        _erase_if_dead(graph, operands, impure)
         count += 1
     return count
+
+
+def _erase_if_dead(graph: torch.fx.Graph, nodes: list, impure) -> None:
+    """Nodes a rewrite left unread go, and what only they read (a factory
+    ``copy_`` wrote over): a program exported again has none of them."""
+    for node in nodes:
+        if node.op == "call_function" and not node.users and not impure(node):
+            operands = node.all_input_nodes
+            graph.erase_node(node)
+            _erase_if_dead(graph, operands, impure)
 
 
 def _may_carry_a_gradient(node: torch.fx.Node) -> bool:
