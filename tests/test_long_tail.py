@@ -514,3 +514,21 @@ def test_a_factory_tensor_copy__overwrites_leaves_no_node_a_re_export_drops():
     exporting ``ep.module()`` again does not make."""
     ep = assert_matches_eager(FactoryOverwritten(), (torch.ones(1, 2, 3),))
     assert [n.target for n in ep.graph.nodes].count(torch.ops.aten.ones.default) == 1
+
+
+class Profiled(torch.nn.Module):
+    def forward(self, x):
+        with torch.profiler.record_function("block"):
+            return x.sin()
+
+
+def test_profiling_marks_are_dropped_as_torch_export_drops_them(tmp_path):
+    """torch's export test test_profiling_code: the record_function ops stayed
+    in the program with their C++ profiler object, and deepcopy, save,
+    run_decompositions and a re-export failed on it."""
+    ep = assert_matches_eager(Profiled(), (torch.randn(5, 5),))
+    assert not [n for n in ep.graph.nodes if "profiler" in str(n.target)]
+    torch.export.save(ep, tmp_path / "p.pt2")
+    x = torch.randn(5, 5)
+    assert torch.equal(torch.export.load(tmp_path / "p.pt2").module()(x), x.sin())
+    ep.run_decompositions()

@@ -102,6 +102,13 @@ def pre_dispatch_cached_ops() -> list:
     return [op for op in torch._ops.get_cached_ops() if keys & set(op._dispatch_cache)]
 
 
+# eager's profiling marks (torch.profiler.record_function): dead code, as torch.export
+# drops them; a program carries no C++ profiler object a copy or save would choke on
+_PROFILING = (torch.ops.profiler._record_function_enter.default,
+              torch.ops.profiler._record_function_enter_new.default,
+              torch.ops.profiler._record_function_exit._RecordFunction)
+
+
 def impure_by_op(impure_random: bool | None = None):
     """``Node.is_impure`` as ``Graph.eliminate_dead_code`` asks it (``impure_random``
     as it decides where not given), its answer for an op overload, which
@@ -115,12 +122,12 @@ def impure_by_op(impure_random: bool | None = None):
             from torch._inductor import config as inductor_config
 
             impure_random = inductor_config.fallback_random
-    known: dict[int, bool] = {}
+    known: dict[int, bool] = {id(op): False for op in _PROFILING}
 
     def is_impure(node: torch.fx.Node) -> bool:
         target = node.target
         if node.op != "call_function" or type(target) is not torch._ops.OpOverload:
-            return node.is_impure(impure_random)
+            return node.is_impure(impure_random) and not (node.op == "call_function" and target in _PROFILING)
         found = known.get(id(target))  # overloads live as long as torch: ids stay theirs
         if found is None:
             found = known[id(target)] = node.is_impure(impure_random)
