@@ -223,6 +223,14 @@ class SetsABufferToNothing(torch.nn.Module):
         return x * 2
 
 
+class LegacyConstructorConstant(torch.nn.Module):
+    """torch.Tensor([...]) in the forward (torch's test_autograd test_setitem's
+    LongTensor index): its tensor is made outside the traced calls."""
+
+    def forward(self, x):
+        return x * torch.Tensor([1.0, 2.0, 3.0])
+
+
 class FunctionClosingOverABuffer(torch.nn.Module):
     """An autograd.Function's forward reaching a buffer through its closure,
     not through apply()'s inputs: read, or written."""
@@ -335,6 +343,8 @@ class CustomBackwardThatCannotRun(torch.nn.Module):
      "torch._foreach_mul_([self.b, self.b], 2.0)"),
     (SetsABufferToNothing(), (torch.randn(3),), "set_() with no source", "self.b.set_()"),
     (FunctionClosingOverABuffer(writes=False), (torch.randn(3),), "through its closure", "return t * b"),
+    (LegacyConstructorConstant(), (torch.randn(3),), "made by a legacy constructor",
+     "torch.Tensor([1.0, 2.0, 3.0])"),
     (FunctionClosingOverABuffer(writes=True), (torch.randn(3),), "through its",
      "return Scale.apply(x) + self.b"),
     (DetachesInputInPlace(), (torch.randn(3),), "detach_() on a parameter, buffer or input", "x.detach_()"),

@@ -48,10 +48,11 @@ def _traced_tensors_held_as_constants(gm: torch.fx.GraphModule, signature, const
             users = [u for u in (node.users if node is not None else ()) if u.meta.get("stack_trace")]
             where = node_location(users[0].meta["stack_trace"] if users else None)
             raise ExportError(
-                f"a tensor the forward computes or holds is read as a constant at {where}: it was reached "
-                "outside the traced calls (an autograd.Function's forward writing a tensor through its "
-                "closure, not an input of apply()), and the program would hold no value for it; pass it to "
-                "apply()")
+                f"a tensor the forward computes or holds is read as a constant at {where}: it was made or "
+                "reached outside the traced calls, and the program would hold no value for it: made by a "
+                "legacy constructor (torch.Tensor([...]), torch.LongTensor([...]): use torch.tensor([...])), or "
+                "written by an autograd.Function's forward through its closure, not an input of apply() (pass "
+                "it to apply())")
 
 
 def _writes_to_state_sharing_memory(module, gm: torch.fx.GraphModule, signature) -> None:
