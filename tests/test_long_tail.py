@@ -532,3 +532,20 @@ def test_profiling_marks_are_dropped_as_torch_export_drops_them(tmp_path):
     x = torch.randn(5, 5)
     assert torch.equal(torch.export.load(tmp_path / "p.pt2").module()(x), x.sin())
     ep.run_decompositions()
+
+
+class RetainsGrad(torch.nn.Module):
+    def forward(self, x):
+        a = x.clone()
+        a.retain_grad()
+        a.mul_(2)
+        b = a[1:]
+        b.retain_grad()
+        return a.sum() + b.sum()
+
+
+def test_retain_grad_of_an_intermediate_is_no_op_of_the_program():
+    """torch's test_autograd test_retain_grad_inplace: the traced tensor
+    does not require grad, and torch's retain_grad raised; eager's keeps the
+    intermediate's .grad, which changes no output or gradient."""
+    assert_matches_eager(RetainsGrad(), (torch.randn(3),), grad_modes=(True,))

@@ -57,6 +57,18 @@ def refuse_dropping_autograd_of_state(state: TraceState, call: TorchCall) -> Non
             "tensor, which a program cannot; do it before the call, or use a detached copy (t.detach())")
 
 
+def retains_grad(state: TraceState, call: TorchCall) -> bool:
+    """``t.retain_grad()`` of a tensor the trace holds."""
+    return call.func is torch.Tensor.retain_grad and bool(call.args) and _torch.is_traced(call.args[0])
+
+
+def skip_retain_grad(state: TraceState, call: TorchCall) -> None:
+    """No op: eager keeps the tensor's ``.grad`` after a backward, which
+    changes no output, input or parameter gradient (and a program's
+    intermediate is no tensor the caller holds)."""
+    return None
+
+
 def require_grad(state: TraceState, call: TorchCall):
     """``t.requires_grad_()`` / ``t.requires_grad = True``: no node in a
     trace above autograd; the tensor is marked, and later calls read it

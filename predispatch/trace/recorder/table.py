@@ -38,6 +38,7 @@ RULES = (
     Rule("t.detach_() / t.requires_grad_(False)", leaves.drops_autograd, leaves.refuse_dropping_autograd_of_state,
          NOTES),
     Rule("t.requires_grad_()", leaves.sets_requires_grad, leaves.require_grad, ANSWERS),
+    Rule("t.retain_grad()", leaves.retains_grad, leaves.skip_retain_grad, ANSWERS),
     Rule("host random draw passed", draws.is_pending, draws.note_passed, NOTES),
     Rule("draw from a generator made in the forward", generators.draws_from_forward_generator,
          generators.draw_under_its_state, WRAPS),
