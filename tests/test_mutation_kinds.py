@@ -252,6 +252,21 @@ def test_resize__of_an_input_within_and_past_its_storage():
     both(grow, torch.randn(3, 4), requires_grad=(False,))
 
 
+@pytest.mark.parametrize("first", [None, (1, 2)], ids=["resize_as_", "resize_ then resize_as_"])
+def test_resize_as__of_an_input_is_its_resize_(first):
+    """Was a raw error when the program ran (its write-back had the old
+    shape), or a tracing failure after a resize_ (torch's test_autograd
+    test_resize_version_bump): resize_as_ goes as resize_ to the template's
+    shape, grown past the storage by the same rule."""
+    def f(x, y):
+        if first is not None:
+            x.resize_(first)
+        x.resize_as_(y)
+        x.fill_(1.0)
+        return x * 1
+    assert_matches_eager(F(f), (torch.randn(1), torch.randn(3)), inputs_require_grad=False)
+
+
 def test_resize__growing_memory_a_view_shares_is_refused():
     """Was silently wrong (torch's test_functionalization
     test_resize_larger_invalid): eager grows the memory a view and its base

@@ -169,11 +169,23 @@ class GrowingResize:
         return out
 
 
+class ResizeToTemplate:
+    """``t.resize_as_(template)``: ``t.resize_(template.shape)``, whose
+    rule grows ``t`` past its storage (:class:`GrowingResize`)."""
+
+    for_history = False
+
+    def __call__(self, dispatch, op, args, kwargs):
+        named = _by_name(op, args, kwargs)
+        return dispatch(aten.resize_.default, (named["self"], list(named["the_template"].shape)),
+                        {k: v for k, v in kwargs.items() if k == "memory_format"})
+
+
 def _differentiable(value) -> bool:
     return isinstance(value, torch.Tensor) and (value.is_floating_point() or value.is_complex())
 
 
-def traced_as(op, grad_enabled: bool, target=None) -> OutOfPlace | Unrecorded | GrowingResize | None:
+def traced_as(op, grad_enabled: bool, target=None) -> OutOfPlace | Unrecorded | GrowingResize | ResizeToTemplate | None:
     """How the in-place ``op`` is traced (on ``target``), when not by
     functionalization alone. The history rows apply in grad mode only (under
     no_grad an update keeps the old history anyway: see
@@ -189,7 +201,7 @@ def traced_as(op, grad_enabled: bool, target=None) -> OutOfPlace | Unrecorded | 
 
 
 @functools.lru_cache(maxsize=None)
-def _rule(op) -> OutOfPlace | Unrecorded | GrowingResize | None:
+def _rule(op) -> OutOfPlace | Unrecorded | GrowingResize | ResizeToTemplate | None:
     if not (isinstance(op, _torch.OpOverload) and op.namespace == "aten"
             and torch.Tag.inplace in op.tags):
         return None
@@ -198,6 +210,8 @@ def _rule(op) -> OutOfPlace | Unrecorded | GrowingResize | None:
         return Unrecorded()
     if op is aten.resize_.default:
         return GrowingResize()
+    if op is aten.resize_as_.default:
+        return ResizeToTemplate()
     if torch.Tag.inplace_view in op.tags:
         return None  # another layout (swapdims_, a composite of transpose_): never a copy of another shape
     random, contiguous = name in _DRAWS, name in _CONTIGUOUS_DRAWS
