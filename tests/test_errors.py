@@ -515,6 +515,32 @@ def test_a_kept_custom_op_returning_an_alias_is_refused():
     assert_matches_eager(_UsesALiar(), (torch.zeros(2),), inputs_require_grad=False)
 
 
+_liar_lib.define("same_kernel(Tensor x) -> Tensor")  # says: a new tensor; a kernel, not a composite
+_liar_lib.impl("same_kernel", lambda x: x, "CPU")
+_liar_lib.define("calls_a_liar(Tensor x) -> Tensor")  # a composite calling it
+_liar_lib.impl("calls_a_liar", lambda x: torch.ops.predispatch_liar.same_kernel(x), "CompositeImplicitAutograd")
+torch.library.register_fake("predispatch_liar::same_kernel", lambda x: x, lib=_liar_lib)
+
+
+class _UsesAKernelLiar(torch.nn.Module):
+    def __init__(self, op):
+        super().__init__()
+        self.op = op
+
+    def forward(self, x):
+        return self.op(x) * 2
+
+
+@pytest.mark.parametrize("op, advice", [
+    ("same_kernel", r"declare the alias in its schema \(Tensor\(a\) -> Tensor\(a\)\), or return a clone"),
+    ("calls_a_liar", r"where it is decomposed, an op it calls returns the alias: declare the alias in that op's")])
+def test_a_custom_op_returning_an_alias_is_refused_with_advice_that_applies(op, advice):
+    """torch's export test test_custom_op_auto_functionalize: the refusal
+    told to decompose an op that was decomposed already, or was no composite."""
+    with pytest.raises(predispatch.ExportError, match=advice):
+        predispatch.export_predispatch(_UsesAKernelLiar(getattr(torch.ops.predispatch_liar, op)), (torch.zeros(2),))
+
+
 _liar_lib.define("first_row(Tensor(a) x) -> Tensor(a)")  # says: an alias, which functionalization refuses
 _liar_lib.impl("first_row", lambda x: x[0], "CompositeExplicitAutograd")
 

@@ -46,6 +46,14 @@ def refuse_hidden_alias(func, args, kwargs, out) -> None:
         if isinstance(o, _torch.FunctionalTensor) and _torch.hides_an_alias(o, inputs):
             raise ExportError(
                 f"{func} returned an alias of its input although its schema says it returns a "
-                f"new tensor, at {user_location()}: kept whole (the op policy keeps it), the "
-                f"program would not see the alias; decompose it (OpPolicy.decompose) or declare "
-                f"the alias in its schema (Tensor(a) -> Tensor(a))")
+                f"new tensor, at {user_location()}: the program would not see the alias; {_what_to_do(func)}")
+
+
+def _what_to_do(func) -> str:
+    overload = func if isinstance(func, _torch.OpOverload) else getattr(func, "default", None)
+    if isinstance(overload, _torch.OpOverload) and _torch.has_composite_implicit_kernel(overload):
+        # kept whole, or decomposed and an op it calls is the liar
+        return ("where the op policy keeps it whole, decompose it (OpPolicy.decompose); where it is decomposed, "
+                "an op it calls returns the alias: declare the alias in that op's schema (Tensor(a) -> "
+                "Tensor(a)), or return a clone")
+    return "declare the alias in its schema (Tensor(a) -> Tensor(a)), or return a clone"
