@@ -267,6 +267,17 @@ def test_resize_as__of_an_input_is_its_resize_(first):
     assert_matches_eager(F(f), (torch.randn(1), torch.randn(3)), inputs_require_grad=False)
 
 
+@pytest.mark.parametrize("resize", ["resize_", "resize_as_"])
+def test_resize__to_the_sizes_a_strided_view_has_keeps_its_strides(resize):
+    """Eager's resize_ to the sizes a tensor has is no op; functionalization's
+    laid the view out anew, contiguous over the same memory (op_db's
+    resize_as_ on ``base[..., 1]``: found when resize_as_ became resize_)."""
+    def f(base, template):
+        v = base[..., 1]
+        return v.resize_(5, 5, 5) if resize == "resize_" else v.resize_as_(template)
+    assert_matches_eager(F(f), (torch.randn(5, 5, 5, 2), torch.randn(5, 5, 5)), inputs_require_grad=False)
+
+
 def test_resize__growing_memory_a_view_shares_is_refused():
     """Was silently wrong (torch's test_functionalization
     test_resize_larger_invalid): eager grows the memory a view and its base
