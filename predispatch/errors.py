@@ -109,6 +109,11 @@ def user_location() -> str:
     return _innermost_user_frame(traceback.extract_stack())
 
 
+def frame_location(frame) -> str:
+    """The user's frame innermost from ``frame`` outward (its own, where it is the user's)."""
+    return _innermost_user_frame(traceback.extract_stack(frame))
+
+
 def exception_location(e: BaseException) -> str:
     """The innermost frame of an exception's traceback that is the user's."""
     return _innermost_user_frame(traceback.extract_tb(e.__traceback__))

@@ -1084,3 +1084,32 @@ def test_a_backward_runs_under_the_autocast_it_is_called_in():
     for m in (module, program):
         with pytest.raises(RuntimeError, match="dtype"):
             grads(m, False)
+
+
+class _DoubleMul(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * 2
+
+
+class _AppliesAFunctionTakenBefore(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fn = _DoubleMul.apply  # bound before the export wraps Function.apply
+
+    def forward(self, x):
+        return self.fn(x) + 1
+
+
+def test_a_function_applied_through_an_apply_taken_before_the_export_is_refused():
+    """Was silently wrong (torch's test_autograd
+    test_retains_grad_inplace_multiple_outputs, ``fn = DoubleMul.apply``):
+    torch's own apply ran the forward under no_grad, traced as a no_grad
+    block, and the output had no history."""
+    with pytest.raises(predispatch.ExportError, match=r"applied at .*test_autograd_functions.py:\d+ .*self\.fn\(x\).* "
+                                                      r"through an apply taken before the export"):
+        predispatch.export_predispatch(_AppliesAFunctionTakenBefore(), (torch.randn(3),))

@@ -9,13 +9,14 @@ torch-function mode saw (a library function reached through
 before the next op, as a block of its own (:func:`sync_grad_mode`)."""
 from __future__ import annotations
 
+import os
 import sys
 
 import torch
 import torch.fx
 
 from ... import _torch
-from ...errors import PACKAGE_DIR, ExportError, is_library_file, user_location
+from ...errors import PACKAGE_DIR, ExportError, frame_location, is_library_file, user_location
 from ...ir import meta_keys
 from ...ir.records import Kind, write
 from ..grad_mode_reads import passed_mode
@@ -61,12 +62,33 @@ def sync_grad_mode(state: TraceState) -> None:
     if state.hidden_blocks and state.hidden_blocks[-1].mode_before == actual:
         owner, phase = state.hidden_blocks.pop().owner, "exit"
     else:
+        _refuse_a_function_applied_unseen()
         owner, phase = object(), "enter"
         state.hidden_blocks.append(HiddenBlock(owner, state.grad_mode, user_location()))
     with _torch.torch_function_off():  # the marker's bookkeeping runs in the mode before it
         _torch.SET_GRAD_ENABLED(state.grad_mode)
     _refuse_grad_on_inside_inference_mode((actual,))
     _mark(state, _torch.grad_mode_marker, (actual,), {}, caller=(phase, owner))
+
+
+_FUNCTION_FILE = os.path.join("torch", "autograd", "function.py")
+
+
+def _refuse_a_function_applied_unseen() -> None:
+    """A grad-mode change inside torch's own ``autograd.Function.apply``: an
+    ``apply`` taken before the export (``fn = MyFunction.apply`` in
+    ``__init__``), which the capture, wrapping ``Function.apply`` while it
+    traces, does not see; torch runs the forward under no_grad, and the
+    program would hold its result without the Function's history."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        if (frame.f_code.co_name == "apply" and frame.f_code.co_filename.endswith(_FUNCTION_FILE)
+                and not getattr(frame.f_locals.get("cls"), "__module__", "torch").startswith("torch.")):
+            raise ExportError(
+                f"an autograd.Function applied at {frame_location(frame.f_back)} through an apply taken before the "
+                "export (fn = MyFunction.apply, kept from before): the capture sees Function.apply as called "
+                "while it traces; call MyFunction.apply(...) in the forward")
+        frame = frame.f_back
 
 
 def refuse_unrestored_hidden_blocks(state: TraceState) -> None:
