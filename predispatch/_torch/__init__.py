@@ -116,6 +116,7 @@ from .runtime import (  # noqa: E402,F401
 )
 from .tracing import (  # noqa: E402,F401
     ambient_modes,
+    function_running_in,
     placeholders_without_stack_traces,
     pre_dispatch_modes_below_batching,
     pre_dispatch_tracing,

@@ -222,6 +222,16 @@ def defines_setup_context(cls) -> bool:
     return _is_setup_context_defined(cls.setup_context)
 
 
+def function_running_in(frame) -> type | None:
+    """The autograd.Function whose forward ``frame`` runs under torch's own
+    apply (its first argument a context torch made), or None."""
+    code = frame.f_code
+    ctx = frame.f_locals.get(code.co_varnames[0]) if code.co_argcount else None
+    if isinstance(ctx, torch.autograd.function.BackwardCFunction):
+        return getattr(type(ctx), "_forward_cls", None)
+    return None
+
+
 def fake_mode_of(t: torch.Tensor):
     """The fake mode of a traced tensor (or of the trace now running)."""
     from torch._guards import detect_fake_mode

@@ -9,7 +9,6 @@ torch-function mode saw (a library function reached through
 before the next op, as a block of its own (:func:`sync_grad_mode`)."""
 from __future__ import annotations
 
-import os
 import sys
 
 import torch
@@ -71,19 +70,17 @@ def sync_grad_mode(state: TraceState) -> None:
     _mark(state, _torch.grad_mode_marker, (actual,), {}, caller=(phase, owner))
 
 
-_FUNCTION_FILE = os.path.join("torch", "autograd", "function.py")
-
-
 def _refuse_a_function_applied_unseen() -> None:
-    """A grad-mode change inside torch's own ``autograd.Function.apply``: an
-    ``apply`` taken before the export (``fn = MyFunction.apply`` in
-    ``__init__``), which the capture, wrapping ``Function.apply`` while it
-    traces, does not see; torch runs the forward under no_grad, and the
-    program would hold its result without the Function's history."""
+    """A grad-mode change inside an autograd.Function's forward that torch's
+    own apply runs: an ``apply`` taken before the export (``fn =
+    MyFunction.apply`` in ``__init__``), which the capture, wrapping
+    ``Function.apply`` while it traces, does not see; torch runs the forward
+    under no_grad, and the program would hold its result without the
+    Function's history."""
     frame = sys._getframe(2)
     while frame is not None:
-        if (frame.f_code.co_name == "apply" and frame.f_code.co_filename.endswith(_FUNCTION_FILE)
-                and not getattr(frame.f_locals.get("cls"), "__module__", "torch").startswith("torch.")):
+        function = _torch.function_running_in(frame)
+        if function is not None and not function.__module__.startswith("torch."):
             raise ExportError(
                 f"an autograd.Function applied at {frame_location(frame.f_back)} through an apply taken before the "
                 "export (fn = MyFunction.apply, kept from before): the capture sees Function.apply as called "
