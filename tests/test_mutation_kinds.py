@@ -385,6 +385,22 @@ def test_a_tensor_detached_in_place_then_updated_gets_the_updates_history(made, 
     assert_matches_eager(F(f), (torch.randn(3),), inputs_with_history=True)
 
 
+class BufferDetachedThenUpdated(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("b", torch.zeros(3))
+
+    def forward(self, x):
+        self.b.detach_()
+        self.b.add_(x)
+        return self.b * 2
+
+
+def test_a_buffer_detached_in_place_then_updated_from_an_input_gives_the_output_its_history():
+    """Was silently wrong: the output had no history to x."""
+    assert_matches_eager(BufferDetachedThenUpdated(), (torch.randn(3),))
+
+
 def test_detach__of_a_tensor_with_views_made_before_is_refused():
     def f(mu):
         x = mu * 2
