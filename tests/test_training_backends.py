@@ -182,6 +182,25 @@ def test_a_backend_that_fails_raises_compile_error():
     assert isinstance(caught.value, predispatch.ExportError)
 
 
+def test_a_backward_that_fails_raises_its_own_error():
+    # AOTAutograd frees what the call saved before its compiled backward runs: the
+    # failure is the kernel's, not "freed by an earlier backward" (a cuDNN error
+    # on a GPU was reported so)
+    def backend(gm, example_inputs):
+        if "tangents_1" not in gm.code:
+            return gm.forward
+
+        def backward(*args):
+            raise RuntimeError("the backward's kernel failed")
+        return backward
+
+    train = predispatch.compile_training(
+        predispatch.export_predispatch(torch.nn.Linear(3, 1), (torch.randn(4, 3),)), backend=backend)
+    for _ in range(2):  # the first step's backward, and a later step's
+        with pytest.raises(RuntimeError, match="the backward's kernel failed"):
+            train(torch.randn(4, 3)).sum().backward()
+
+
 @pytest.mark.parametrize("backend, options, message", [
     ("tvm", None, "unknown backend 'tvm'; use one of 'eager', 'inductor', or a callable"),
     ("eager", {"fallback_random": False}, "options are inductor's config, for backend='inductor' only"),

@@ -119,12 +119,16 @@ def run_as_eager_nodes(node) -> None:
       nothing;
     - reached with a gradient (two outputs' losses given backward() one
       after the other), the error says why, and what to do."""
+    ran = []  # a backward of this call has finished: only then can an earlier one have freed it
+
     def run(apply, grads: list):
         unreached = all(g is None for g in grads)  # before apply, which may empty the list
         try:
-            return apply(grads)
+            result = apply(grads)
         except RuntimeError:
-            if not _torch.saved_tensors_freed(node):
+            # AOTAutograd frees what the call saved before its backward runs: a
+            # failing first backward (a kernel's error) finds it freed too
+            if not ran or not _torch.saved_tensors_freed(node):
                 raise
             if unreached:
                 return (None,) * _torch.inputs_of_node(node)
@@ -133,5 +137,7 @@ def run_as_eager_nodes(node) -> None:
                 "backward already ran and freed. The call's outputs share one backward (the compiled graph), where "
                 "eager's ops have one each: give backward() the sum of the losses at once, or retain_graph=True "
                 "to the earlier backward()") from None
+        ran.append(True)
+        return result
 
     _torch.backward_node_wrapped(node, run)
