@@ -5,6 +5,7 @@ compile_training(ep) and compile_training(ep, backend="inductor") (issue 39).
     python tools/bench.py --train --only llama --dtypes fp32 --no-first-step
     python tools/bench.py --train --only resnet --ways "eager,compile_training(ep)" --no-first-step
     python tools/train_bench.py --json /tmp/train.json  # the same, directly
+    python tools/bench.py --train --device cuda --dtypes bf16,fp16 --no-first-step   # on a GPU
 
 One step: the loss from the forward (inputs with labels), its backward, an
 SGD update, gradients set to None. The models: transformers BERT
@@ -53,7 +54,10 @@ recommends) does what the tunables do.
 
 The targets (issue 39), checked at the end: compile_training's default
 step <= 1.0x eager's; backend="inductor" <= 1.0x the faster of the two
-torch.compile ways, its first step no slower than theirs. A command, not a
+torch.compile ways, its first step no slower than theirs. On CUDA
+(``--device cuda``): the models and inputs on the GPU, the forward under
+``torch.autocast("cuda", ...)`` (``--dtypes fp16`` too), a step's time
+wall-clock once the GPU has finished it, the peak the CUDA allocator's. A command, not a
 test: it prints numbers and exits 0 unless the harness breaks.
 """
 from __future__ import annotations
@@ -87,6 +91,8 @@ WAYS = ("eager", "torch.compile(model)", "torch.compile(ep.module())", "compile_
 OWN_DRAWS = "compile_training(ep, inductor, its draws)"
 MODELS = ("bert", "gpt2", "llama", "vit", "resnet")
 DTYPES = ("fp32", "bf16")
+LOW_PRECISION = {"bf16": torch.bfloat16, "fp16": torch.float16}
+DEVICE = "cpu"  # --device: where the models train (set once, by main)
 CHILD_TAG = "TRAIN_BENCH_CHILD "
 
 
@@ -150,7 +156,7 @@ def vision_model(kind: str):
 def build(kind: str):
     torch.manual_seed(0)
     model, inputs = language_model(kind) if kind in ("bert", "gpt2", "llama") else vision_model(kind)
-    return model.train(), inputs
+    return model.train().to(DEVICE), {k: v.to(DEVICE) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
 
 
 def timm_installed() -> bool:
@@ -166,9 +172,9 @@ def timm_installed() -> bool:
 
 
 def autocast_for(dtype: str):
-    if dtype == "bf16":
-        return torch.autocast("cpu", dtype=torch.bfloat16)
-    return torch.autocast("cpu", enabled=False)
+    if dtype in LOW_PRECISION:
+        return torch.autocast(DEVICE, dtype=LOW_PRECISION[dtype])
+    return torch.autocast(DEVICE, enabled=False)
 
 
 def export(model, inputs, dtype: str):
@@ -215,9 +221,20 @@ class Trainer:
 
 
 def cpu_seconds() -> float:
-    """This process's CPU time and its waited-for children's (inductor's C++ compiles)."""
+    """This process's CPU time and its waited-for children's (inductor's C++ compiles);
+    on CUDA, wall-clock seconds once the device has finished its work."""
+    if DEVICE == "cuda":
+        return step_clock()
     t = os.times()
     return t.user + t.system + t.children_user + t.children_system
+
+
+def step_clock() -> float:
+    """One thread's CPU time on the CPU; on CUDA, wall-clock time after the queued kernels ran."""
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+        return time.perf_counter()
+    return time.process_time()
 
 
 # --------------------------------------------------------------------------
@@ -243,9 +260,9 @@ def steady_steps(kind: str, dtype: str, steps: int, ways: tuple = (*WAYS, OWN_DR
         for way in ways[i % len(ways):] + ways[:i % len(ways)]:
             gc.collect()
             gc.disable()
-            start = time.process_time()
+            start = step_clock()
             trainers[way].step()
-            times[way].append(time.process_time() - start)
+            times[way].append(step_clock() - start)
             gc.enable()
     return {way: statistics.median(t) for way, t in times.items()}, errors
 
@@ -266,8 +283,16 @@ def _status_kib(field: str) -> int:
 def step_peak_mib(trainer: Trainer) -> float | None:
     """Peak RSS of one step over the RSS before it, with the memory freed
     by the steps before handed back to the system first (``malloc_trim``):
-    else a step reusing what an earlier one freed shows no growth."""
+    else a step reusing what an earlier one freed shows no growth. On CUDA,
+    the peak of the caching allocator's memory over what it held before."""
     gc.collect()
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        trainer.step()
+        torch.cuda.synchronize()
+        return max(0, torch.cuda.max_memory_allocated() - before) / 2**20
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):
@@ -300,7 +325,8 @@ def first_step_in_subprocess(kind: str, dtype: str, way: str, timeout: float = 1
         env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache, "TORCHINDUCTOR_COMPILE_THREADS": "1",
                "PYTHONPATH": str(REPO)}
         try:
-            proc = subprocess.run([sys.executable, __file__, "--child", f"{kind}:{dtype}:{way}"], env=env,
+            proc = subprocess.run([sys.executable, __file__, "--device", DEVICE, "--child", f"{kind}:{dtype}:{way}"],
+                                  env=env,
                                   capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
             return {"error": "timeout"}
@@ -402,7 +428,10 @@ def _ways(text: str) -> tuple:
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--only", default="", help="comma-separated models: " + ",".join(MODELS))
-    p.add_argument("--dtypes", default=",".join(DTYPES), help="fp32, bf16 or both (default)")
+    p.add_argument("--dtypes", default=",".join(DTYPES),
+                   help="fp32, bf16 (default both), fp16: the forward under autocast to it")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                   help="where to train (cuda: wall-clock steps after synchronizing, the caching allocator's peak)")
     p.add_argument("--steps", type=int, default=8, help="interleaved rounds of steps (default 8)")
     p.add_argument("--no-first-step", action="store_true", help="skip the fresh-process first steps and memory")
     p.add_argument("--ways", default="", type=_ways,
@@ -416,7 +445,8 @@ def parse_args(argv):
 
 
 def setup() -> None:
-    torch.set_num_threads(1)
+    if DEVICE == "cpu":
+        torch.set_num_threads(1)
     warnings.filterwarnings("ignore")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     try:
@@ -441,6 +471,8 @@ def with_kept_memory(argv: list[str]) -> None:
 def main(argv=None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     opts = parse_args(argv)
+    global DEVICE
+    DEVICE = opts.device
     if not opts.system_malloc and not opts.from_json:
         with_kept_memory(argv)
     setup()
@@ -461,6 +493,8 @@ def main(argv=None) -> None:
         models = [m for m in models if m not in ("vit", "resnet")]
     dtypes = [d.strip() for d in opts.dtypes.split(",") if d.strip()]
     load = os.getloadavg()[0]
+    if DEVICE == "cuda":
+        print(f"on {torch.cuda.get_device_name()}: step times are wall-clock, peaks the CUDA allocator's", flush=True)
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, steps {opts.steps}, "
           f"load average {load:.2f} on {os.cpu_count()} cores, "
           f"malloc: {'glibc defaults' if opts.system_malloc else 'freed memory kept'}", flush=True)

@@ -47,6 +47,8 @@ class Run:
     layouts_after: dict
     storage_sharing: list
     rng_state_after: torch.Tensor  # torch's CPU generator after the call and the backward
+    # and CUDA's generators, once CUDA is in use (dropout on a GPU draws from them)
+    cuda_rng_states_after: list | None = None
     grad_mode_after: bool | None = None  # the grad mode the call left its caller in
     # inputs_with_history only: the gradients of the leaves the inputs were made from, and
     # which outputs and inputs require grad after the call (a view made under no_grad too)
@@ -215,6 +217,7 @@ def run_module(module, args, kwargs, *, grad_mode=True, inputs_require_grad=True
     if loss is not None:
         loss.backward()
     rng_state_after = torch.get_rng_state()
+    cuda_rng_states_after = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
     detach = lambda t: t.detach().clone() if isinstance(t, torch.Tensor) else t  # noqa: E731
     state = {**{f"input {i}": x for i, x in enumerate(leaves)},
              **{f"parameter {n}": p for n, p in module.named_parameters()},
@@ -230,6 +233,7 @@ def run_module(module, args, kwargs, *, grad_mode=True, inputs_require_grad=True
         layouts_after={n: (tuple(t.shape), t.stride(), t.storage_offset()) for n, t in state.items()},
         storage_sharing=_storage_sharing(state),
         rng_state_after=rng_state_after,
+        cuda_rng_states_after=cuda_rng_states_after,
         grad_mode_after=grad_mode_after,
         inputs_with_history_after=[_has_history(x) for x in leaves],
         **(_history_fields(roots, outputs, leaves) if roots is not None else {}),
@@ -288,6 +292,9 @@ def assert_runs_match(eager: Run, exported: Run, *, rtol=None, atol=None, what="
     assert torch.equal(eager.rng_state_after, exported.rng_state_after), (
         f"{what}torch's random generator after the call: the program left it in another "
         "state than eager (drew more or less, or seeded or restored it otherwise)")
+    if eager.cuda_rng_states_after is not None and exported.cuda_rng_states_after is not None:
+        assert all(map(torch.equal, eager.cuda_rng_states_after, exported.cuda_rng_states_after)), (
+            f"{what}CUDA's random generator after the call: the program left it in another state than eager")
     for name, layout in eager.layouts_after.items():  # the program may hold more (lifted constants)
         if name not in exported.layouts_after:
             continue  # a state the comparison above finds missing, or names otherwise
