@@ -509,6 +509,20 @@ class Doubles(torch.autograd.Function):
         return g * 3
 
 
+class DoublesWithoutGradient(torch.autograd.Function):
+    """Marks its input dirty, its backward gives no gradient: eager's input
+    takes the Function's history and none of its old value's (no zeros)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.mark_dirty(x)
+        return x.mul_(2)
+
+    @staticmethod
+    def backward(ctx, g):
+        return None
+
+
 class DoublesNonDifferentiable(torch.autograd.Function):
     """Marks its input dirty and non-differentiable: eager gives it no
     history; the input keeps its own, as an update under no_grad."""
@@ -636,6 +650,12 @@ def _marks_dirty(x):
     return doubled * 2, h + 1, Doubles.apply(x[1:]) * 1, x * 1
 
 
+def _marks_dirty_without_gradient(x):
+    # (not on a view: eager's CopySlices then drops the base's whole gradient, the rows
+    # the Function did not write too; the program gives those rows theirs)
+    return DoublesWithoutGradient.apply(x * 1) * 2, DoublesWithoutGradient.apply(x + 1).sum()
+
+
 def _marks_dirty_non_differentiable(x):
     h = x * 1
     return DoublesNonDifferentiable.apply(h) + 0, h * 2
@@ -662,6 +682,8 @@ RETURNED_OR_UPDATED = {  # name: (module, inputs, kinds of inputs (name, require
     "returned_input_then_its_base_written_no_grad": (lambda: Forward(_returned_then_its_base_written),
                                                      (torch.randn(3, 4),), (HISTORY,), (False,)),
     "marks_dirty": (lambda: Forward(_marks_dirty), (torch.randn(3, 4),), (HISTORY, PLAIN), (True, False)),
+    "marks_dirty_without_gradient": (lambda: Forward(_marks_dirty_without_gradient),
+                                     (torch.randn(3, 4),), (LEAVES, HISTORY, PLAIN), (True, False)),
     "marks_dirty_non_differentiable": (lambda: Forward(_marks_dirty_non_differentiable), (torch.randn(3, 4),),
                                        (LEAVES, HISTORY, PLAIN), (True, False)),
     "updates_a_buffer": (WithRunningMean, (torch.randn(3, 4),), (LEAVES, HISTORY, PLAIN), (True, False)),

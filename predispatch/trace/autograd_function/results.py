@@ -32,6 +32,7 @@ import dataclasses
 import torch
 
 from ... import _torch
+from ..recorder.detached import copy_values_only
 from .ctx import refused
 
 
@@ -78,8 +79,8 @@ def reach_the_caller(tensors: list, results, n_outputs: int, updates: list, retu
             for j, value in zip(updates, results[n_outputs:]):
                 tensors[j].copy_(value)
     for r in returned:
-        if r.dirty:  # the caller's tensor, with the Function's history
-            tensors[r.input].copy_(outputs[r.output])
+        if r.dirty:  # the caller's tensor, with the Function's history and none of its old value's
+            copy_values_only(tensors[r.input], outputs[r.output])
             outputs[r.output] = tensors[r.input]
     for r in returned:
         if not r.dirty:

@@ -140,13 +140,20 @@ def _write_values_only(state: TraceState, alias, detached, copy) -> None:
     """The copy's new values written to the alias's memory, without its history."""
     base = marks.base(alias)
     old = current_node(state, base)
-    mark = _torch.last_node(_torch.current_tracer().graph)
-    detached.copy_(copy.detach())
-    for node in _torch.nodes_after(mark):  # the memory's new values, no history of the alias's
-        if node.target is torch.ops.aten.copy.default:
-            node.meta[meta_keys.VALUES_ONLY] = True
+    copy_values_only(detached, copy.detach())
     if old is not None and (new := current_node(state, base)) is not None and new is not old:
         state.record.note(write(Kind.DETACHED_ALIAS_WRITE, old, new, new, where=user_location()))  # as above
+
+
+def copy_values_only(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """``dst.copy_(src)`` while tracing, with no gradient for ``dst``'s old
+    value (eager's copy_ gives it zeros): the memory's new values, and
+    ``src``'s history for them (:data:`meta_keys.VALUES_ONLY`)."""
+    mark = _torch.last_node(_torch.current_tracer().graph)
+    dst.copy_(src)
+    for node in _torch.nodes_after(mark):
+        if node.target is torch.ops.aten.copy.default:
+            node.meta[meta_keys.VALUES_ONLY] = True
 
 
 def _give_own_history(state: TraceState, detached, updated: torch.fx.Node) -> None:
