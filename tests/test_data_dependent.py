@@ -436,3 +436,19 @@ def test_checks_say_the_values_they_read_as_a_program_exported_again_says_them()
     ep = assert_matches_eager(IndicesDrawn(), (torch.randn(4),))
     said = " ".join(n.args[1] for n in ep.graph.nodes if n.target is torch.ops.aten._assert_scalar.default)
     assert "u0 >= -1" in said and "u1 >= -1" in said and "u2" not in said and "u3" not in said
+
+
+class SelectsByMask(torch.nn.Module):
+    def forward(self, x, mask):
+        picked = x.masked_select(mask)  # an output of data-dependent size: no branch
+        return picked.sum() * 2, picked.shape[0]
+
+
+@pytest.mark.parametrize("options", [{}, SPECIALIZE])
+def test_masked_select_of_a_broadcast_mask_counts_up_to_the_masks_elements(options):
+    # torch's fake kernel bounds the count by x.numel() (4), where eager selects from
+    # x broadcast to the mask's 12 elements: the program failed on its own example
+    x, every = torch.randn(4), torch.ones(3, 4, dtype=torch.bool)
+    ep = assert_matches_eager(SelectsByMask(), (x, every), **options)
+    some = torch.tensor([[True, False, True, True], [False, False, False, False], [True, True, True, True]])
+    _matches_with(ep, SelectsByMask(), (torch.randn(4), some))

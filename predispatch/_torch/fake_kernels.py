@@ -1,5 +1,8 @@
 """Fake kernels in place of the Python decompositions fake mode runs: batch norm and activations by rule, losses and addmm by meta kernel.
 
+(And one of torch's fake kernels corrected: ``masked_select``'s bound on
+its count, where the mask has more elements than the tensor it selects from.)
+
 FakeTensorMode computes a batch norm's outputs by running its Python
 decomposition on fake tensors (``native_batch_norm_helper``: some twenty ops,
 each dispatched and cached as one), 8-14 ms per batch norm of a new shape on
@@ -32,7 +35,7 @@ import contextlib
 
 import torch
 from torch._prims_common import get_computation_dtype
-from torch._subclasses import fake_tensor
+from torch._subclasses import fake_impls, fake_tensor
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -238,12 +241,38 @@ BY_META_KERNEL = frozenset({
 })
 
 
+def _masked_select_of_the_broadcast(original):
+    """``masked_select`` of a mask with more elements than the tensor it selects
+    from (they broadcast to the mask's shape): torch's fake kernel bounds the
+    count by the tensor's ``numel()``, and the program failed on its own example.
+    Its rule on the two expanded to their common shape, the one eager's kernel
+    selects from."""
+    def impl(mode, func, x, mask):
+        shape = torch.broadcast_shapes(x.shape, mask.shape)
+        return original(mode, func, *(t if t.shape == shape else t.expand(shape) for t in (x, mask)))
+    return impl
+
+
+@contextlib.contextmanager
+def _fake_impl_wrapped(op, wrap):
+    """torch's fake implementation of ``op`` (``register_op_impl``) wrapped by ``wrap`` for the block."""
+    impls = fake_impls.op_implementations_dict
+    original = impls[op]
+    impls[op] = wrap(original)
+    try:
+        yield
+    finally:
+        impls[op] = original
+
+
 @contextlib.contextmanager
 def fast_fake_kernels():
     """While tracing, FakeTensorMode makes the outputs of the ops in
     :data:`KERNELS` by their rules where these are exact, and those of the
     ops in :data:`BY_META_KERNEL` by their meta kernels (its cache keeps them
-    as it keeps any); other threads run torch's own path."""
+    as it keeps any); other threads run torch's own path. And
+    ``masked_select`` bounds its count by the broadcast it selects from
+    (in every thread: torch's bound is wrong there)."""
 
     def by_rule(original):
         def _dispatch_impl(self, func, types, args, kwargs):
@@ -258,5 +287,6 @@ def fast_fake_kernels():
         return lambda func: func not in BY_META_KERNEL and original(func)
 
     with patched(FakeTensorMode, "_dispatch_impl", by_rule), \
-            patched(fake_tensor, "torch_decomp_decompositions", by_meta_kernel):
+            patched(fake_tensor, "torch_decomp_decompositions", by_meta_kernel), \
+            _fake_impl_wrapped(aten.masked_select.default, _masked_select_of_the_broadcast):
         yield
