@@ -14,6 +14,7 @@ from torch._functorch._aot_autograd.functional_utils import (
     has_data_mutation,
 )
 from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
+from torch.fx.experimental import proxy_tensor
 from torch.fx.experimental.proxy_tensor import _AttrProxy, get_proxy_mode, get_proxy_slot
 
 from .patching import patched
@@ -163,7 +164,35 @@ def symbolic_work_recorded_when_read():
     symbolic sizes, hundreds of SymInt operations per program that no node
     reads, each recorded (a node, a dispatch-mode switch) and then dropped as
     dead code. torch.export's graph functionalizes nothing."""
-    return patched(FunctionalTensorMode, "__torch_dispatch__", _thunked_dispatch)
+    return _symbolic_work_patched()
+
+
+@contextlib.contextmanager
+def _symbolic_work_patched():
+    with patched(FunctionalTensorMode, "__torch_dispatch__", _thunked_dispatch), \
+            patched(proxy_tensor, "handle_sym_dispatch", _sym_dispatch_unstacked):
+        yield
+
+
+def _sym_dispatch_unstacked(original):
+    """make_fx's ``handle_sym_dispatch``, which traces a SymInt operation with
+    the proxy mode taken off the mode stack (its own SymInt work is not to be
+    traced again) through torch's stack bookkeeping: some 25 Python calls an
+    operation, 259 in a 4-block ResNet's export with a dynamic batch (the
+    functionalization kernels'). SymNode asks ``get_proxy_mode()`` whether to
+    trace, which reads the pre-dispatch proxy mode's slot, and the operation
+    runs no tensor op: the slot emptied for it does the same."""
+    def handle_sym_dispatch(func, args, kwargs):
+        stack = torch._ops.mode_stack_state_for_pre_dispatch()
+        mode = stack.get(0)  # the pre-dispatch proxy mode (torch._ops._get_dispatch_mode_pre_dispatch)
+        if mode is None:
+            return original(func, args, kwargs)
+        stack.set(0, None)
+        try:
+            return mode.__sym_dispatch__(func, [], args, kwargs)
+        finally:
+            stack.set(0, mode)
+    return handle_sym_dispatch
 
 
 def _thunked_dispatch(dispatch):
