@@ -57,6 +57,29 @@ def module(fn, **attrs):
 # ---------------------------------------------------------------- modules
 
 
+def _branches_on_scripting(x):
+    return x.cos() if torch.jit.is_scripting() else x.sin()
+
+
+_traced = torch.jit.trace(_branches_on_scripting, torch.randn(3))  # traced with is_scripting() False: sin
+
+
+class ScriptedStaticMethod(torch.nn.Module):
+    @staticmethod
+    @torch.jit.script
+    def _forward(x: torch.Tensor) -> torch.Tensor:
+        if torch.jit.is_scripting():
+            return x.cos()
+        return x.sin()
+
+    def forward(self, x):
+        return ScriptedStaticMethod._forward(x) * 2
+
+
+def traced_function(self, x):
+    return _traced(x) * 3
+
+
 def basic(self, x, y):  # a list input
     return x[0] + y
 
@@ -152,7 +175,7 @@ def _scripted(x: torch.Tensor):
     return x.sin()
 
 
-def inline_script_function(self, x):  # export inlines the Python function, not the script
+def inline_script_function(self, x):  # traced from its Python source with is_scripting() True, as eager runs it
     return _scripted(x)
 
 
@@ -634,12 +657,6 @@ class WhileLoopModule(torch.nn.Module):
         return while_loop(lambda i, x: i < 3, lambda i, x: (i + 1, x * 2), (i, x))
 
 
-_SCRIPTED_INLINED = (
-    "open (issue 40's port): a TorchScript function is traced as its Python source (torch.export "
-    "inlines it the same way, on purpose); eager runs the script, where torch.jit.is_scripting() "
-    "is True: the program takes the other branch (sin for cos), silently")
-
-
 # ---------------------------------------------------------------- the cases
 
 r = torch.randn
@@ -666,8 +683,7 @@ CASES = {
                                            BufferUpdatedAfterSubmoduleReadsIt, (r(5, 5),)),
     "parameter_divided_under_no_grad": Case("test_no_grad_param_inplace", ParameterDividedUnderNoGrad, (r(4, 4),)),
     "bincount": Case("test_bincount", module(bincount), (_ints(5),)),
-    "inline_script_function": Case("test_inline_script_function", module(inline_script_function), (r(3, 4),),
-                                   differs=_SCRIPTED_INLINED),
+    "inline_script_function": Case("test_inline_script_function", module(inline_script_function), (r(3, 4),)),
     "vmap_then_to": Case("test_vmap_to_assert", module(vmap_then_to), (r(4, 4, 4, 4), r(4, 4, 4, 4))),
     "kwargs_and_defaults": Case("test_export_func_with_var_keyword_args", module(kwargs_and_defaults),
                                 (r(2, 3), (r(2, 3),), r(2, 3), r(2, 3)),
@@ -735,6 +751,8 @@ CASES = {
     "embedding_bag_and_conv1d": Case("test_embedding_bag", EmbeddingBagAndConv1d,
                                      (_ints(6), torch.tensor([0, 3]), r(2, 4, 5))),
     "lazy_linear": Case("test_lazy_module_kwargs", LazyLinear, (r(2, 4),)),
+    "script_function_static_method": Case("test_inline_script_class_method", ScriptedStaticMethod, (r(3),)),
+    "traced_function": Case("test_inline_script_function (torch.jit.trace)", module(traced_function), (r(3),)),
     "inference_mode_block": Case("test_inference_mode", InferenceModeBlock, (r(2, 4),)),
     "shape_branch": Case("test_export_assume_static_by_default", ShapeBranch, (r(4, 5),)),
     "data_dependent_branch_specialized": Case("test_export_with_data_dependent_branch", DataDependentBranch,

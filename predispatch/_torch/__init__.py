@@ -166,6 +166,7 @@ from .tracing import (  # noqa: E402,F401
     register_grad_mode_block,
     restore_ambient_modes,
     returns_a_view,
+    script_functions_run_as_scripted,
     rng_freezing_owners,
     laid_out_contiguous,
     size_hint,

@@ -801,3 +801,31 @@ def pre_dispatch_modes_below_batching(on_op):
         for m, key in zip(reversed(modes), reversed(keys)):
             m._dispatch_key = key
             _push_mode(m)
+
+
+@contextlib.contextmanager
+def script_functions_run_as_scripted():
+    """While the forward is traced, a ``torch.jit.script`` function it calls
+    runs its Python source (torch's tensors wrapped for tracing make the
+    ScriptFunction call its ``_torchdynamo_inline``), where eager runs its
+    TorchScript: ``torch.jit.is_scripting()`` reads True inside it there, as
+    TorchScript compiles it. A ``torch.jit.trace`` function (also a
+    ScriptFunction, not in script's cache) traced its source with it False."""
+    from torch import _jit_internal
+    from torch.jit import _state
+
+    def scripted(fn) -> bool:
+        source = getattr(fn, "_torchdynamo_inline", None)
+        return source is not None and _state._jit_caching_layer.get(source) == fn.qualified_name
+
+    def call(original):
+        def run(fn, *args, **kwargs):
+            if not scripted(fn):
+                return original(fn, *args, **kwargs)
+            with patched(_jit_internal, "is_scripting", lambda _: lambda: True), \
+                    patched(torch.jit, "is_scripting", lambda _: lambda: True):
+                return original(fn, *args, **kwargs)
+        return run
+
+    with patched(torch._C.ScriptFunction, "__call__", call):
+        yield
