@@ -685,3 +685,21 @@ def test_loading_a_file_that_is_not_a_saved_program_says_so(tmp_path):
         predispatch.load(text)
     with pytest.raises(ValueError, match=r"weights\.pt'\): the file is not a program .* it is a torch\.save file"):
         predispatch.load(state)
+
+
+class CallsASubclassMethod(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        from torch.testing._internal.two_tensor import TwoTensor
+
+        self.p = torch.nn.Parameter(TwoTensor(torch.ones(3), torch.ones(3) * 2))
+
+    def forward(self, x):
+        return x + (self.p * 2).get_elem_a()  # TwoTensor's own method: eager's tensor has it
+
+
+def test_a_tensor_subclass_method_the_trace_lacks_is_an_export_error_naming_it():
+    # torch's test_subclass_nested_attr_access: a raw AttributeError before
+    with pytest.raises(predispatch.ExportError, match=r"tensor attribute 'get_elem_a' at .* tensor subclass") as info:
+        predispatch.export_predispatch(CallsASubclassMethod(), (torch.randn(3),))
+    assert f"{__file__}:{line_of(CallsASubclassMethod.forward, 'get_elem_a')}" in str(info.value)

@@ -12,7 +12,8 @@ What is not converted keeps its meaning: an ``ExportError`` (a refusal
 already said in user terms), torch.export's ``UserError`` (its documented
 answer to a dynamic-shapes problem), and an exception the user's own code
 raised (its innermost frame is the user's: ``raise MyError`` in a forward,
-a Python error in the model's code), which eager would raise as it is.
+a Python error in the model's code), which eager would raise as it is, but
+for an attribute the trace's tensors lack (a tensor subclass's own).
 A torch error the model would hit in eager too (a shape mismatch) is
 converted: still a ``RuntimeError``, its message kept in the new one.
 """
@@ -36,6 +37,11 @@ def internal_errors_as_export_errors(stage: str = "capture"):
     except (ExportError, _torch.UserError):
         raise
     except Exception as e:
+        if _traced_tensor_lacks(e):
+            raise ExportError(
+                f"tensor attribute {e.name!r} at {exception_location(e)} cannot be exported: the trace "
+                f"holds tensors as plain tensors, without the attributes and methods of a tensor subclass "
+                f"({type(e).__name__}: {_text(e)})") from e
         if not _raised_in_library(e):
             raise
         construct, where = raising_construct(e) or "the module", exception_location(e)
@@ -52,6 +58,12 @@ def internal_errors_as_export_errors(stage: str = "capture"):
             f"({type(e).__name__}: {_text(e)}). Where the module runs in eager with these inputs, "
             "this is a limitation or bug of predispatch or torch; the original error is chained "
             "as __cause__") from e
+
+
+def _traced_tensor_lacks(e: BaseException) -> bool:
+    """An attribute the user's code read of a tensor the trace made: one of a
+    tensor subclass's own (eager's tensor is the subclass; the traced one is not)."""
+    return isinstance(e, AttributeError) and _torch.is_traced(getattr(e, "obj", None))
 
 
 def _raised_in_library(e: BaseException) -> bool:
