@@ -116,6 +116,9 @@ class TraceRecord:
     # device -> autocast dtype name, of the autocast the caller had on when the module was exported,
     # where the forward read a dtype under it (the program checks it at each call)
     ambient_autocast: dict = dataclasses.field(default_factory=dict)
+    # each ``t.requires_grad`` the forward read that the call's tensors decide: {"where": the
+    # user's line, "sources": their keys (as in mutation_kinds), "answer": the example's}
+    requires_grad_reads: list = dataclasses.field(default_factory=list)
     # keys as in mutation_kinds of the tensors written in place: only through ``.data`` (eager's
     # alias with a version counter of its own), or otherwise too
     written_through_data: set = dataclasses.field(default_factory=set)

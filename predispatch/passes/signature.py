@@ -45,6 +45,8 @@ def record_program_meta(captured, module: torch.nn.Module, autocast_policy, shar
         **({ASSUMPTIONS: [a.to_json() for a in captured.record.assumptions]}
            if captured.record.assumptions else {}),
         **({"ambient_autocast": captured.record.ambient_autocast} if captured.record.ambient_autocast else {}),
+        **({"requires_grad_reads": captured.record.requires_grad_reads}
+           if captured.record.requires_grad_reads else {}),
     })
 
 

@@ -23,6 +23,7 @@ from ..ir.meta_keys import SWITCH_REGION
 from ..ir.program_meta import program_meta
 from ..ir.regions import regions
 from .ambient import check_ambient_autocast_at_calls
+from .requires_grad_calls import check_requires_grad_at_calls
 from .output_views import make_output_views
 from .run_time_calls import use_run_time_calls
 from .write_backs import check_input_aliasing, copy_target_name, fix_write_backs, mutated_user_inputs
@@ -103,6 +104,7 @@ class PredispatchProgram(ExportedProgram):
         check_input_aliasing(unlifted, record.get("input_views", {}), mutated_user_inputs(self.graph_signature),
                              record.get("repeated_inputs", {}))
         check_ambient_autocast_at_calls(unlifted, record.get("ambient_autocast"))
+        check_requires_grad_at_calls(unlifted, record.get("requires_grad_reads"))
         restore_module_order(unlifted, program_meta(self).get("module_order", []))
         leave_grad_mode(unlifted, record.get("grad_mode_after"))
         use_run_time_calls(unlifted, record.get("ambient_autocast"))

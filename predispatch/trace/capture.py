@@ -185,6 +185,9 @@ def capture_module(module, args, kwargs, dynamic_shapes, policy: OpPolicy, recor
     if record.reads_dtype_under_autocast or _checks_ambient_autocast(module):  # (a program exported again)
         record.ambient_autocast = {d: str(torch.get_autocast_dtype(d)).removeprefix("torch.")
                                    for d in _torch.autocast_devices() if torch.is_autocast_enabled(d)}
+    if isinstance(module, torch.fx.GraphModule):  # a program exported again: its calls' checks are its own
+        record.requires_grad_reads += [r for r in program_meta(module).get("requires_grad_reads", [])
+                                       if r not in record.requires_grad_reads]
     return Captured(artifact, record, args, kwargs, dynamic_shapes,
                     original_state_dict, verify_additional_inputs)
 

@@ -98,7 +98,8 @@ def compile_training(ep, backend="eager", *, options: dict | None = None) -> Com
         shapes = ProgramShapes(tuple({} for _ in leaves), {})
     module = for_autograd_tracing(ep.module(), program_meta(ep).get("ambient_autocast"))
     program = Program(module, in_spec, len(ep.graph_signature.user_outputs), policy, mutated_inputs(ep), shapes,
-                      backend, reads_generators(module), program_meta(ep).get("training"), aliasing_check(ep))
+                      backend, reads_generators(module), program_meta(ep).get("training"), aliasing_check(ep),
+                      tuple(program_meta(ep).get("requires_grad_reads", ())))
     train = CompiledTraining(program, program_meta(ep).get("grad_mode_after"))
     args, kwargs = ep.example_inputs
     key = CallKey.of(leaves, program.mutated, True, train._state)

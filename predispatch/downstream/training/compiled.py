@@ -10,6 +10,7 @@ import torch.fx
 from ..._torch import pytree
 from ... import _torch
 from ...policies.autocast_policy import AutocastPolicy
+from ...program.requires_grad_calls import call_tensors, check_requires_grad_reads
 from .autocast import BackwardCheck, as_autocast_kwargs, assumed_autocast, sensitive_ops
 from .backends import Backend
 from .calls import CallKey, CallNotSupportedError, LiftedState, ProgramShapes
@@ -37,6 +38,7 @@ class Program:
     reads_generators: bool = False  # joint.reads_generators
     training: bool | None = None  # the module's mode at export (None: not recorded, an older program)
     check_aliasing: object = None  # (flat input leaves) -> None, raising for memory shared unlike the export's
+    requires_grad_reads: tuple = ()  # the forward's reads a call's tensors decide (program/requires_grad_calls.py)
 
 class Variant:
     """The program traced for one kind of call (a :class:`CallKey`), on
@@ -206,6 +208,8 @@ class CompiledTraining(torch.nn.Module):
             _torch.check_call_inputs(self._program.module, args, kwargs)
             if self._program.check_aliasing is not None:
                 self._program.check_aliasing(leaves)
+            if reads := self._program.requires_grad_reads:
+                check_requires_grad_reads(reads, call_tensors(self._program.module, leaves, reads))
         except RuntimeError as e:
             raise CallNotSupportedError(f"the compiled program cannot take these inputs: {e}") from None
         tensors = [x for x in leaves if isinstance(x, torch.Tensor)]

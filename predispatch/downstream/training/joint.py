@@ -14,6 +14,7 @@ from ...ir import generator_ops
 from ...ir.autograd_function_op import AUTOGRAD_FUNCTION, run_autograd_function
 from ...program.ambient import dtype_guard
 from ...program.program import leave_caller_in_grad_mode
+from ...program.requires_grad_calls import check_requires_grad_reads
 from ...program.run_time_calls import DTYPE_GUARD
 from ...program.write_backs import (read_before_mutation, write_back_layout, write_back_under_no_grad,
                                       write_back_with_grad)
@@ -79,6 +80,8 @@ def for_autograd_tracing(unlifted: torch.fx.GraphModule, exported_autocast: dict
     for node in list(unlifted.graph.nodes):
         if node.op == "call_function" and node.target is leave_caller_in_grad_mode:
             unlifted.graph.erase_node(node)  # the mode left to the caller: set after the compiled call
+        elif node.op == "call_function" and node.target is check_requires_grad_reads:
+            unlifted.graph.erase_node(node)  # checked once per kind of call, on its tensors (compiled.py)
     for gm in unlifted.modules():  # the program's graph and its regions' subgraphs
         if isinstance(gm, torch.fx.GraphModule):
             for node in list(gm.graph.nodes):

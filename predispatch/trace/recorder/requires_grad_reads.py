@@ -20,6 +20,7 @@ import torch
 import torch.fx
 
 from ... import _torch
+from ...errors import user_location
 from ...ir import ops
 
 _aten = torch.ops.aten
@@ -32,22 +33,63 @@ _NOT_DIFFERENTIABLE = frozenset({
 })
 
 
-def answered_as_eager(tensors):
+def answered_as_eager(tensors, state):
     """While the forward is traced, ``t.requires_grad`` of a traced tensor is
-    eager's; ``tensors``: the parameters, buffers and inputs."""
-    return _torch.requires_grad_answered(functools.partial(_as_eager, tensors))
+    eager's; ``tensors``: the parameters, buffers and inputs. Each read whose
+    answer a call's tensors decide (theirs, or one made from them) is noted
+    in the record with the tensors (``requires_grad_reads``): the program
+    holds the branch the example's took, and checks each call's."""
+    keys = {n: key for x in tensors if (key := state.graph_inputs.get(id(x))) is not None
+            and (n := _torch.current_node(x)) is not None}  # their placeholders, before any update
+    return _torch.requires_grad_answered(functools.partial(_as_eager, tensors, keys, state.record))
 
 
-def _as_eager(tensors, t) -> bool:
-    if _torch.TENSOR_REQUIRES_GRAD.__get__(t):  # a parameter's or input's flag, a tensor made to require grad
-        return True
+def _as_eager(tensors, keys: dict, record, t) -> bool:
     node = _torch.current_node(t)
-    if node is None:
+    if _torch.TENSOR_REQUIRES_GRAD.__get__(t):  # a parameter's or input's flag, a tensor made to require grad
+        answer = True
+    elif node is None:
         return False
-    # where the state and inputs that require grad are now (read rarely: looked up when read)
-    roots = {n for x in tensors if isinstance(x, _torch.FunctionalTensor) and _torch.TENSOR_REQUIRES_GRAD.__get__(x)
-             and (n := _torch.current_node(x)) is not None}
-    return _requiring_grad(node, roots)
+    else:
+        # where the state and inputs that require grad are now (read rarely: looked up when read)
+        roots = {n for x in tensors if isinstance(x, _torch.FunctionalTensor)
+                 and _torch.TENSOR_REQUIRES_GRAD.__get__(x) and (n := _torch.current_node(x)) is not None}
+        answer = _requiring_grad(node, roots)
+    if node is not None:
+        _note_read(record, _decided_by(node, keys), answer)
+    return answer
+
+
+def _note_read(record, sources: set, answer: bool) -> None:
+    """A read the call's tensors ``sources`` decide (none made to require grad: that one's answer is fixed)."""
+    if sources and _MADE_TO_REQUIRE_GRAD not in sources:
+        read = {"where": user_location(), "sources": sorted(sources), "answer": answer}
+        if read not in record.requires_grad_reads:
+            record.requires_grad_reads.append(read)
+
+
+_MADE_TO_REQUIRE_GRAD = object()
+
+
+def _decided_by(target: torch.fx.Node, keys: dict) -> set:
+    """The keys of the parameters, buffers and inputs whose ``requires_grad``
+    decides eager's ``requires_grad`` of ``target`` (as :func:`_requiring_grad`
+    reads the graph, from every one of them), with ``_MADE_TO_REQUIRE_GRAD``
+    where a tensor made to require grad does."""
+    grad_mode, reach = True, {}
+    for node in target.graph.nodes:
+        if node in keys:
+            reach[node] = {keys[node]}
+        elif node.op == "call_function":
+            if node.target is _torch.SET_GRAD_ENABLED:
+                grad_mode = bool(node.args[0])
+            elif node.target is ops.REQUIRES_GRAD:
+                reach[node] = {_MADE_TO_REQUIRE_GRAD}
+            elif grad_mode and _differentiable(node):
+                reach[node] = set().union(*(reach.get(i, ()) for i in node.all_input_nodes))
+        if node is target:
+            return reach.get(node, set())
+    return set()
 
 
 def _requiring_grad(target: torch.fx.Node, roots: set) -> bool:

@@ -125,7 +125,7 @@ def _forward_recorded(module, state: TraceState, tensors: tuple, eager_autocast_
         enter(scalar_tensors_formatted_as_in_eager())  # f"{t}" of a 0-dim tensor: its value
         enter(inference_mode_as_no_grad())
         enter(_torch.script_functions_run_as_scripted())  # torch.jit.is_scripting() true in a script function
-        enter(requires_grad_reads.answered_as_eager(tensors))  # t.requires_grad of a tensor the forward made
+        enter(requires_grad_reads.answered_as_eager(tensors, state))  # t.requires_grad of a tensor the forward made
         enter(buffer_rebinding_checked())  # self.buf = new: refused where no write-back can follow
         enter(refusing_state_calls())
         enter(refusing_new_state(module))  # register_buffer / register_parameter of a new name
