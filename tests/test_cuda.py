@@ -20,22 +20,13 @@ from torch.export import Dim
 import predispatch
 from predispatch import _torch
 from predispatch.testing.eager import assert_matches_eager, assert_runs_match, run_module
+from test_training_backends import ClampStraightThrough, _reset  # the CPU tests' Function and reset
 
 DEVICE = os.environ.get("PREDISPATCH_TEST_DEVICE", "cuda")
 pytestmark = pytest.mark.skipif(DEVICE == "cuda" and not torch.cuda.is_available(), reason="needs a CUDA device")
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 TOLERANCE = {"fp16": {"rtol": 1e-2, "atol": 1e-2}, "bf16": {"rtol": 3e-2, "atol": 3e-2}}
-
-
-class HalvedStraightThrough(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        return x.clamp(-1, 1)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad * 0.5
 
 
 class EveryRegion(torch.nn.Module):
@@ -60,7 +51,7 @@ class EveryRegion(torch.nn.Module):
             a = torch.softmax(h, -1)  # fp32 in CUDA's autocast
             with torch.autocast(DEVICE, enabled=False):
                 s = h.float().sin()
-        h = HalvedStraightThrough.apply(F.dropout(self.norm(h.float() + a + s), 0.25, training=True))
+        h = ClampStraightThrough.apply(F.dropout(self.norm(h.float() + a + s), 0.25, training=True))
         return self.outer(h)
 
 
@@ -129,12 +120,6 @@ def test_a_program_called_under_the_devices_autocast_trains_and_checks_the_backw
     with torch.autocast(DEVICE, dtype=DTYPES[dtype]), \
             pytest.raises(predispatch.BackwardAutocastMismatchError, match=f"autocast\\('{DEVICE}'"):
         loss.backward()
-
-
-def _reset(train, module):
-    train.load_state_dict(module.state_dict())
-    train.zero_grad(set_to_none=True)
-    return train
 
 
 @pytest.mark.parametrize("backend", ["eager", "inductor"])

@@ -287,3 +287,34 @@ def test_inductor_on_the_cpu_keeps_its_convolutions_layout_unless_asked(monkeypa
                                      options=options)(x)
     assert seen and seen[0]["layout_optimization"] is layout_optimization and seen[0]["fallback_random"] is True
 
+
+
+# --- inductor's FX graph cache and a program's own symbolic sizes
+
+
+class NormalizedGuarantee(EveryGuarantee):
+    """EveryGuarantee with a batch norm after its autocast region."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm = torch.nn.BatchNorm1d(8)
+
+    def forward(self, x, seen):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            h = self.inner(x)
+        h = ClampStraightThrough.apply(F.dropout(self.norm(h.float()), 0.25, training=True))
+        return self.outer(h)
+
+
+def test_a_program_of_symbolic_sizes_compiles_again_where_inductor_cached_it(tmp_path, monkeypatch):
+    # a second compile (a later run of the script) found the graphs in inductor's cache, whose guards
+    # named the program's own symbol (``t0 == 16*s``): NameError: name 'predispatch_dim_s..' is not defined
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    torch.manual_seed(0)
+    module = NormalizedGuarantee()
+    for _ in range(2):
+        ep = predispatch.export_predispatch(copy.deepcopy(module), _inputs(4),
+                                            dynamic_shapes=({0: Dim("batch", min=2, max=32)}, None))
+        train = predispatch.compile_training(ep, backend="inductor")
+        assert_runs_match(run_module(copy.deepcopy(module), _inputs(6), None),
+                          run_module(_reset(train, module), _inputs(6), None), **BF16)

@@ -39,9 +39,26 @@ def compile_training_step(module: torch.nn.Module, example_inputs: list, num_out
     ``compile_fx_inner``, still spares a second process the kernels' compile."""
     from torch._inductor.compile_fx import compile_fx
 
-    with torch._functorch.config.patch(enable_autograd_cache=False, cse=merge_equal_calls), inductor_config(options):
+    with torch._functorch.config.patch(enable_autograd_cache=False, cse=merge_equal_calls), inductor_config(options), \
+            _no_graph_cache_for_symbolic_sizes(example_inputs):
         return compile_fx(_graph_calling(module, len(example_inputs), num_outputs), example_inputs,
                           inner_compile=inner_compile)
+
+
+def _no_graph_cache_for_symbolic_sizes(example_inputs: list):
+    """Inductor's FX graph cache off for a trace at symbolic sizes. Its entry's
+    guards name each size by a graph input holding it (torch.compile passes
+    every symbolic size as one); ours are the program's own symbols, which no
+    input holds where the graph takes only, say, ``16 * s77``: the guard then
+    names the symbol's own source, and a later process's lookup of the entry
+    raised ``NameError: name 'predispatch_dim_s77' is not defined``."""
+    symbolic = any(isinstance(x, torch.Tensor) and any(isinstance(n, torch.SymInt) for n in x.shape)
+                   for x in example_inputs)
+    if not symbolic:
+        return contextlib.nullcontext()
+    from torch._inductor import config
+
+    return config.patch(fx_graph_cache=False)
 
 
 def _graph_calling(module: torch.nn.Module, num_inputs: int, num_outputs: int) -> torch.fx.GraphModule:
