@@ -155,6 +155,7 @@ def to_functional(t):
     return FunctionalTensor.to_functional(t) if isinstance(t, torch.Tensor) else t
 
 
+@contextlib.contextmanager
 def symbolic_work_recorded_when_read():
     """While tracing, a SymInt operation inside an op's functionalization
     becomes a graph node when a node reads its result, not when it runs
@@ -164,11 +165,6 @@ def symbolic_work_recorded_when_read():
     symbolic sizes, hundreds of SymInt operations per program that no node
     reads, each recorded (a node, a dispatch-mode switch) and then dropped as
     dead code. torch.export's graph functionalizes nothing."""
-    return _symbolic_work_patched()
-
-
-@contextlib.contextmanager
-def _symbolic_work_patched():
     with patched(FunctionalTensorMode, "__torch_dispatch__", _thunked_dispatch), \
             patched(proxy_tensor, "handle_sym_dispatch", _sym_dispatch_unstacked):
         yield

@@ -52,17 +52,23 @@ def check_requires_grad_at_calls(unlifted: torch.fx.GraphModule, reads: list | N
 
 
 def _node_of(graph: torch.fx.Graph, inputs: list, attrs: dict, key: str) -> torch.fx.Node:
-    kind, name = key.split(":", 1)
-    if kind == "input":
-        return inputs[int(name)]
+    position, name = _parsed(key)
+    if position is not None:
+        return inputs[position]
     return attrs[name] if name in attrs else graph.get_attr(name)
 
 
 def call_tensors(module: torch.nn.Module, leaves: list, reads: list) -> dict:
     """The tensors of a call (flat ``leaves``, ``module``'s state) the reads name, by key."""
     def tensor(key: str):
-        kind, name = key.split(":", 1)
-        if kind == "input":
-            return leaves[int(name)]
-        return module.get_parameter(name) if kind == "param" else module.get_buffer(name)
+        position, name = _parsed(key)
+        if position is not None:
+            return leaves[position]
+        return module.get_parameter(name) if key.startswith("param:") else module.get_buffer(name)
     return {key: tensor(key) for read in reads for key in read["sources"]}
+
+
+def _parsed(key: str) -> tuple[int | None, str]:
+    """(an input's flat position, or None; the state's name) of a key as the record writes it."""
+    kind, name = key.split(":", 1)
+    return (int(name), name) if kind == "input" else (None, name)

@@ -76,6 +76,8 @@ def _decided_by(target: torch.fx.Node, keys: dict) -> set:
     decides eager's ``requires_grad`` of ``target`` (as :func:`_requiring_grad`
     reads the graph, from every one of them), with ``_MADE_TO_REQUIRE_GRAD``
     where a tensor made to require grad does."""
+    if target in keys:  # the tensor's own flag (read before any update of it)
+        return {keys[target]}
     grad_mode, reach = True, {}
     for node in target.graph.nodes:
         if node in keys:
