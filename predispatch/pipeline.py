@@ -98,6 +98,7 @@ def _assumptions(work: Work) -> None:
         assumptions.drop_regenerated_checks(work.captured.gm, r.unbacked_bindings)
     if work.exports_a_module:
         assumptions.drop_restated_checks(work.captured.gm)
+        assumptions.write_pinned_values(work.captured.gm)
         _torch.checks_say_their_conditions(work.captured.gm)
     r.assumptions = [*carried, *(a for a in made if a not in carried)]
 

@@ -657,6 +657,35 @@ class WhileLoopModule(torch.nn.Module):
         return while_loop(lambda i, x: i < 3, lambda i, x: (i + 1, x * 2), (i, x))
 
 
+def item_of(self, t):
+    return t.item()
+
+
+def view_by_item(self, x):
+    """A size read from a tensor, pinned by the view it shapes (``u0 * 4 == 24``)."""
+    return torch.randn(24).view(x.item(), 4)
+
+
+def layer_norm_by_item(self, scalar, weight, bias):
+    n = scalar.item()
+    return F.layer_norm(torch.ones(2, n), normalized_shape=(n,), weight=weight, bias=bias)
+
+
+class ItemsChecked(torch.nn.Module):
+    def forward(self, x, y, z):
+        m, n = x.item(), y.item()
+        torch._check(m == 4)
+        torch._check(n == z.shape[0])
+        return m + n + z
+
+
+class NonzeroCountAsSize(torch.nn.Module):
+    def forward(self, a, b, c):
+        ones = a.new_ones([torch.nonzero(a).size(0), b.size(0)])
+        torch._check(ones.size(0) >= 1)
+        return ones + c
+
+
 # ---------------------------------------------------------------- the cases
 
 r = torch.randn
@@ -757,6 +786,17 @@ CASES = {
     "shape_branch": Case("test_export_assume_static_by_default", ShapeBranch, (r(4, 5),)),
     "data_dependent_branch_specialized": Case("test_export_with_data_dependent_branch", DataDependentBranch,
                                               (torch.ones(3),), options={"data_dependent": "specialize"}),
+    # values read from tensors, their checks pinning them: exported again, the same program (G7)
+    "bool_item": Case("test_symbool_item", module(item_of), (torch.tensor([True]),)),
+    "view_by_item": Case("test_no_check_is_size_error", module(view_by_item), (torch.tensor(6),)),
+    "layer_norm_by_item": Case("test_layer_norm_unbacked_normalized_shape", module(layer_norm_by_item),
+                               (torch.tensor(6, dtype=torch.int32), r(6), r(6))),
+    "items_checked": Case("test_replaced_unbacked_bindings", ItemsChecked,
+                          (torch.tensor(4), torch.tensor(5), r(5)),
+                          options={"dynamic_shapes": (None, None, (Dim("dz", max=16),))}),
+    "nonzero_count_as_size": Case("test_colin_unbacked_backed_vr_sub", NonzeroCountAsSize,
+                                  (torch.ones(8), r(4), r(8, 4)),
+                                  options={"dynamic_shapes": (None, None, (Dim.DYNAMIC, Dim.STATIC))}),
     # where refusal is right
     "data_dependent_branch": Case("test_export_with_data_dependent_branch", DataDependentBranch, (r(3),),
                                   refused="data-dependent Python control flow .* x.sum\\(\\) > 0"),
@@ -798,6 +838,20 @@ def test_refused_naming_the_construct(name):
     with pytest.raises(predispatch.ExportError, match=case.refused) as info:
         predispatch.export_predispatch(_instantiate(case), case.args, case.kwargs, **_options(case))
     assert "test_export_cases.py" in str(info.value)
+
+
+@pytest.mark.parametrize("name, other", [("view_by_item", (torch.tensor(5),)),
+                                         ("items_checked", (torch.tensor(3), torch.tensor(5), r(5)))])
+def test_a_value_its_checks_pin_is_checked_before_an_op_reads_it(name, other):
+    """The program writes a pinned value as a constant where an op reads it
+    (G7): a call with another value still fails, at the check, as eager fails."""
+    case = CASES[name]
+    with pytest.raises(RuntimeError):
+        _instantiate(case)(*other)
+    ep = predispatch.export_predispatch(_instantiate(case), case.args, case.kwargs, **_options(case))
+    for program in (ep, predispatch.export_predispatch(ep.module(), case.args, case.kwargs, **_options(case))):
+        with pytest.raises(RuntimeError, match="Runtime assertion failed"):
+            program.module()(*other)
 
 
 # ---------------------------------------------------------------- issue 40, item 5

@@ -249,6 +249,8 @@ from .symbolic import (  # noqa: E402,F401
     condition_form,
     is_symbolic,
     may_be_nonempty,
+    pinned_int,
+    relation_form,
     ShapeGuards,
     size_bindings,
     symbol_of,

@@ -132,7 +132,11 @@ def condition_form(val):
     branch's condition the trace decided reads ``True``)."""
     if not isinstance(val, torch.SymBool):
         return None
-    expr = val.node.expr
+    return relation_form(val.node.expr)
+
+
+def relation_form(expr):
+    """:func:`condition_form` of a sympy condition: None where it has no free symbols."""
     if not expr.free_symbols:
         return None
     kind = _RELATIONS.get(type(expr))
@@ -143,6 +147,12 @@ def condition_form(val):
         difference = sympy.expand(expr.lhs - expr.rhs)
         return type(expr).__name__, frozenset((difference, -difference))
     return "expr", expr
+
+
+def pinned_int(val) -> int | None:
+    """The int a symbolic int is known to be (an unbacked value a check pinned:
+    ``u0 == 6`` asserted), else None."""
+    return val.node.maybe_as_int() if isinstance(val, torch.SymInt) else None
 
 
 def may_be_nonempty(t: torch.Tensor) -> bool:

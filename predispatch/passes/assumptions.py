@@ -20,6 +20,7 @@ import torch
 
 from .. import _torch
 from ..errors import ExportError, innermost_user_frame
+from . import check_forms
 from ..ir.assumptions import Assumption, assumptions, is_run_time_message, run_time_message
 
 
@@ -128,26 +129,65 @@ def drop_regenerated_checks(gm: torch.fx.GraphModule, bindings: dict) -> None:
 
 def drop_restated_checks(gm: torch.fx.GraphModule) -> None:
     """A check of a condition an earlier check of the graph already checks,
-    written in another form, is dropped, with what only it read. A program
-    exported again runs its checks as ops of its graph, and torch's
-    runtime-assert pass may write one of them again beside it (``0 <= u0 +
-    1`` beside the program's ``u0 >= -1``, an index read from a tensor):
-    the program would grow a check per export (G7). Of two, ours (naming a
-    line) is kept."""
+    written in another form, is dropped, with what only it read; so is one of
+    torch's whose condition holds whatever its values are. A program exported
+    again runs its checks as ops of its graph, and torch's runtime-assert
+    pass may write one of them again beside it (``0 <= u0 + 1`` beside the
+    program's ``u0 >= -1``, an index read from a tensor; ``ge(item, 6)``
+    again, where a check pinned ``item``): the program would grow a check per
+    export (G7). A condition's form is read from its value and from the
+    nodes computing it (check_forms), either one naming the check. Of two,
+    ours (naming a line) is kept."""
     kept: dict = {}
     for node in list(gm.graph.find_nodes(op="call_function", target=_torch.ASSERT_SCALAR)):
-        form = _torch.condition_form(node.args[0].meta.get("val")) if isinstance(node.args[0], torch.fx.Node) else None
-        if form is None:
+        condition = node.args[0]
+        if not isinstance(condition, torch.fx.Node):
             continue
-        first = kept.setdefault(form, node)
-        if first is node:
+        forms = {f for f in (_torch.condition_form(condition.meta.get("val")), check_forms.written_form(condition))
+                 if f is not None}
+        first = next((kept[f] for f in forms if f in kept), None)
+        if first is None:
+            if True in forms and not _is_ours(node):
+                _erase_check(gm.graph, node)
+                continue
+            kept.update((f, node) for f in forms)
             continue
         if _is_ours(node) and not _is_ours(first):  # ours kept: the earlier one goes
-            node, kept[form] = first, node
-        condition = node.args[0]
-        gm.graph.erase_node(node)
-        _erase_unused(gm.graph, condition)
+            kept.update((f, node) for f, n in list(kept.items()) if n is first)
+            kept.update((f, node) for f in forms)
+            node, first = first, node
+        _erase_check(gm.graph, node)
     gm.recompile()
+
+
+def _erase_check(graph: torch.fx.Graph, node: torch.fx.Node) -> None:
+    condition = node.args[0]
+    graph.erase_node(node)
+    _erase_unused(graph, condition)
+
+
+def write_pinned_values(gm: torch.fx.GraphModule) -> None:
+    """An op reading a value its program's checks pin (``item`` where ``item ==
+    6`` is checked) reads the constant instead, as tracing the program again
+    writes it: there the check runs before the op, here the trace learned the
+    value while tracing the op (G7). Sound: torch writes a value's checks
+    where the value is made, before any op reads it."""
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or not isinstance(node.target, _torch.OpOverload) \
+                or node.target is _torch.ASSERT_SCALAR or not _makes_tensors(node.meta.get("val")):
+            continue
+        node.args, node.kwargs = torch.fx.node.map_arg((node.args, node.kwargs), _pinned_or_node)
+    gm.recompile()
+
+
+def _pinned_or_node(node: torch.fx.Node):
+    value = _torch.pinned_int(node.meta.get("val"))
+    return node if value is None else value
+
+
+def _makes_tensors(val) -> bool:
+    return isinstance(val, torch.Tensor) or (isinstance(val, (list, tuple)) and any(
+        isinstance(v, torch.Tensor) for v in val))
 
 
 def _is_ours(node: torch.fx.Node) -> bool:
