@@ -887,3 +887,24 @@ def test_a_symint_computed_in_a_region_is_an_output(how):
     shapes = {"x": {0: Dim("batch")}}
     ep = assert_matches_eager(SymIntInARegion(how), (r(4, 3),), dynamic_shapes=shapes)
     assert_matches_eager(SymIntInARegion(how), (r(7, 3),), export=lambda *a, **k: ep, check_reexport=False)
+
+
+class CallsAModuleInput(torch.nn.Module):
+    def forward(self, x, sub):
+        return sub(x) * 2
+
+
+def test_a_module_passed_as_an_input_is_named_by_the_program_after_the_export():
+    """torch's test_export_module_as_input style: the program's input spec
+    names the module the user passed (weakly, as torch.export does), not a
+    copy the trace made and dropped: ``copy.deepcopy(ep.module())`` works
+    once the export is done, and the program runs on another module."""
+    import copy
+    import gc
+
+    ep = predispatch.export_predispatch(CallsAModuleInput(), (r(2, 3), torch.nn.Linear(3, 3)))
+    gc.collect()
+    program = ep.module()
+    copy.deepcopy(program)  # torch's raw TypeError (a dead weak reference) before
+    other, x = torch.nn.Linear(3, 3), r(2, 3)
+    torch.testing.assert_close(program(x, other), other(x) * 2)

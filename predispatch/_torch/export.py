@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 
 import torch
 import torch.fx
 from torch.export import _trace as _export_trace
+from torch._export.non_strict_utils import _enable_graph_inputs_of_type_nn_module
 from torch.fx._lazy_graph_module import _LazyGraphModule, _make_graph_module, _use_lazy_graph_module
 from torch._functorch._aot_autograd.frontend_utils import (
     _detect_attribute_assignment as restoring_module_attributes,
@@ -204,11 +206,24 @@ def original_state_dict(module) -> dict:
 
 def non_strict_export(module, args, kwargs, dynamic_shapes, in_spec, aten_stage):
     """torch.export's non-strict front end (fake inputs, dynamic shapes, lifting,
-    placeholder names) around ``aten_stage``, our trace in place of its own."""
-    return _export_trace._non_strict_export(
+    placeholder names) around ``aten_stage``, our trace in place of its own.
+
+    The program's input spec is the one of the example inputs themselves:
+    torch.export takes it from the inputs the traced forward got, where a
+    module passed as an input is a copy our trace's functional call made
+    (holding fake parameters), which the spec names by a weak reference,
+    dead once the export is done (``copy.deepcopy(ep.module())`` then
+    raised torch's raw ``TypeError``)."""
+    artifact = _export_trace._non_strict_export(
         mod=module, args=args, kwargs=kwargs, dynamic_shapes=dynamic_shapes,
         preserve_module_call_signature=(), orig_in_spec=in_spec,
         prefer_deferred_runtime_asserts_over_guards=False, _to_aten_func=aten_stage)
+    if artifact.in_spec != in_spec:  # a module among the inputs: a node of its own in the spec
+        with _enable_graph_inputs_of_type_nn_module((args, kwargs)):
+            own = torch.utils._pytree.tree_flatten((args, kwargs))[1]
+        if own == artifact.in_spec:
+            artifact = dataclasses.replace(artifact, in_spec=own)
+    return artifact
 
 
 def backend_decompositions_ignored():
