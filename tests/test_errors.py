@@ -703,3 +703,21 @@ def test_a_tensor_subclass_method_the_trace_lacks_is_an_export_error_naming_it()
     with pytest.raises(predispatch.ExportError, match=r"tensor attribute 'get_elem_a' at .* tensor subclass") as info:
         predispatch.export_predispatch(CallsASubclassMethod(), (torch.randn(3),))
     assert f"{__file__}:{line_of(CallsASubclassMethod.forward, 'get_elem_a')}" in str(info.value)
+
+
+class ReadsANestedSubclassAttribute(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        from torch.testing._internal.custom_tensor import ConstantExtraMetadataTensor
+
+        self.p = torch.nn.Parameter(ConstantExtraMetadataTensor(ConstantExtraMetadataTensor(torch.ones(3, 4))))
+
+    def forward(self, x):
+        return (x + self.p).elem.elem  # the subclass's own attribute, of a tensor its torch function made
+
+
+def test_a_tensor_subclass_attribute_of_a_result_it_made_is_an_export_error_naming_it():
+    # torch's test_subclass_nested_attr_access_complicated_metadata: a raw AttributeError before
+    with pytest.raises(predispatch.ExportError, match=r"tensor attribute 'elem' at .* tensor subclass") as info:
+        predispatch.export_predispatch(ReadsANestedSubclassAttribute(), (torch.randn(3, 4),))
+    assert f"{__file__}:{line_of(ReadsANestedSubclassAttribute.forward, 'elem.elem')}" in str(info.value)

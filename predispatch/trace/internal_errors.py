@@ -23,6 +23,8 @@ import contextlib
 import traceback
 import types
 
+import torch
+
 from .. import _torch
 from ..errors import ExportError, exception_location, is_library_file
 from .refusals import CONTROL_FLOW_CALL
@@ -61,9 +63,11 @@ def internal_errors_as_export_errors(stage: str = "capture"):
 
 
 def _traced_tensor_lacks(e: BaseException) -> bool:
-    """An attribute the user's code read of a tensor the trace made: one of a
-    tensor subclass's own (eager's tensor is the subclass; the traced one is not)."""
-    return isinstance(e, AttributeError) and _torch.is_traced(getattr(e, "obj", None))
+    """An attribute the user's code read of a tensor while it was traced: one
+    of a tensor subclass's own (eager's tensor is the subclass; the traced
+    one is a FunctionalTensor, or the plain tensor a subclass's own torch
+    function made of it)."""
+    return isinstance(e, AttributeError) and isinstance(getattr(e, "obj", None), torch.Tensor)
 
 
 def _raised_in_library(e: BaseException) -> bool:
