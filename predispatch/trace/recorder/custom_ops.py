@@ -46,7 +46,9 @@ def refuse_hidden_alias(func, args, kwargs, out) -> None:
         if isinstance(o, _torch.FunctionalTensor) and _torch.hides_an_alias(o, inputs):
             raise ExportError(
                 f"{func} returned an alias of its input although its schema says it returns a "
-                f"new tensor, at {user_location()}: the program would not see the alias; {_what_to_do(func)}")
+                f"new tensor, at {user_location()} (as traced: where the op has a fake kernel, "
+                f"register_fake, that is the kernel returning its input): the program would not see "
+                f"the alias; {_what_to_do(func)}")
 
 
 def _what_to_do(func) -> str:
@@ -56,4 +58,5 @@ def _what_to_do(func) -> str:
         return ("where the op policy keeps it whole, decompose it (OpPolicy.decompose); where it is decomposed, "
                 "an op it calls returns the alias: declare the alias in that op's schema (Tensor(a) -> "
                 "Tensor(a)), or return a clone")
-    return "declare the alias in its schema (Tensor(a) -> Tensor(a)), or return a clone"
+    return ("declare the alias in its schema (Tensor(a) -> Tensor(a)), or return a clone (from the fake "
+            "kernel too, where the real one makes a new tensor)")
