@@ -721,3 +721,21 @@ def test_a_tensor_subclass_attribute_of_a_result_it_made_is_an_export_error_nami
     with pytest.raises(predispatch.ExportError, match=r"tensor attribute 'elem' at .* tensor subclass") as info:
         predispatch.export_predispatch(ReadsANestedSubclassAttribute(), (torch.randn(3, 4),))
     assert f"{__file__}:{line_of(ReadsANestedSubclassAttribute.forward, 'elem.elem')}" in str(info.value)
+
+
+class CallsATorchScriptModule(torch.nn.Module):
+    def __init__(self, make):
+        super().__init__()
+        self.sub = make(torch.nn.Linear(3, 3))
+
+    def forward(self, x):
+        return self.sub(x).sin()  # TorchScript's interpreter runs it
+
+
+@pytest.mark.parametrize("make", [torch.jit.script, lambda m: torch.jit.trace(m, torch.randn(2, 3))],
+                         ids=["script", "trace"])
+def test_a_torchscript_module_called_in_the_forward_is_refused_naming_the_line(make):
+    # a message blaming legacy constructors (no parameters) or TorchScript's own error (parameters) before
+    with pytest.raises(predispatch.ExportError, match=r"a call at .* TorchScript module") as info:
+        predispatch.export_predispatch(CallsATorchScriptModule(make), (torch.randn(2, 3),))
+    assert f"{__file__}:{line_of(CallsATorchScriptModule.forward, 'self.sub(x)')}" in str(info.value)

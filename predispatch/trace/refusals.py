@@ -34,7 +34,11 @@ _TRANSFORM_CALL = ("a torch.func transform inside the forward: the functional pr
 CONTROL_FLOW_CALL = ("a control-flow operator: its branches or body are traced by dynamo, "
                       "which cannot trace through the exporter's recording (torch.export.export "
                       "keeps it, without functional regions)")
+_TORCHSCRIPT_CALL = ("a TorchScript module (torch.jit.script or torch.jit.trace) runs its code in "
+                     "TorchScript's interpreter, beneath what the trace records, so the program would not "
+                     "hold its ops nor read its parameters; call the nn.Module it was made from")
 _REFUSED_CALLS = {
+    (torch.jit.ScriptModule, "__call__"): _TORCHSCRIPT_CALL,
     (torch.autograd, "grad"): _AUTOGRAD_CALL,
     (torch.autograd, "backward"): _AUTOGRAD_CALL,
     (torch.Tensor, "backward"): _AUTOGRAD_CALL,
@@ -62,8 +66,8 @@ def refusing_state_calls():
                 # called through patched()'s dispatch: the caller is 2 frames up
                 if why is not _RNG_CALL and is_library_file(sys._getframe(2).f_code.co_filename):
                     return fn(*args, **kwargs)
-                raise ExportError(f"{getattr(fn, '__qualname__', fn)}() at {user_location()} "
-                                  f"cannot be exported soundly: {why}")
+                what = "a call" if why is _TORCHSCRIPT_CALL else f"{getattr(fn, '__qualname__', fn)}()"
+                raise ExportError(f"{what} at {user_location()} cannot be exported soundly: {why}")
             return call
         return make
 
