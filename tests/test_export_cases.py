@@ -686,6 +686,19 @@ class NonzeroCountAsSize(torch.nn.Module):
         return ones + c
 
 
+def checked_or_and(self, xs):
+    from torch.fx.experimental.symbolic_shapes import sym_and, sym_or
+
+    u0, u1, u2 = xs.tolist()
+    torch._check(sym_or(u0 == 2, u0 == 4, u0 == 6))
+    torch._check(sym_and(u1 >= 4, u1 <= 8, u2 == 5))
+    return u0 + u1 + u2
+
+
+def narrowed_by_item(self, xs, y):
+    return torch.stack(xs, 0).narrow(0, y.item(), 1).squeeze()
+
+
 # ---------------------------------------------------------------- the cases
 
 r = torch.randn
@@ -797,6 +810,9 @@ CASES = {
     "nonzero_count_as_size": Case("test_colin_unbacked_backed_vr_sub", NonzeroCountAsSize,
                                   (torch.ones(8), r(4), r(8, 4)),
                                   options={"dynamic_shapes": (None, None, (Dim.DYNAMIC, Dim.STATIC))}),
+    "checked_or_and": Case("test_sym_or_sym_and", module(checked_or_and), (torch.tensor([2, 6, 5]),)),
+    "narrowed_by_item": Case("test_no_suggested_fixes_for_data_dependent_errors", module(narrowed_by_item),
+                             ([torch.ones(5) * i for i in range(10)], torch.tensor(2))),
     # where refusal is right
     "data_dependent_branch": Case("test_export_with_data_dependent_branch", DataDependentBranch, (r(3),),
                                   refused="data-dependent Python control flow .* x.sum\\(\\) > 0"),
@@ -841,10 +857,15 @@ def test_refused_naming_the_construct(name):
 
 
 @pytest.mark.parametrize("name, other", [("view_by_item", (torch.tensor(5),)),
-                                         ("items_checked", (torch.tensor(3), torch.tensor(5), r(5)))])
-def test_a_value_its_checks_pin_is_checked_before_an_op_reads_it(name, other):
-    """The program writes a pinned value as a constant where an op reads it
-    (G7): a call with another value still fails, at the check, as eager fails."""
+                                         ("items_checked", (torch.tensor(3), torch.tensor(5), r(5))),
+                                         ("checked_or_and", (torch.tensor([2, 6, 4]),)),
+                                         ("checked_or_and", (torch.tensor([2, 9, 5]),)),
+                                         ("narrowed_by_item", ([r(5) for _ in range(10)], torch.tensor(10)))])
+def test_a_call_the_checks_refuse_fails_as_eager_fails_exported_again_too(name, other):
+    """The checks the program keeps of the values it reads from tensors (a
+    pinned value written as a constant where an op reads it, a check torch
+    wrote again dropped as restated or implied by earlier bounds: G7) still
+    refuse a call eager fails on, in the program and in it exported again."""
     case = CASES[name]
     with pytest.raises(RuntimeError):
         _instantiate(case)(*other)

@@ -247,6 +247,7 @@ from .autograd import (  # noqa: E402,F401
 from .symbolic import (  # noqa: E402,F401
     concrete,
     condition_form,
+    holds_within,
     is_symbolic,
     may_be_nonempty,
     pinned_int,

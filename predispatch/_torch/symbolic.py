@@ -149,6 +149,20 @@ def relation_form(expr):
     return "expr", expr
 
 
+def holds_within(expr, bounds: dict) -> bool:
+    """Does the sympy condition ``expr`` hold for every value of its symbols
+    within ``bounds`` (symbol -> (lower or None, upper or None))? By torch's
+    value-range analysis: False where it cannot tell."""
+    from torch.utils._sympy.value_ranges import bound_sympy
+
+    ranges = {s: ValueRanges(-sympy.oo if lo is None else lo, sympy.oo if hi is None else hi)
+              for s, (lo, hi) in bounds.items()}
+    try:
+        return bound_sympy(expr, ranges).lower is sympy.true
+    except Exception:  # an expression the analysis does not take: not known to hold
+        return False
+
+
 def pinned_int(val) -> int | None:
     """The int a symbolic int is known to be (an unbacked value a check pinned:
     ``u0 == 6`` asserted), else None."""

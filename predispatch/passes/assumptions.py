@@ -130,33 +130,36 @@ def drop_regenerated_checks(gm: torch.fx.GraphModule, bindings: dict) -> None:
 def drop_restated_checks(gm: torch.fx.GraphModule) -> None:
     """A check of a condition an earlier check of the graph already checks,
     written in another form, is dropped, with what only it read; so is one of
-    torch's whose condition holds whatever its values are. A program exported
-    again runs its checks as ops of its graph, and torch's runtime-assert
-    pass may write one of them again beside it (``0 <= u0 + 1`` beside the
-    program's ``u0 >= -1``, an index read from a tensor; ``ge(item, 6)``
-    again, where a check pinned ``item``): the program would grow a check per
-    export (G7). A condition's form is read from its value and from the
-    nodes computing it (check_forms), either one naming the check. Of two,
-    ours (naming a line) is kept."""
-    kept: dict = {}
-    for node in list(gm.graph.find_nodes(op="call_function", target=_torch.ASSERT_SCALAR)):
-        condition = node.args[0]
-        if not isinstance(condition, torch.fx.Node):
+    torch's that the bounds earlier checks put on its values imply, or that
+    holds whatever they are. A program exported again runs its checks as ops
+    of its graph, and torch's runtime-assert pass may write one of them again
+    beside it (``0 <= u0 + 1`` beside the program's ``u0 >= -1``, an index
+    read from a tensor; ``ge(item, 6)`` again, where a check pinned ``item``;
+    ``(u1 == 5) & (u0 >= 4)`` after ``u1``'s and ``u0``'s bounds): the program
+    would grow a check per export (G7). A condition's form is read from its
+    value and from the nodes computing it (check_forms). Of two, ours
+    (naming a line) is kept."""
+    kept, bounds = {}, {}  # in the graph's order: what an earlier check checks holds at a later one
+    for node in [n for n in gm.graph.nodes if n.op == "call_function" and n.target is _torch.ASSERT_SCALAR]:
+        if not isinstance(node.args[0], torch.fx.Node):
             continue
-        forms = {f for f in (_torch.condition_form(condition.meta.get("val")), check_forms.written_form(condition))
+        expr = check_forms.written_expression(node.args[0])
+        forms = {f for f in (_torch.condition_form(node.args[0].meta.get("val")), check_forms.written_form(expr))
                  if f is not None}
         first = next((kept[f] for f in forms if f in kept), None)
-        if first is None:
-            if True in forms and not _is_ours(node):
-                _erase_check(gm.graph, node)
-                continue
+        if first is None and not _is_ours(node) and (
+                True in forms or (expr is not None and _torch.holds_within(expr, bounds))):
+            _erase_check(gm.graph, node)
+        elif first is None:
             kept.update((f, node) for f in forms)
-            continue
-        if _is_ours(node) and not _is_ours(first):  # ours kept: the earlier one goes
-            kept.update((f, node) for f, n in list(kept.items()) if n is first)
-            kept.update((f, node) for f in forms)
-            node, first = first, node
-        _erase_check(gm.graph, node)
+            if expr is not None:
+                check_forms.bounds_checked(expr, bounds)
+        else:
+            if _is_ours(node) and not _is_ours(first):  # ours kept: the earlier one goes
+                kept.update((f, node) for f, n in list(kept.items()) if n is first)
+                kept.update((f, node) for f in forms)
+                node, first = first, node
+            _erase_check(gm.graph, node)
     gm.recompile()
 
 

@@ -6,7 +6,8 @@ values cannot always tell the two apart: once a check pinned a value
 (``u0 == 6``), every condition on it reads ``True``. What the nodes compute
 can: ``ge(item, 6)`` is one condition however often it is written, and
 ``eq(sym_size, sym_size)`` none at all. Each node that is no symbolic
-arithmetic (``item``, ``sym_size``) is a symbol of its own.
+arithmetic (``item``) is a symbol of its own; two reads of one tensor's
+size (``sym_size(slice, 0)``) are one.
 """
 from __future__ import annotations
 
@@ -24,17 +25,54 @@ _ARITHMETIC = {operator.add: operator.add, operator.sub: operator.sub, operator.
                torch.sym_not: sympy.Not}
 
 
-def written_form(condition: torch.fx.Node):
-    """The condition's form (as :func:`predispatch._torch.condition_form` gives
-    it) from what its nodes compute; ``True`` where it holds whatever its
-    symbols are; None where it cannot be read."""
+def written_expression(condition: torch.fx.Node):
+    """What the condition's nodes compute, a sympy expression over a symbol per
+    node that is no symbolic arithmetic; None where it cannot be read."""
     try:
         expr = _expression(condition, {})
     except (TypeError, ValueError, AttributeError):
         return None
-    if expr is sympy.true:
-        return True
-    return _torch.relation_form(expr) if isinstance(expr, sympy.Basic) else None
+    return expr if isinstance(expr, sympy.Basic) else None
+
+
+def written_form(expr):
+    """A written condition's form (as :func:`predispatch._torch.condition_form`
+    gives it); ``True`` where it holds whatever its symbols are; None where
+    there is none."""
+    if expr is None:
+        return None
+    return True if expr is sympy.true else _torch.relation_form(expr)
+
+
+def bounds_checked(expr, bounds: dict) -> None:
+    """``bounds`` (symbol -> (lower or None, upper or None)) narrowed by what a
+    check of ``expr`` bounds: one symbol against a number (``ge(item, 6)``,
+    ``eq(item, 6)``), or a conjunction of such."""
+    for part in (expr.args if isinstance(expr, sympy.And) else (expr,)):
+        symbol, number, relation = _symbol_against_number(part)
+        strict = relation in (sympy.Gt, sympy.Lt)
+        if symbol is None or (strict and not symbol.is_integer):  # a real's strict bound: no closed range
+            continue
+        low, high, step = *bounds.get(symbol, (None, None)), (1 if strict else 0)
+        if relation in (sympy.Ge, sympy.Gt, sympy.Eq):
+            low = max(x for x in (low, number + step) if x is not None)
+        if relation in (sympy.Le, sympy.Lt, sympy.Eq):
+            high = min(x for x in (high, number - step) if x is not None)
+        bounds[symbol] = (low, high)
+
+
+_MIRRORED = {sympy.Ge: sympy.Le, sympy.Gt: sympy.Lt, sympy.Le: sympy.Ge, sympy.Lt: sympy.Gt, sympy.Eq: sympy.Eq}
+
+
+def _symbol_against_number(relation) -> tuple:
+    if type(relation) not in _MIRRORED:
+        return None, None, None
+    lhs, rhs, kind = relation.lhs, relation.rhs, type(relation)
+    if isinstance(rhs, sympy.Symbol) and rhs.is_number is False and lhs.is_number:
+        lhs, rhs, kind = rhs, lhs, _MIRRORED[kind]
+    if isinstance(lhs, sympy.Symbol) and rhs.is_number and rhs.is_finite:
+        return lhs, rhs, kind
+    return None, None, None
 
 
 def _expression(x, memo: dict):
@@ -62,12 +100,20 @@ def _computed(node: torch.fx.Node, memo: dict):
     return _ARITHMETIC[node.target](*args)
 
 
+# a tensor's metadata, read by a node of its own: two reads of one tensor's are one value
+_METADATA_READS = {torch.ops.aten.sym_size.int, torch.ops.aten.sym_stride.int,
+                   torch.ops.aten.sym_storage_offset.default, torch.ops.aten.sym_numel.default}
+
+
 def _symbol(node: torch.fx.Node):
     val = node.meta.get("val")
+    if node.target in _METADATA_READS and isinstance(val, torch.SymInt):
+        read = ",".join(a.name if isinstance(a, torch.fx.Node) else repr(a) for a in node.args)
+        return sympy.Symbol(f"{node.target}({read})", integer=True)
     if isinstance(val, torch.SymBool):
-        return sympy.Symbol(node.name)
+        return sympy.Symbol(f"node_{node.name}")
     if isinstance(val, torch.SymInt):
-        return sympy.Symbol(node.name, integer=True)
+        return sympy.Symbol(f"node_{node.name}", integer=True)
     if isinstance(val, torch.SymFloat):
-        return sympy.Symbol(node.name, real=True)
+        return sympy.Symbol(f"node_{node.name}", real=True)
     raise TypeError(f"not a symbolic value: {node.name}")
