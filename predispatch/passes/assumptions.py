@@ -175,6 +175,8 @@ def write_pinned_values(gm: torch.fx.GraphModule) -> None:
     writes it: there the check runs before the op, here the trace learned the
     value while tracing the op (G7). Sound: torch writes a value's checks
     where the value is made, before any op reads it."""
+    if not gm.graph.find_nodes(op="call_function", target=_torch.ASSERT_SCALAR):
+        return  # no check, no value pinned by one
     for node in gm.graph.nodes:
         if node.op != "call_function" or not isinstance(node.target, _torch.OpOverload) \
                 or node.target is _torch.ASSERT_SCALAR or not _makes_tensors(node.meta.get("val")):
