@@ -46,6 +46,7 @@ from .ops import (  # noqa: E402,F401
     redispatch_below_autograd,
     saved_for_backward,
     SET_GRAD_ENABLED,
+    WITH_EFFECTS,
     without_default_arguments,
     returns_new_memory,
     written_arguments,

@@ -16,6 +16,9 @@ from .patching import patched
 SET_GRAD_ENABLED = torch._C._set_grad_enabled
 
 
+WITH_EFFECTS = torch.ops.higher_order.with_effects  # an op with effects, ordered by a token
+
+
 ENTER_AUTOCAST = torch.amp.autocast_mode._enter_autocast
 
 
