@@ -2,6 +2,7 @@
 
     capture     the module traced into a flat functional pre-dispatch graph, with what the trace saw
     assumptions each data-dependent branch the example took, checked at run time naming its line
+    effects     an op with effects on a script object called directly, in the graph's order
     history     values updated out of autograd's sight keep eager's history
     dead code   what the history stage did not need goes
     writes      functionalized writes written with differentiable ops
@@ -31,7 +32,7 @@ import torch
 
 from .ir.control_flow_op import module_stacks_into_branches
 from .ir.records import TraceRecord
-from .passes import assumptions, dead_code, functional_check, history, regions, signature, writes
+from .passes import assumptions, dead_code, effects, functional_check, history, regions, signature, writes
 from .policies.autocast_policy import AutocastPolicy
 from .policies.op_policy import OpPolicy
 from .program import program
@@ -145,6 +146,8 @@ STAGES = (
           _capture, (trace_capture, trace_body, functional_trace, recorder)),
     Stage("assumptions", "each data-dependent branch the example took, checked at run time naming its line",
           _assumptions, (assumptions,)),
+    Stage("effects", "an op with effects on a script object called directly, in the graph's order",
+          lambda w: effects.call_effects_directly(w.captured.gm), (effects,)),
     Stage("history", "values updated out of autograd's sight keep eager's history", _history, (history,)),
     Stage("dead code", "what the history stage did not need goes", _dead_code, (dead_code,)),
     Stage("writes", "functionalized writes written with differentiable ops",

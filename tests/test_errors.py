@@ -740,27 +740,3 @@ def test_a_torchscript_module_called_in_the_forward_is_refused_naming_the_line(m
         predispatch.export_predispatch(CallsATorchScriptModule(make), (torch.randn(2, 3),))
     assert f"{__file__}:{line_of(CallsATorchScriptModule.forward, 'self.sub(x)')}" in str(info.value)
 
-
-class PushesToAScriptObjectQueue(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.queue = torch.classes._TorchScriptTesting._TensorQueue(torch.zeros(0))
-
-    def forward(self, x):
-        self.queue.push(x)  # an op with effects on a torchbind object
-        return self.queue.pop() + 1
-
-
-def test_an_op_with_effects_on_a_script_object_is_refused_naming_the_line():
-    # torch's test_torchbind.py: refused before as "an in-place update (aten.detach_)" of a
-    # tensor the user never wrote (the effect token's)
-    from torch.testing._internal.torchbind_impls import init_torchbind_implementations
-
-    try:
-        init_torchbind_implementations()
-    except FileNotFoundError:  # torch's test library of torchbind classes, in the CPU wheels only
-        pytest.skip("this torch build has no libtorchbind_test.so")
-    with pytest.raises(predispatch.ExportError, match=r"at .* cannot be exported: an op with effects on a script "
-                                                      r"object") as info:
-        predispatch.export_predispatch(PushesToAScriptObjectQueue(), (torch.randn(2, 3),))
-    assert f"{__file__}:{line_of(PushesToAScriptObjectQueue.forward, 'push')}" in str(info.value)

@@ -168,6 +168,7 @@ from .tracing import (  # noqa: E402,F401
     restore_ambient_modes,
     returns_a_view,
     script_functions_run_as_scripted,
+    script_object_method_results,
     rng_freezing_owners,
     laid_out_contiguous,
     size_hint,

@@ -829,3 +829,20 @@ def script_functions_run_as_scripted():
 
     with patched(torch._C.ScriptFunction, "__call__", call):
         yield
+
+
+@contextlib.contextmanager
+def script_object_method_results(check):
+    """While the forward is traced, each method a script object's (torchbind's)
+    fake runs gives its result to ``check(method_name, result)`` (which may raise)."""
+    from torch._library.fake_class_registry import FakeScriptMethod
+
+    def call(original):
+        def run(method, *args, **kwargs):
+            result = original(method, *args, **kwargs)
+            check(method.method_name, result)
+            return result
+        return run
+
+    with patched(FakeScriptMethod, "__call__", call):
+        yield

@@ -18,7 +18,6 @@ from . import input_aliasing
 def refuse_what_no_program_holds(module: torch.nn.Module, aten) -> None:
     """``aten``: torch.export's aten stage of ``module``'s capture (graph, signature, constants)."""
     _ops_code_cannot_name(aten.gm)
-    _ops_with_effects(aten.gm)
     _traced_tensors_held_as_constants(aten.gm, aten.sig, aten.constants)
     _writes_to_state_sharing_memory(module, aten.gm, aten.sig)
 
@@ -35,19 +34,6 @@ def _ops_code_cannot_name(gm: torch.fx.GraphModule) -> None:
                 f"{node.target} at {node_location(node.meta.get('stack_trace'))}: the program's code cannot name "
                 f"this op (its overload '{overload}' is a Python keyword), so it could not run; write it another "
                 "way (x.random_(a, b) as x.copy_(torch.randint_like(x, a, b)))")
-
-
-def _ops_with_effects(gm: torch.fx.GraphModule) -> None:
-    """An op with effects on a script object (a torchbind class's method or an
-    op taking one: a queue pushed to): functionalization orders it by an
-    effect token (``with_effects``), which the program's signature does not
-    thread through its calls yet."""
-    for node in gm.graph.nodes:
-        if node.op == "call_function" and node.target is _torch.WITH_EFFECTS:
-            raise ExportError(
-                f"{node.args[1]} at {node_location(node.meta.get('stack_trace'))} cannot be exported: an op with "
-                "effects on a script object (a torch.classes object, torchbind) is ordered by an effect token, "
-                "which predispatch's programs do not thread through their calls yet (torch.export.export keeps it)")
 
 
 def _traced_tensors_held_as_constants(gm: torch.fx.GraphModule, signature, constants: dict) -> None:

@@ -28,7 +28,7 @@ from ..vmap import tracing_vmap_as_plain_ops
 from ..translations import as_rebound, autocast_blocks_as_in_eager, buffer_rebinding_checked, inference_mode_as_no_grad
 from ..translations import rebound_buffers, was_rebound
 from ..translations import scalar_tensors_formatted_as_in_eager
-from . import grad_blocks, leaves, requires_grad_reads, spans, swaps, views
+from . import grad_blocks, leaves, requires_grad_reads, script_objects, spans, swaps, views
 from .functional_ops import before_functional_op
 from .mode import Recorder
 from .observing import observing_ops
@@ -125,6 +125,7 @@ def _forward_recorded(module, state: TraceState, tensors: tuple, eager_autocast_
         enter(scalar_tensors_formatted_as_in_eager())  # f"{t}" of a 0-dim tensor: its value
         enter(inference_mode_as_no_grad())
         enter(_torch.script_functions_run_as_scripted())  # torch.jit.is_scripting() true in a script function
+        enter(script_objects.python_values_refused())  # a torchbind object's method returning an int
         enter(requires_grad_reads.answered_as_eager(tensors, state))  # t.requires_grad of a tensor the forward made
         enter(buffer_rebinding_checked())  # self.buf = new: refused where no write-back can follow
         enter(refusing_state_calls())
