@@ -73,4 +73,3 @@ def _drop_token_chain(graph: torch.fx.Graph, token) -> None:
         inputs = token.all_input_nodes
         graph.erase_node(token)
         token = inputs[0] if len(inputs) == 1 else None
-
