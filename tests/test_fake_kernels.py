@@ -32,6 +32,9 @@ LAYOUTS = {
     "one value per channel": ((1, 3), (0, 1), False),
     "not dense": ((2, 3, 4, 5), (0, 1, 2, 3), True),
 }
+# the layouts other axes (dtypes, devices, arguments) are crossed with: one the rules
+# take, one whose strides order the dimensions otherwise, one they refuse (sizes of one)
+FEW_LAYOUTS = ("2d", "4d channels last", "one pixel")
 DTYPES = {  # input, weight and statistics
     "fp32": (torch.float32, torch.float32),
     "bf16": (torch.bfloat16, torch.bfloat16),
@@ -95,8 +98,11 @@ class TestBatchNormKernels(unittest.TestCase):
         decomposition gives (or both fail alike); the fast kernel is used
         where the input's strides order its dimensions alone."""
         used = {}
-        for op, layout, dtypes, device, weights in itertools.product(
-                (TRAINING, INFERENCE), LAYOUTS, DTYPES, ("cpu", "cuda"), ((True, True), (True, False))):
+        # every layout in fp32 on the CPU with weights; the dtype mixes, devices and weights on a few layouts
+        # (the rule's layout test, ``_usable``, reads no dtype or device)
+        grid = [*itertools.product(LAYOUTS, ["fp32"], ["cpu"], [(True, True)]),
+                *itertools.product(FEW_LAYOUTS, DTYPES, ("cpu", "cuda"), ((True, True), (True, False)))]
+        for op, (layout, dtypes, device, weights) in itertools.product((TRAINING, INFERENCE), dict.fromkeys(grid)):
             extra = (True, 0.1, 1e-5) if op is TRAINING else (0.1, 1e-5)
             with self.subTest(op=op.__name__, layout=layout, dtypes=dtypes, device=device, weights=weights):
                 used.setdefault((op, layout), set()).add(self._check(op, layout, dtypes, device, weights, extra))
@@ -129,8 +135,9 @@ class TestBatchNormKernels(unittest.TestCase):
         used = {}
         dynamics = {"batch": lambda n: {0}, "all but channels": lambda n: set(range(n)) - {1},
                     "spatial": lambda n: set(range(2, n))}
-        for op, layout, dynamic, dtype in itertools.product(
-                (TRAINING, INFERENCE), LAYOUTS, dynamics, (torch.float32, torch.bfloat16)):
+        grid = [*itertools.product(LAYOUTS, dynamics, [torch.float32]),  # bf16 on a few layouts
+                *itertools.product(FEW_LAYOUTS, dynamics, [torch.bfloat16])]
+        for op, (layout, dynamic, dtype) in itertools.product((TRAINING, INFERENCE), grid):
             shape, order, sliced = LAYOUTS[layout]
             dims = {d for d in dynamics[dynamic](len(shape)) if shape[d] > 1}  # a size of 1 stays static
             if not dims:
@@ -213,6 +220,7 @@ ACTIVATIONS = {  # op -> its scalar arguments, as calls pass them (gelu's approx
     aten.leaky_relu.default: [(), (0.2,)], aten.elu.default: [(), (1.0, 1.0, 2.0)], aten.mish.default: [()],
     aten.softplus.default: [(), (2.0, 10.0)],
 }
+EVERY_LAYOUT = (aten.relu.default, aten.gelu.default)  # the rest on FEW_LAYOUTS
 
 
 def _symbolic_fake(shape, order, sliced, dynamic, dtype, mode=None):
@@ -245,18 +253,20 @@ class TestActivationKernels(unittest.TestCase):
         self.assertEqual(set(ACTIVATIONS), {op for op, k in fake_kernels.KERNELS.items()
                                             if k is fake_kernels._activation})
         dynamics = {"static": lambda n: set(), "batch": lambda n: {0}, "all": lambda n: set(range(n))}
-        few = ("2d", "4d channels last", "one pixel")
+        few = FEW_LAYOUTS
         grid = [*itertools.product(LAYOUTS, [torch.float32], ("static", "batch")),  # the rest on a few layouts
                 *itertools.product(few, [torch.float32], ["all"]),
                 *itertools.product(few, (torch.bfloat16, torch.int64), ("static", "batch"))]
         used = {}
         for (op, calls), (layout, dtype, dynamic) in itertools.product(ACTIVATIONS.items(), grid):
+            if op not in EVERY_LAYOUT and layout not in few:
+                continue  # one rule serves every activation: the layouts on a few of them
             shape, order, sliced = LAYOUTS[layout]
             dims = {d for d in dynamics[dynamic](len(shape)) if shape[d] > 1}
             if dynamic != "static" and not dims:
                 continue
-            # the scalars' ways are told apart by the op, not the layout: the others on a few layouts
-            for call in calls if layout in few else calls[:1]:
+            # the scalars' ways are told apart by the op, not the layout or dtype: the others on a few fp32 layouts
+            for call in calls if layout in few and dtype is torch.float32 and dynamic != "all" else calls[:1]:
                 args, kwargs = ((), call) if isinstance(call, dict) else (call, {})
                 with self.subTest(op=op.__name__, layout=layout, dtype=dtype, dynamic=dynamic, call=call):
                     outcomes = []
@@ -276,7 +286,7 @@ class TestActivationKernels(unittest.TestCase):
         by_rule = {key for key, taken in used.items() if taken == {True}}
         expected = {"static": one_order, "batch": one_order - {"batch of one", "one value per channel"},  # not dynamic
                     "all": set()}  # a symbolic size in a stride
-        for op, dynamic in itertools.product(ACTIVATIONS, dynamics):
+        for op, dynamic in itertools.product(EVERY_LAYOUT, dynamics):
             self.assertEqual({layout for o, layout, dtype, d in by_rule if (o, d, dtype) == (op, dynamic, torch.float32)},
                              expected[dynamic])
         self.assertEqual({dtype for *_, dtype, _ in by_rule}, {torch.float32, torch.bfloat16})  # not an integer
@@ -302,16 +312,20 @@ def _symbolic_cases():
         yield aten._log_softmax.default, [x], (-1, True), {}  # half to float: a half input only
         if dtype is torch.float16:
             continue
-        for dim in (1, -1, len(shape)):  # the last: out of range
+        # the dims on fp32; bf16 (its own output dtype) on the last and the one out of range
+        for dim in (1, -1, len(shape)) if dtype is torch.float32 else (-1, len(shape)):  # the last: out of range
             yield aten._log_softmax.default, [x], (dim, False), {}
             yield aten._safe_softmax.default, [x], (dim,), {}
-            yield aten._safe_softmax.default, [x], (dim, torch.float32), {}
+            if dim == -1:  # a dtype given: its own output dtype, apart from the dim
+                yield aten._safe_softmax.default, [x], (dim, torch.float32), {}
     for (bias, m2, m2_transposed, dtypes), (beta, alpha), dynamic in itertools.product(
             [((6,), (8, 6), False, (torch.float32,) * 3), ((6,), (8, 6), True, (torch.bfloat16,) * 3),
              ((4, 6), (8, 6), False, (torch.float32,) * 3), ((1, 6), (8, 6), False, (torch.float32,) * 3),
              ((6,), (8, 6), False, (torch.float32, torch.bfloat16, torch.bfloat16)),
              ((6,), (9, 6), False, (torch.float32,) * 3)],  # sizes that do not fit
             ((1, 1), (0, 1), (0.5, 2)), ("batch", "batch and inner", "the weight's")):
+        if (beta, alpha) != (1, 1) and (bias, m2_transposed, dtypes) != ((6,), False, (torch.float32,) * 3):
+            continue  # beta and alpha (values only) crossed with the first's shapes alone
         m1_dims = {"batch": {0}, "batch and inner": {0, 1}, "the weight's": set()}[dynamic]
         specs = [(bias, set(), dtypes[0], False), ((4, 8), m1_dims, dtypes[1], False),
                  (m2, {0} if dynamic == "the weight's" else set(), dtypes[2], m2_transposed)]
@@ -419,6 +433,8 @@ class TestMetaKernels(unittest.TestCase):
         self.assertEqual({op for op, _ in _meta_kernel_cases()}, set(fake_kernels.BY_META_KERNEL))
         failed = 0
         for (op, specs), device in itertools.product(_meta_kernel_cases(), ("cpu", "cuda")):
+            if device == "cuda" and not any(isinstance(a, tuple) and a[1:2] == (torch.float32,) for a in specs[:1]):
+                continue  # the device crossed with fp32 cases (their first input) alone
             with self.subTest(op=op.__name__, args=specs, device=device):
                 mode = FakeTensorMode()
                 args = [_made(mode, a, device) if isinstance(a, tuple) and len(a) == 3 and isinstance(a[1], torch.dtype)

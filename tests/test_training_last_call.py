@@ -4,6 +4,7 @@ call's, and a training loop that changes something between steps (freezes
 a layer, swaps a parameter's data, switches autocast) trains as eager."""
 import contextlib
 import copy
+import functools
 
 import pytest
 import torch
@@ -31,6 +32,12 @@ class Step(torch.nn.Module):
 
 def _inputs():
     return [torch.randn(5, 4), torch.randn(3), 2.0, True]
+
+
+@functools.cache
+def _step_program():
+    """Step's program, exported once: each case compiles it anew (its own state)."""
+    return predispatch.export_predispatch(Step(), tuple(_inputs()))
 
 
 def _parameter(train):
@@ -116,8 +123,7 @@ SAME_KEY_UNDER = {"no_grad": "under no_grad", "autocast": "under bf16 autocast"}
 @pytest.mark.parametrize("name, change, key_changes", CHANGES, ids=[c[0] for c in CHANGES])
 def test_the_last_calls_graphs_are_taken_exactly_where_the_key_is_the_last_calls(name, change, key_changes,
                                                                                    last_under):
-    ep = predispatch.export_predispatch(Step(), tuple(_inputs()))
-    train = predispatch.compile_training(ep)
+    train = predispatch.compile_training(_step_program())
     with AMBIENT[last_under]():
         train(*_inputs())
         args, context, undo = change(train, _inputs())
@@ -134,8 +140,7 @@ def test_the_last_calls_graphs_are_taken_exactly_where_the_key_is_the_last_calls
 
 
 def test_bf16_then_fp16_autocast_is_another_call():
-    ep = predispatch.export_predispatch(Step(), tuple(_inputs()))
-    train = predispatch.compile_training(ep)
+    train = predispatch.compile_training(_step_program())
     with torch.autocast("cpu", dtype=torch.bfloat16):
         train(*_inputs())
     with torch.autocast("cpu", dtype=torch.float16):

@@ -26,7 +26,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import numbers
-import warnings
 
 import torch
 
@@ -327,10 +326,14 @@ def _assert_histories_match(eager: Run, exported: Run, close, what: str) -> None
 
 
 def _fresh_module(ep):
-    """``ep.module()`` with its own copy of the state (ep.module() shares ep's)."""
-    with warnings.catch_warnings():  # torch's treespec warns about itself when copied
-        warnings.simplefilter("ignore", FutureWarning)
-        return copy.deepcopy(ep.module())
+    """``ep.module()`` with its own copy of the state (ep.module() shares
+    ep's): the module of a copy of ``ep`` holding copies of its parameters,
+    buffers and constants (tensors that shared memory still do), run by the
+    code ``ep.module()`` gives a user (a deepcopy of the module would
+    generate plain code again, at a codegen's cost)."""
+    own = copy.copy(ep)
+    own._state_dict, own._constants = copy.deepcopy((ep._state_dict, ep._constants))
+    return own.module()
 
 
 def assert_matches_eager(module, args, kwargs=None, *, export=None, grad_modes=(True, False),
