@@ -22,6 +22,7 @@ from torch._functorch._aot_autograd.schemas import GraphSignature
 from torch._functorch._aot_autograd.utils import create_tree_flattened_fn
 
 from .data_dependence import checks_named_by_their_conditions
+from .fake_params import params_buffers_fakified_directly
 from .patching import patched
 
 
@@ -214,10 +215,11 @@ def non_strict_export(module, args, kwargs, dynamic_shapes, in_spec, aten_stage)
     (holding fake parameters), which the spec names by a weak reference,
     dead once the export is done (``copy.deepcopy(ep.module())`` then
     raised torch's raw ``TypeError``)."""
-    artifact = _export_trace._non_strict_export(
-        mod=module, args=args, kwargs=kwargs, dynamic_shapes=dynamic_shapes,
-        preserve_module_call_signature=(), orig_in_spec=in_spec,
-        prefer_deferred_runtime_asserts_over_guards=False, _to_aten_func=aten_stage)
+    with params_buffers_fakified_directly((args, kwargs)):
+        artifact = _export_trace._non_strict_export(
+            mod=module, args=args, kwargs=kwargs, dynamic_shapes=dynamic_shapes,
+            preserve_module_call_signature=(), orig_in_spec=in_spec,
+            prefer_deferred_runtime_asserts_over_guards=False, _to_aten_func=aten_stage)
     if artifact.in_spec != in_spec:  # a module among the inputs: a node of its own in the spec
         with _enable_graph_inputs_of_type_nn_module((args, kwargs)):
             own = torch.utils._pytree.tree_flatten((args, kwargs))[1]
