@@ -1,5 +1,4 @@
 """Shared pytest configuration: the run says what it ran against."""
-import os
 from importlib import metadata
 
 
@@ -12,15 +11,6 @@ def _versions() -> str:
     return "versions: " + ", ".join(
         f"{p} {version(p)}" for p in ("torch", "transformers", "torchao", "onnxruntime", "torchvision", "timm",
                                           "predispatch"))
-
-
-def pytest_configure(config):
-    """An xdist worker computes on one thread: the workers are the parallelism
-    (two workers of two OpenMP threads each on two cores stall each other)."""
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        import torch
-
-        torch.set_num_threads(1)
 
 
 def pytest_report_header(config):

@@ -44,7 +44,7 @@ OPEN = "# open:"
 
 CI_PROFILE = settings(
     derandomize=True,
-    max_examples=150,  # about 20 s; the long profile (above) is the tool's
+    max_examples=120,  # about 16 s; the long profile (above) is the tool's
     deadline=None,
     database=None,
     print_blob=False,

@@ -3,7 +3,7 @@
 # extra, and from torch 2.14 on the vision extra (torchvision, timm):
 #
 #     bash tools/venv_for_torch.sh 2.15.0            # -> .venv-torch2.15.0
-#     .venv-torch2.15.0/bin/python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile
+#     .venv-torch2.15.0/bin/python -m pytest -q -p no:cacheprovider
 #
 # torch 2.14/2.15 come from the package registry as CUDA builds (~6 GB; they
 # run on the CPU). The machine's pip settings may cap torch at an older
