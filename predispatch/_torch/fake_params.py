@@ -2,7 +2,7 @@
 
 torch.export makes each one by ``fake_mode.from_tensor`` (torch's meta
 converter: a description of the tensor, then a meta tensor built from it),
-some 0.1 ms a tensor, a tenth of a stamped layer's cost. A plain tensor (a
+some 0.1-0.2 ms a tensor, a tenth of a stamped layer's cost. A plain tensor (a
 dense, whole, contiguous leaf, sharing its memory with no other parameter,
 buffer or input) is the same fake tensor made from its sizes, strides and
 dtype: an empty meta tensor of them on its device, requiring grad as it
