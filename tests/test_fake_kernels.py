@@ -424,6 +424,68 @@ def _outcome(op, args, fast: bool, dispatched: list):
         FakeTensorMode.cache_clear()
 
 
+# view inputs: (shape, the permutation its memory is laid out in, a slice making it not dense, a storage offset)
+VIEW_INPUTS = {
+    "2d": ((4, 6), (0, 1), False, 0),
+    "3d": ((2, 3, 4), (0, 1, 2), False, 0),
+    "sizes of one": ((2, 1, 3, 1), (0, 1, 2, 3), False, 0),
+    "at an offset": ((4, 6), (0, 1), False, 6),
+    "empty": ((0, 4), (0, 1), False, 0),
+    "scalar": ((), (), False, 0),
+    "transposed": ((4, 6), (1, 0), False, 0),
+    "contiguous, sizes of one laid out otherwise": ((2, 3, 1, 1), (0, 2, 3, 1), False, 0),
+    "not dense": ((4, 6), (0, 1), True, 0),
+}
+ROW_MAJOR = {"2d", "3d", "sizes of one", "at an offset", "empty", "scalar"}
+
+
+def _view_input(layout: str, dynamic: set):
+    shape, order, sliced, offset = VIEW_INPUTS[layout]
+    if offset:  # row-major, from the offset on: the rows after the first of a larger tensor
+        (rows, cols), mode = shape, FakeTensorMode()
+        return mode.from_tensor(torch.empty(rows + offset // cols, cols)[offset // cols:])
+    return _symbolic_fake(shape, order, sliced, dynamic, torch.float32)
+
+
+class TestViewKernels(unittest.TestCase):
+    def test_each_output_is_torchs(self):
+        """``view`` and ``_unsafe_view`` of every input layout to sizes that fit
+        (-1 among them) and sizes that do not, static and with the first size
+        symbolic: the output's sizes, strides, offset and memory are those of
+        torch's path (or both fail alike), with the same guards; the rule is
+        used where the input is laid out row-major at static sizes and the sizes fit."""
+        used = {}
+        for op, layout, dynamic in itertools.product((aten.view.default, aten._unsafe_view.default), VIEW_INPUTS,
+                                                     ("static", "batch")):
+            shape = VIEW_INPUTS[layout][0]
+            dims = {0} if dynamic == "batch" and shape and shape[0] > 1 and layout != "at an offset" else set()
+            if dynamic == "batch" and not dims:
+                continue
+            n = 1
+            for size in shape:
+                n *= size
+            for size in ([-1], [n], [1, -1, 1], [2, -1], [-1, 2], [n + 1], [5, -1]):
+                with self.subTest(op=op.__name__, layout=layout, dynamic=dynamic, size=size):
+                    outcomes = []
+                    for fast in (False, True):
+                        x = _view_input(layout, dims)
+                        env = x.fake_mode.shape_env
+                        before = len(env.guards) if env is not None else 0
+                        dispatched = []
+                        out = _outcome(op, (x, size), fast, dispatched)
+                        outcomes.append((out, _shape_env_after(x.fake_mode, before) if env is not None else None,
+                                         dispatched))
+                    (torch_way, torch_env, _), (ours, our_env, our_dispatched) = outcomes
+                    self.assertEqual((ours, our_env), (torch_way, torch_env))
+                    fits = not isinstance(torch_way, type)
+                    if fits:  # a view: of the input's memory
+                        self.assertEqual(torch_way[0][-1], [0])
+                    used.setdefault((layout, dynamic, fits), set()).add(not our_dispatched)
+        by_rule = {key for key, taken in used.items() if taken == {True}}
+        self.assertEqual(by_rule, {(layout, "static", True) for layout in ROW_MAJOR})
+        self.assertEqual(set().union(*used.values()), {True, False})
+
+
 class TestMetaKernels(unittest.TestCase):
     def test_each_op_gives_what_torchs_decomposition_gives(self):
         """Each op in BY_META_KERNEL, across shapes, layouts, dtypes (mixed ones

@@ -1,4 +1,4 @@
-"""Fake kernels in place of the Python decompositions fake mode runs: batch norm and activations by rule, losses and addmm by meta kernel.
+"""Fake kernels in place of the Python decompositions fake mode runs: batch norm and activations by rule, losses and addmm by meta kernel, views of row-major tensors by theirs.
 
 (And one of torch's fake kernels corrected: ``masked_select``'s bound on
 its count, where the mask has more elements than the tensor it selects from.)
@@ -34,7 +34,8 @@ from __future__ import annotations
 import contextlib
 
 import torch
-from torch._prims_common import get_computation_dtype
+from torch._prims_common import get_computation_dtype, make_contiguous_strides_for
+from torch.fx.experimental import _config as fx_config
 from torch._subclasses import fake_impls, fake_tensor
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -168,6 +169,26 @@ def _symbolic_addmm(mode, bias, mat1, mat2, beta=1, alpha=1):
     return _like(mode, mat1, (n, p), (p, 1), mat1.dtype)
 
 
+def _row_major_view(mode, x, size):
+    """``view`` / ``_unsafe_view`` of a tensor laid out row-major (every
+    stride static, each the product of the later sizes, as
+    ``make_contiguous_strides_for`` gives them) to static sizes: by its C++
+    meta kernel, as eager views it. torch's fake implementation runs the
+    Python reference (``_reshape_view_helper``: ~1 ms a new shape, a view per
+    attention head split and merge); both give row-major strides here, and
+    they may differ elsewhere (on sizes of one), where torch's path runs."""
+    if (type(x) is not FakeTensor or x.layout is not torch.strided or x._has_symbolic_sizes_strides
+            or any(type(s) is not int for s in size) or fx_config.backed_size_oblivious
+            or x.stride() != make_contiguous_strides_for(x.shape)):
+        return NotImplemented
+    try:
+        with fake_tensor.in_kernel_invocation_manager(mode):
+            out = aten.view.default(x, size)
+    except RuntimeError:
+        return NotImplemented  # a size that does not fit: torch's path raises its own error
+    return mode.wrap_meta_outputs_with_default_device_logic(out, aten.view.default, (x,), device=None)
+
+
 KERNELS = {
     aten._native_batch_norm_legit_functional.default: _batch_norm_training,
     aten._native_batch_norm_legit_no_training.default: _batch_norm_inference,
@@ -179,6 +200,9 @@ KERNELS = {
     aten._log_softmax.default: _symbolic_log_softmax,
     aten._safe_softmax.default: _symbolic_safe_softmax,
     aten.addmm.default: _symbolic_addmm,
+    # torch's fake implementation of both: the Python reference (a meta kernel runs it as one op here)
+    aten.view.default: _row_major_view,
+    aten._unsafe_view.default: _row_major_view,
 }
 
 
