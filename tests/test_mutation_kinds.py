@@ -54,6 +54,34 @@ def test_set__to_another_input_shares_its_storage_afterwards():
     both(f, torch.randn(3, 3), torch.randn(3, 3))
 
 
+class SetsAnInputWhereALinearsViewWent(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x, z):
+        z.uniform_(-1.0, 1.0)
+        v = self.lin(z)  # of a 1-d input: a view, with a history
+        u = z.unsqueeze(0)
+        with torch.no_grad():
+            v.set_(z)
+        with torch.no_grad():
+            x.set_(z)
+        return u
+
+
+def test_set__of_an_input_to_memory_a_value_with_a_history_took_first():
+    """Fuzz seed 111986: ``v`` (with a history) and then the input ``x`` are
+    set_() on ``z``'s memory, each under a no_grad block of its own; the program writes ``x`` back as
+    that memory's value, whose kept history is ``v``'s, but it sets the
+    caller's tensor on that memory and writes its values under no_grad: ``x``
+    keeps its own history, as eager's, and no gradient comes from the
+    write-back (it was refused, as if one could)."""
+    # inputs that do not require grad: eager refuses z.uniform_() of a leaf that does
+    assert_matches_eager(SetsAnInputWhereALinearsViewWent(), (torch.randn(3, 4), torch.randn(3, 4)[1]),
+                         inputs_require_grad=False)
+
+
 def test_set__then_a_data_mutation_of_the_source():
     """test_set__and_data_mutation_good: the update of ``b`` shows in ``a``."""
     def f(a, b):

@@ -234,18 +234,39 @@ def _kept_history_shown(kept, facts: Facts, origin, in_callers_mode: bool, user_
         shown -= {outputs[i] for i, name in facts.write_backs().items() if name == origin.name}
     views = [u for u in origin.users if views_too and is_view(u)]
     return differentiated([u for u in (*kept.later, *views) if u.op != "output"], modes, shown) or any(
-        u.op == "output" and _outputs_as_shown(kept.new, u, kept.old, shown) for u in kept.later)
+        u.op == "output" and _outputs_as_shown(kept.new, u, kept.old, shown, _set_on_other_memory(facts))
+        for u in kept.later)
 
 
-def _outputs_as_shown(new: torch.fx.Node, output: torch.fx.Node, old: torch.fx.Node, shown: set | None) -> bool:
+def _outputs_as_shown(new: torch.fx.Node, output: torch.fx.Node, old: torch.fx.Node, shown: set | None,
+                      historyless: set) -> bool:
     """Is ``new`` (or its kept value) an output a gradient can come from? Any
     output, where ``shown`` is None, unless an input's old value is returned
-    as it is (the caller's tensor); else one of ``shown`` (the user's outputs
-    but the input's write-back)."""
+    as it is (the caller's tensor), or each output it is only writes back a
+    caller's tensor that keeps its own history (at a position of
+    ``historyless``); else one of ``shown`` (the user's outputs but the
+    input's write-back)."""
+    outputs = [(i, o) for i, o in enumerate(output.args[0]) if isinstance(o, torch.fx.Node)]
     if shown is None:
-        return old.op != "placeholder"
-    return any(o in shown and (o is new or (is_keep(o) and o.args[1] is new))
-               for o in output.args[0] if isinstance(o, torch.fx.Node))
+        at = [i for i, o in outputs if o is new or (is_keep(o) and o.args[1] is new)]
+        return old.op != "placeholder" and (not at or any(i not in historyless for i in at))
+    return any(o in shown and (o is new or (is_keep(o) and o.args[1] is new)) for _, o in outputs)
+
+
+def _set_on_other_memory(facts: Facts) -> set:
+    """The output positions writing back a user input the forward set_() on
+    other memory: the program sets the caller's tensor on it, and writes its
+    values, under no_grad (program/write_backs.py), so the tensor keeps its
+    own history, as eager's (one the forward gives it in grad mode besides is
+    refused)."""
+    user_inputs = {name: i for i, name in enumerate(facts.signature.user_inputs)}
+    found = set()
+    for position, name in facts.write_backs().items():
+        layout = facts.layouts.get(f"input:{user_inputs.get(name)}", {})
+        if layout.get("storage") in ("other", "shared", "value") and not layout.get("as_started") \
+                and layout.get("dtype") is None:
+            found.add(position)
+    return found
 
 
 def _broadcasts(old: tuple, new: tuple | None) -> bool:
