@@ -298,8 +298,15 @@ def _fakes_in_one_mode(specs):
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
     mode = FakeTensorMode(shape_env=ShapeEnv())
-    return mode, [_symbolic_fake(shape, tuple(range(len(shape)))[::-1] if transposed else tuple(range(len(shape))),
-                                 False, dynamic, dtype, mode) for shape, dynamic, dtype, transposed in specs]
+    tensors = []
+    for shape, dynamic, dtype, transposed in specs:
+        if shape == "rows of the first":  # a vector as long as the first tensor's rows: its size, symbol and all
+            with mode:
+                tensors.append(torch.empty(tensors[0].shape[0], dtype=dtype))
+            continue
+        order = tuple(range(len(shape)))
+        tensors.append(_symbolic_fake(shape, order[::-1] if transposed else order, False, dynamic, dtype, mode))
+    return mode, tensors
 
 
 def _symbolic_cases():
@@ -330,16 +337,29 @@ def _symbolic_cases():
         specs = [(bias, set(), dtypes[0], False), ((4, 8), m1_dims, dtypes[1], False),
                  (m2, {0} if dynamic == "the weight's" else set(), dtypes[2], m2_transposed)]
         yield aten.addmm.default, specs, (), ({} if (beta, alpha) == (1, 1) else {"beta": beta, "alpha": alpha})
+    rows = ("rows of the first", None, torch.long, False)
+    for (dims, target, dtype, weighted), reduction, ignore in itertools.product(
+            [({0}, rows, torch.float32, False), ({0}, rows, torch.float32, True), ({0}, rows, torch.bfloat16, False),
+             ({0, 1}, rows, torch.float32, False),  # the classes symbolic
+             ({0}, ((6,), {0}, torch.long, False), torch.float32, False),  # a target of a size of its own
+             ({0}, rows, torch.float32, "of another dtype")],
+            (0, 1, 2), (-100, 1)):
+        if (reduction, ignore) != (1, -100) and (dims, dtype, weighted) != ({0}, torch.float32, False):
+            continue  # the reductions and ignored index (outputs' sizes only) on the first's inputs alone
+        weight = [((4,), set(), torch.float64 if weighted == "of another dtype" else dtype, False)] if weighted else []
+        specs = [((6, 4), dims, dtype, False), target, *weight]
+        yield aten.nll_loss_forward.default, specs, ((None,) if not weighted else ()) + (reduction, ignore), {}
 
 
 class TestSymbolicSizeRules(unittest.TestCase):
     def test_each_output_is_torchs(self):
-        """_log_softmax, _safe_softmax and addmm at symbolic sizes, where fake
-        mode runs their Python decompositions: over shapes, layouts, dims (one
-        out of range), dtypes and arguments, the outputs' metadata and the
-        failures are torch's, with the same guards; the rule is used where
-        the input is contiguous with static strides (the batch alone dynamic)
-        and, for addmm, the bias is a row and the dtypes agree."""
+        """_log_softmax, _safe_softmax, addmm and nll_loss_forward at symbolic
+        sizes, where fake mode runs their Python decompositions: over shapes,
+        layouts, dims (one out of range), dtypes and arguments, the outputs'
+        metadata and the failures are torch's, with the same guards; the rule
+        is used where the input is contiguous with static strides (the batch
+        alone dynamic), for addmm where the bias is a row and the dtypes agree,
+        for nll_loss_forward where the target's size is the input's rows' own."""
         used = {}
         for op, specs, rest, kwargs in _symbolic_cases():
             with self.subTest(op=op.__name__, specs=specs, rest=rest, kwargs=kwargs):
@@ -355,7 +375,8 @@ class TestSymbolicSizeRules(unittest.TestCase):
                 self.assertEqual((ours, our_env), (torch_way, torch_env))
                 used.setdefault(op, []).append(not our_dispatched)  # by rule: no fake kernel of torch's ran
         self.assertEqual({op for op, taken in used.items() if True in taken and False in taken},
-                         {aten._log_softmax.default, aten._safe_softmax.default, aten.addmm.default})
+                         {aten._log_softmax.default, aten._safe_softmax.default, aten.addmm.default,
+                          aten.nll_loss_forward.default})
 
 
 def _spec(shape, dtype=torch.float32, transposed=False):

@@ -36,6 +36,7 @@ import contextlib
 import torch
 from torch._prims_common import get_computation_dtype, make_contiguous_strides_for
 from torch.fx.experimental import _config as fx_config
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch._subclasses import fake_impls, fake_tensor
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -169,6 +170,24 @@ def _symbolic_addmm(mode, bias, mat1, mat2, beta=1, alpha=1):
     return _like(mode, mat1, (n, p), (p, 1), mat1.dtype)
 
 
+def _symbolic_nll_loss(mode, x, target, weight, reduction, ignore_index):
+    """``nll_loss_forward`` at symbolic sizes (static ones: :data:`BY_META_KERNEL`):
+    (the loss: one per row where not reduced, contiguous; the total weight), of
+    the input's dtype, for an (n, classes) input, the classes static, and a
+    target of the same n, known equal without a guard (the decomposition's
+    check adds none then); a weight, of the input's dtype, one per class."""
+    if not (type(x) is FakeTensor and x._has_symbolic_sizes_strides and x.dim() == 2 and x.dtype.is_floating_point
+            and type(x.shape[1]) is int and type(target) is FakeTensor and target.dim() == 1
+            and target.dtype == torch.long and target.fake_device == x.fake_device
+            and statically_known_true(x.shape[0] == target.shape[0])
+            and (weight is None or (type(weight) is FakeTensor and weight.shape == (x.shape[1],)
+                                    and weight.dtype == x.dtype and weight.fake_device == x.fake_device))
+            and reduction in (0, 1, 2) and type(ignore_index) is int):
+        return NotImplemented
+    loss = _like(mode, x, (x.shape[0],), (1,), x.dtype) if reduction == 0 else _like(mode, x, (), (), x.dtype)
+    return loss, _like(mode, x, (), (), x.dtype)
+
+
 def _row_major_view(mode, x, size):
     """``view`` / ``_unsafe_view`` of a tensor laid out row-major (every
     stride static, each the product of the later sizes, as
@@ -200,6 +219,7 @@ KERNELS = {
     aten._log_softmax.default: _symbolic_log_softmax,
     aten._safe_softmax.default: _symbolic_safe_softmax,
     aten.addmm.default: _symbolic_addmm,
+    aten.nll_loss_forward.default: _symbolic_nll_loss,
     # torch's fake implementation of both: the Python reference (a meta kernel runs it as one op here)
     aten.view.default: _row_major_view,
     aten._unsafe_view.default: _row_major_view,
