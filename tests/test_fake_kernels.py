@@ -506,6 +506,42 @@ class TestViewKernels(unittest.TestCase):
         self.assertEqual(by_rule, {(layout, "static", True) for layout in ROW_MAJOR})
         self.assertEqual(set().union(*used.values()), {True, False})
 
+    def test_symbolic_sizes_outputs_and_guards_are_torchs(self):
+        """At symbolic sizes, where torch's reference guards on the sizes as it
+        goes: the views of row-major inputs that merge whole dimensions and
+        split static ones are made by rule, the rest by torch's path, each with
+        torch's outputs and guards."""
+        for (shape, dims, order), views in SYMBOLIC_VIEWS.items():
+            for i, (sizes, by_rule) in enumerate(views):
+                for op in (aten.view.default, aten._unsafe_view.default):
+                    with self.subTest(shape=shape, dims=dims, order=order, view=i, op=op.__name__):
+                        outcomes = []
+                        for fast in (False, True):
+                            x = _symbolic_fake(shape, order, False, set(dims), torch.float32)
+                            before = len(x.fake_mode.shape_env.guards)
+                            dispatched = []
+                            out = _outcome(op, (x, sizes(x.shape)), fast, dispatched)
+                            outcomes.append((out, _shape_env_after(x.fake_mode, before), dispatched))
+                        (torch_way, torch_env, _), (ours, our_env, our_dispatched) = outcomes
+                        self.assertEqual((ours, our_env), (torch_way, torch_env))
+                        self.assertEqual(not our_dispatched, by_rule)
+
+
+# views at symbolic sizes: (shape, its symbolic dimensions, memory order) -> [(the sizes made
+# from the fake input's, whether the rule makes the view: merges and static splits only)]
+SYMBOLIC_VIEWS = {
+    ((4, 6), (0,), (0, 1)): [
+        (lambda s: [-1], True), (lambda s: [s[0], 2, 3], True), (lambda s: [s[0], -1], True),
+        (lambda s: [-1, 6], True), (lambda s: [s[0] * 6], True),
+        (lambda s: [-1, 2], False), (lambda s: [6, s[0]], False),  # a split across the symbolic size; a swap
+        (lambda s: [s[0], 1, 6], False), (lambda s: [2, -1], False)],  # a size of one; a split of the symbol
+    ((2, 3, 8), (0, 1), (0, 1, 2)): [  # the attention heads' split and merge, at a symbolic batch and length
+        (lambda s: [s[0], s[1], 2, 4], True), (lambda s: [s[0] * s[1], 8], True), (lambda s: [s[0], -1], True),
+        (lambda s: [-1, 2, 4], True), (lambda s: [s[0], s[1] * 8], True),
+        (lambda s: [s[1], s[0], 8], False), (lambda s: [s[0], 2, -1], False)],
+    ((4, 6), (0,), (1, 0)): [(lambda s: [-1], False), (lambda s: [s[0], 2, 3], False)],  # not row-major
+}
+
 
 class TestMetaKernels(unittest.TestCase):
     def test_each_op_gives_what_torchs_decomposition_gives(self):

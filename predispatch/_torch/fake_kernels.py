@@ -189,23 +189,87 @@ def _symbolic_nll_loss(mode, x, target, weight, reduction, ignore_index):
 
 
 def _row_major_view(mode, x, size):
-    """``view`` / ``_unsafe_view`` of a tensor laid out row-major (every
-    stride static, each the product of the later sizes, as
-    ``make_contiguous_strides_for`` gives them) to static sizes: by its C++
-    meta kernel, as eager views it. torch's fake implementation runs the
-    Python reference (``_reshape_view_helper``: ~1 ms a new shape, a view per
-    attention head split and merge); both give row-major strides here, and
-    they may differ elsewhere (on sizes of one), where torch's path runs."""
-    if (type(x) is not FakeTensor or x.layout is not torch.strided or x._has_symbolic_sizes_strides
-            or any(type(s) is not int for s in size) or fx_config.backed_size_oblivious
-            or x.stride() != make_contiguous_strides_for(x.shape)):
+    """``view`` / ``_unsafe_view`` of a tensor laid out row-major (each stride
+    the product of the later sizes): by its C++ meta kernel, as eager views
+    it. torch's fake implementation runs the Python reference
+    (``_reshape_view_helper``: ~1 ms a new shape, a view per attention head
+    split and merge; ~6,000 Python calls at symbolic sizes). At static sizes
+    both give row-major strides (they may differ on sizes of one, where
+    torch's path runs). At symbolic sizes, where the reference's steps guard
+    on the sizes, the rule takes the views it makes without a guard: runs of
+    whole dimensions merged, static ones split (:func:`_merged_and_split`)."""
+    if type(x) is not FakeTensor or x.layout is not torch.strided or fx_config.backed_size_oblivious:
         return NotImplemented
-    try:
+    if not x._has_symbolic_sizes_strides:
+        if any(type(s) is not int for s in size) or x.stride() != make_contiguous_strides_for(x.shape):
+            return NotImplemented
+        try:
+            with fake_tensor.in_kernel_invocation_manager(mode):
+                out = aten.view.default(x, size)
+        except RuntimeError:
+            return NotImplemented  # a size that does not fit: torch's path raises its own error
+    else:  # the C++ kernel reads numel() (torch 2.13): the row-major strides of the new sizes set directly
+        new = _inferred(size, x.numel())
+        if not (_row_major(x) and _merged_and_split(tuple(x.shape), new)):
+            return NotImplemented
+        strides, inner = [], 1
+        for length in reversed(new):
+            strides.insert(0, inner)
+            inner = inner * length
         with fake_tensor.in_kernel_invocation_manager(mode):
-            out = aten.view.default(x, size)
-    except RuntimeError:
-        return NotImplemented  # a size that does not fit: torch's path raises its own error
+            out = aten.as_strided.default(x, new, strides, x.storage_offset())
     return mode.wrap_meta_outputs_with_default_device_logic(out, aten.view.default, (x,), device=None)
+
+
+def _row_major(x) -> bool:
+    """Each stride known, without a guard, to be the product of the later sizes."""
+    expected = 1
+    for size, stride in zip(reversed(x.shape), reversed(x.stride())):
+        if not statically_known_true(stride == expected):
+            return False
+        expected = expected * size
+    return True
+
+
+def _inferred(size, numel) -> tuple | None:
+    """``size`` with its -1 made the size it stands for, where that divides
+    ``numel`` without a guard; None where it does not, or a size is not an int."""
+    if any(not isinstance(s, (int, torch.SymInt)) for s in size):
+        return None
+    if -1 not in size:
+        return tuple(size)
+    known = 1
+    for s in size:
+        known = known if s == -1 else known * s
+    rest = numel // known
+    return tuple(rest if s == -1 else s for s in size) if statically_known_true(rest * known == numel) else None
+
+
+def _merged_and_split(old: tuple, new: tuple | None) -> bool:
+    """Is ``new`` ``old`` with runs of whole dimensions merged (their product
+    known equal to the new size without a guard) and static ones split
+    evenly, no size 1 or 0 among them?"""
+    if new is None or any(type(s) is int and s < 2 for s in (*old, *new)):
+        return False
+    i, carried = 0, None  # carried: what is left of a static size split
+    for length in new:
+        product = None
+        while True:
+            if carried is not None:
+                size, carried = carried, None
+            elif i < len(old):
+                size, i = old[i], i + 1
+            else:
+                return False
+            product = size if product is None else product * size
+            if statically_known_true(product == length):
+                break
+            if type(product) is int and type(length) is int and product > length:
+                if product % length:
+                    return False
+                carried = product // length
+                break
+    return carried is None and i == len(old)
 
 
 KERNELS = {
