@@ -285,7 +285,7 @@ class TestActivationKernels(unittest.TestCase):
                      "5d channels last", "batch of one", "one value per channel"}
         by_rule = {key for key, taken in used.items() if taken == {True}}
         expected = {"static": one_order, "batch": one_order - {"batch of one", "one value per channel"},  # not dynamic
-                    "all": set()}  # a symbolic size in a stride
+                    "all": {"2d"}}  # symbolic strides: row-major ones only (each the later sizes' product)
         for op, dynamic in itertools.product(EVERY_LAYOUT, dynamics):
             self.assertEqual({layout for o, layout, dtype, d in by_rule if (o, d, dtype) == (op, dynamic, torch.float32)},
                              expected[dynamic])

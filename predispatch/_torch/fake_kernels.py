@@ -121,7 +121,8 @@ def _activation(mode, x, *scalars, approximate="none"):
     """An activation's output (``relu``, ``gelu``, ``hardswish``, ...): laid
     out as its input, of its dtype; its scalars (a slope, a range, gelu's
     approximation) change values only."""
-    if type(x) is not FakeTensor or not x.dtype.is_floating_point or not _one_layout_order(x) \
+    if type(x) is not FakeTensor or not x.dtype.is_floating_point \
+            or not (_one_layout_order(x) or _symbolic_row_major(x)) \
             or any(type(s) not in (int, float, bool) for s in scalars) or approximate not in ("none", "tanh"):
         return NotImplemented
     return _like(mode, x, x.shape, x.stride(), x.dtype)
@@ -133,13 +134,22 @@ def _contiguous_static_strides(x) -> bool:
     return type(x) is FakeTensor and _one_layout_order(x) and list(x.stride()) == sorted(x.stride(), reverse=True)
 
 
+def _symbolic_row_major(x) -> bool:
+    """At symbolic sizes, each stride known without a guard to be the product
+    of the later sizes, no size a static 1: an elementwise op's output, and a
+    softmax's, takes ``x``'s strides, as torch's decompositions make them."""
+    return (type(x) is FakeTensor and x._has_symbolic_sizes_strides and x.dim() > 0
+            and all(type(n) is not int or n > 1 for n in x.shape) and _row_major(x))
+
+
 def _dim_in_range(x, dim) -> bool:
     return type(dim) is int and -max(x.dim(), 1) <= dim < max(x.dim(), 1)
 
 
 def _symbolic_softmax(mode, x, dim, dtype):
     """A softmax's output at symbolic sizes (static ones: :data:`BY_META_KERNEL`): contiguous, as the input, in ``dtype``."""
-    if not (x._has_symbolic_sizes_strides and x.dtype.is_floating_point and _contiguous_static_strides(x)
+    if not (x._has_symbolic_sizes_strides and x.dtype.is_floating_point
+            and (_contiguous_static_strides(x) or _symbolic_row_major(x))
             and _dim_in_range(x, dim)):
         return NotImplemented
     return _like(mode, x, x.shape, x.stride(), dtype)
