@@ -100,7 +100,7 @@ def _assumptions(work: Work) -> None:
     if work.exports_a_module:
         assumptions.drop_restated_checks(work.captured.gm)
         assumptions.write_pinned_values(work.captured.gm)
-        _torch.checks_say_their_conditions(work.captured.gm)
+        assumptions.say_check_conditions(work.captured.gm)
     r.assumptions = [*carried, *(a for a in made if a not in carried)]
 
 

@@ -224,6 +224,31 @@ def test_refused_by_default_naming_the_line_and_the_option(module_class, example
     assert "data_dependent='specialize'" in message
 
 
+class CheckedMaskThenSelected(torch.nn.Module):
+    """transformers' ``torch_compilable_check`` (vits' spline): a check of a
+    bool tensor's value, ``torch._check_tensor_all``, then a selection of a
+    size read from the data; in an autocast block or not."""
+
+    def __init__(self, autocast: bool):
+        super().__init__()
+        self.autocast = autocast
+
+    def forward(self, x):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.autocast):
+            torch._check_tensor_all((x.min() >= -5.0) & (x.max() <= 5.0))
+            return x * 2, x[x > 0].sum()
+
+
+@pytest.mark.parametrize("autocast", [False, True])
+def test_a_check_of_a_bool_tensor_exported_again_is_the_same_graph(autocast):
+    """G7 (the transformers sweep, vits): the check pins the value it reads,
+    so the first export's torch checks on it read ``True``, where the same
+    program exported again, whose shape environment does not pin it, wrote
+    the conditions out (and numbered the later values read otherwise): each
+    condition is said as its nodes compute it."""
+    assert_matches_eager(CheckedMaskThenSelected(autocast), (torch.randn(4, 8),))
+
+
 class TwoBranchesOnOneValue(torch.nn.Module):
     def forward(self, x):
         v = x[0, 0].item()

@@ -45,27 +45,36 @@ def checks_named_by_their_conditions(gm: torch.fx.GraphModule) -> None:
     gm.recompile()
 
 
-def checks_say_their_conditions(gm: torch.fx.GraphModule) -> None:
+def checks_say_their_conditions(gm: torch.fx.GraphModule, written=None) -> None:
     """Each check torch's runtime-assert pass wrote says its condition with
-    the values read from tensors named u0, u1, ... in the order the graph
-    reads them: torch numbers them as the trace made them (symbols of
-    storage offsets, and ones it made and dropped, counted too), and a
-    program exported again keeps its own checks' words beside checks torch
-    writes anew (G7)."""
+    its symbols named u0, u1, ... in the order the graph reads them: torch
+    numbers them as the trace made them (symbols of storage offsets, and
+    ones it made and dropped, counted too), and a program exported again
+    keeps its own checks' words beside checks torch writes anew (G7).
+    ``written``, where given: (condition node -> the expression its nodes
+    compute, or None; graph -> each of its symbols' first node's position),
+    the words of every check where each is read so: a condition's value
+    reads ``True`` where a check before pinned a value it reads
+    (``torch._check(mask.all().item())``), in one export and not in the same
+    program exported again, whose shape environment does not pin it."""
     checks = [(node, node.args[0], node.args[1]) for node in gm.graph.find_nodes(
         op="call_function", target=ASSERT_SCALAR) if len(node.args) > 1 and isinstance(node.args[1], str)]
-    checks = [(node, c, m) for node, c, m in checks if _TORCH_CHECK_MESSAGE.match(m)
+    checks = [(node, c) for node, c, m in checks if _TORCH_CHECK_MESSAGE.match(m)
               and isinstance(c, torch.fx.Node) and isinstance(c.meta.get("val"), torch.SymBool)]
     if not checks:
         return
-    read_at = {s: i for i, n in enumerate(gm.graph.nodes) for s in (n.meta.get("unbacked_bindings") or {})}
-    symbols = sorted({s for _, c, _ in checks for s in c.meta["val"].node.expr.free_symbols},
-                     key=lambda s: (read_at.get(s, len(read_at)), str(s)))
-    names = {s: sympy.Symbol(f"u{i}", integer=True) for i, s in enumerate(symbols)}
-    for node, condition, message in checks:
-        said = condition.meta["val"].node.expr.xreplace(names)
-        node.args = (condition, f"Runtime assertion failed for expression {said} on node '{condition.name}'",
-                     *node.args[2:])
+    expression, positions = written if written is not None else (None, None)
+    said = [expression(c) for _, c in checks] if expression is not None else [None]
+    if all(e is not None for e in said):
+        read_at = positions(gm.graph)
+    else:  # as the values read: their symbols where the graph binds them
+        said = [c.meta["val"].node.expr for _, c in checks]
+        read_at = {s: i for i, n in enumerate(gm.graph.nodes) for s in (n.meta.get("unbacked_bindings") or {})}
+    symbols = sorted({s for e in said for s in e.free_symbols}, key=lambda s: (read_at.get(s, len(read_at)), str(s)))
+    names = {s: sympy.Symbol(f"u{i}", integer=s.is_integer) for i, s in enumerate(symbols)}
+    for (node, condition), expr in zip(checks, said):
+        node.args = (condition, f"Runtime assertion failed for expression {expr.xreplace(names)} on node "
+                     f"'{condition.name}'", *node.args[2:])
     gm.recompile()
 
 

@@ -163,6 +163,14 @@ def drop_restated_checks(gm: torch.fx.GraphModule) -> None:
     gm.recompile()
 
 
+def say_check_conditions(gm: torch.fx.GraphModule) -> None:
+    """Each of torch's checks says its condition as the nodes computing it
+    compute it (its value may read ``True`` in one export, where a check
+    before pinned a value, and not in the same program exported again: G7),
+    its symbols u0, u1, ... in the order the graph reads them."""
+    _torch.checks_say_their_conditions(gm, (check_forms.written_expression, check_forms.symbols_read_at))
+
+
 def _erase_check(graph: torch.fx.Graph, node: torch.fx.Node) -> None:
     condition = node.args[0]
     graph.erase_node(node)

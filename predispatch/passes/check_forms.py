@@ -35,6 +35,16 @@ def written_expression(condition: torch.fx.Node):
     return expr if isinstance(expr, sympy.Basic) else None
 
 
+def symbols_read_at(graph: torch.fx.Graph) -> dict:
+    """Each symbol :func:`written_expression` names -> the position of the
+    first node in ``graph`` it stands for (the graph's order)."""
+    at = {}
+    for i, node in enumerate(graph.nodes):
+        if isinstance(node.meta.get("val"), (torch.SymInt, torch.SymBool, torch.SymFloat)):
+            at.setdefault(_symbol(node), i)
+    return at
+
+
 def written_form(expr):
     """A written condition's form (as :func:`predispatch._torch.condition_form`
     gives it); ``True`` where it holds whatever its symbols are; None where
