@@ -448,8 +448,8 @@ def _export_and_compare(case, model, inputs, timeout, data_dependent, reexport, 
             ep = assert_matches_eager(model, (), inputs, export=export,
                                       check_reexport=reexport and data_dependent == "refuse", **export_kwargs)
             extra = _specialize_checks(model, inputs, ep, case) if data_dependent != "refuse" else {}
-    except CaseTimeout as e:
-        return Result(case, TIMEOUT, str(e))
+    except CaseTimeout as e:  # fx's interpreter appends the node it was running to the message
+        return Result(case, TIMEOUT, str(e).strip().splitlines()[0])
     except Exception as e:
         if timed_out():  # the alarm's CaseTimeout, caught and raised again as another error
             return Result(case, TIMEOUT, f"over {timeout} s ({first_line(e)})")
@@ -457,7 +457,8 @@ def _export_and_compare(case, model, inputs, timeout, data_dependent, reexport, 
             return Result(case, REFUSED, first_line(e))
         if show_traceback:
             traceback.print_exc()
-        if isinstance(e, AssertionError) and case.mode == "bf16" and programs:
+        # round-off only where the numbers differ (assert_runs_match's "[grad_mode=...]"), not G1/G3/G7
+        if isinstance(e, AssertionError) and case.mode == "bf16" and programs and str(e).startswith("[grad_mode="):
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 beyond = within_roundoff(model, inputs, programs[0])
@@ -477,9 +478,9 @@ def summarize(results: list[Result]) -> None:
     for r in results:
         if r.status in (PASSED, SKIPPED):
             continue
-        shared = r.extra.get("torch_export", "?")
-        key = (r.status, r.detail.split(":")[0], "torch.export exports" if shared == "exports"
-               else "torch.export fails too")
+        shared = r.extra.get("torch_export")
+        key = (r.status, r.detail.split(":")[0], "torch.export not tried" if shared is None
+               else "torch.export exports" if shared == "exports" else "torch.export fails too")
         reasons.setdefault(key, []).append(r.case.name)
     for (status, kind, shared), names in sorted(reasons.items(), key=lambda kv: -len(kv[1])):
         print(f"{len(names):4d} {status:8s} {kind:40s} {shared:22s} {', '.join(names[:6])}")
