@@ -543,6 +543,43 @@ SYMBOLIC_VIEWS = {
 }
 
 
+class TestSymbolicRestrides(unittest.TestCase):
+    def test_each_output_is_torchs(self):
+        """permute, transpose, t and unsqueeze at symbolic sizes (torch's
+        references: a few cached prims each), every dimension argument (out of
+        range too) on row-major and transposed inputs: the outputs' sizes,
+        strides, offset and memory, and the guards, are torch's path's; the
+        rule is used wherever the arguments are valid."""
+        used = {}
+        for shape, dims, order in (((2, 5, 12, 8), {0, 1}, (0, 1, 2, 3)), ((2, 5, 12, 8), {0, 1}, (0, 2, 1, 3)),
+                                   ((4, 6), {0, 1}, (1, 0)), ((3,), {0}, (0,))):
+            n = len(shape)
+            calls = [(aten.transpose.int, (a, b)) for a, b in itertools.product(range(-n - 1, n + 1), repeat=2)]
+            calls += [(aten.permute.default, (list(p),)) for p in itertools.permutations(range(n))]
+            calls += [(aten.permute.default, ([-1, *range(n - 1)],)), (aten.permute.default, ([0] * n,)),
+                      (aten.t.default, ())]
+            calls += [(aten.unsqueeze.default, (d,)) for d in range(-n - 2, n + 2)]
+            for op, rest in calls:
+                with self.subTest(shape=shape, order=order, op=op.__name__, args=rest):
+                    outcomes = []
+                    for fast in (False, True):
+                        x = _symbolic_fake(shape, order, False, dims, torch.float32)
+                        before = len(x.fake_mode.shape_env.guards)
+                        dispatched = []
+                        out = _outcome(op, (x, *rest), fast, dispatched)
+                        outcomes.append((out, _shape_env_after(x.fake_mode, before), dispatched))
+                    (torch_way, torch_env, _), (ours, our_env, our_dispatched) = outcomes
+                    self.assertEqual((ours, our_env), (torch_way, torch_env))
+                    fails = isinstance(torch_way, type)
+                    used.setdefault((op, fails), set()).add(not our_dispatched)
+        self.maxDiff = None
+        self.assertEqual(used, {**{(op, False): {True} for op in (aten.transpose.int, aten.permute.default,
+                                                                    aten.unsqueeze.default)},
+                                (aten.t.default, False): {True, False},  # a vector's: torch's path
+                                **{(op, True): {False} for op in (aten.transpose.int, aten.permute.default,
+                                                                   aten.unsqueeze.default, aten.t.default)}})
+
+
 class TestMetaKernels(unittest.TestCase):
     def test_each_op_gives_what_torchs_decomposition_gives(self):
         """Each op in BY_META_KERNEL, across shapes, layouts, dtypes (mixed ones

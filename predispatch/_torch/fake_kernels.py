@@ -282,6 +282,57 @@ def _merged_and_split(old: tuple, new: tuple | None) -> bool:
     return carried is None and i == len(old)
 
 
+def _restrided(mode, x, sizes, strides):
+    """A view of ``x`` (its memory, from its offset) at ``sizes`` and ``strides``,
+    made by the C++ ``as_strided`` meta kernel."""
+    with fake_tensor.in_kernel_invocation_manager(mode):
+        out = aten.as_strided.default(x, sizes, strides, x.storage_offset())
+    return mode.wrap_meta_outputs_with_default_device_logic(out, aten.as_strided.default, (x,), device=None)
+
+
+def _symbolic_strided(x) -> bool:
+    return (type(x) is FakeTensor and x.layout is torch.strided and x._has_symbolic_sizes_strides and x.dim() > 0
+            and not fx_config.backed_size_oblivious)
+
+
+def _symbolic_permute(mode, x, dims):
+    """``permute`` at symbolic sizes (torch's reference runs it through
+    ``prims.transpose`` and ``as_strided``, each an op fake mode caches, some
+    20,000 Python calls with their sympy comparisons): sizes and strides
+    reordered, no guard."""
+    n = x.dim() if _symbolic_strided(x) else 0
+    if not n or len(dims) != n or any(type(d) is not int or not -n <= d < n for d in dims) \
+            or sorted(d % n for d in dims) != list(range(n)):
+        return NotImplemented
+    order = [d % n for d in dims]
+    return _restrided(mode, x, [x.shape[d] for d in order], [x.stride()[d] for d in order])
+
+
+def _symbolic_transpose(mode, x, dim0, dim1):
+    n = x.dim() if _symbolic_strided(x) else 0
+    if not n or any(type(d) is not int or not -n <= d < n for d in (dim0, dim1)):
+        return NotImplemented
+    order = list(range(n))
+    order[dim0 % n], order[dim1 % n] = order[dim1 % n], order[dim0 % n]
+    return _symbolic_permute(mode, x, order)
+
+
+def _symbolic_t(mode, x):
+    return _symbolic_transpose(mode, x, 0, 1) if _symbolic_strided(x) and x.dim() == 2 else NotImplemented
+
+
+def _symbolic_unsqueeze(mode, x, dim):
+    """``unsqueeze`` at symbolic sizes: a size 1 inserted, its stride the next
+    dimension's extent (1 at the end), as the C++ kernel makes it."""
+    n = x.dim() if _symbolic_strided(x) else 0
+    if not n or type(dim) is not int or not -n - 1 <= dim <= n:
+        return NotImplemented
+    d = dim % (n + 1)
+    sizes, strides = list(x.shape), list(x.stride())
+    stride = sizes[d] * strides[d] if d < n else 1
+    return _restrided(mode, x, sizes[:d] + [1] + sizes[d:], strides[:d] + [stride] + strides[d:])
+
+
 KERNELS = {
     aten._native_batch_norm_legit_functional.default: _batch_norm_training,
     aten._native_batch_norm_legit_no_training.default: _batch_norm_inference,
@@ -297,6 +348,11 @@ KERNELS = {
     # torch's fake implementation of both: the Python reference (a meta kernel runs it as one op here)
     aten.view.default: _row_major_view,
     aten._unsafe_view.default: _row_major_view,
+    # at symbolic sizes: torch's references, each a few cached prims (static sizes: C++ meta kernels)
+    aten.permute.default: _symbolic_permute,
+    aten.transpose.int: _symbolic_transpose,
+    aten.t.default: _symbolic_t,
+    aten.unsqueeze.default: _symbolic_unsqueeze,
 }
 
 
