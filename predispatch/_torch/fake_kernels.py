@@ -1,4 +1,4 @@
-"""Fake kernels in place of the Python decompositions fake mode runs: batch norm and activations by rule, losses and addmm by meta kernel, views of row-major tensors by theirs.
+"""Fake kernels in place of the Python decompositions fake mode runs: batch norm and activations by rule, losses and addmm by meta kernel.
 
 (And one of torch's fake kernels corrected: ``masked_select``'s bound on
 its count, where the mask has more elements than the tensor it selects from.)
@@ -26,6 +26,7 @@ On meta tensors (a repeated layer's replay, :mod:`predispatch.trace.layer_reuse`
 and the aten ops a logged call dispatches) a batch norm's meta kernel is the
 same Python decomposition, ~2 ms; :func:`meta_rules` makes its output by the
 same rule there.
+Views (:mod:`.fake_views`) are in the same table.
 tests/test_fake_kernels.py checks each rule, and each op's meta kernel,
 against torch's path, the guards it leaves in the shape env included.
 """
@@ -34,13 +35,14 @@ from __future__ import annotations
 import contextlib
 
 import torch
-from torch._prims_common import get_computation_dtype, make_contiguous_strides_for
-from torch.fx.experimental import _config as fx_config
+from torch._prims_common import get_computation_dtype
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch._subclasses import fake_impls, fake_tensor
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from .fake_views import (row_major, row_major_view, symbolic_permute, symbolic_t, symbolic_transpose,
+                         symbolic_unsqueeze)
 from .patching import patched
 
 aten = torch.ops.aten
@@ -139,7 +141,7 @@ def _symbolic_row_major(x) -> bool:
     of the later sizes, no size a static 1: an elementwise op's output, and a
     softmax's, takes ``x``'s strides, as torch's decompositions make them."""
     return (type(x) is FakeTensor and x._has_symbolic_sizes_strides and x.dim() > 0
-            and all(type(n) is not int or n > 1 for n in x.shape) and _row_major(x))
+            and all(type(n) is not int or n > 1 for n in x.shape) and row_major(x))
 
 
 def _dim_in_range(x, dim) -> bool:
@@ -198,141 +200,6 @@ def _symbolic_nll_loss(mode, x, target, weight, reduction, ignore_index):
     return loss, _like(mode, x, (), (), x.dtype)
 
 
-def _row_major_view(mode, x, size):
-    """``view`` / ``_unsafe_view`` of a tensor laid out row-major (each stride
-    the product of the later sizes): by its C++ meta kernel, as eager views
-    it. torch's fake implementation runs the Python reference
-    (``_reshape_view_helper``: ~1 ms a new shape, a view per attention head
-    split and merge; ~6,000 Python calls at symbolic sizes). At static sizes
-    both give row-major strides (they may differ on sizes of one, where
-    torch's path runs). At symbolic sizes, where the reference's steps guard
-    on the sizes, the rule takes the views it makes without a guard: runs of
-    whole dimensions merged, static ones split (:func:`_merged_and_split`)."""
-    if type(x) is not FakeTensor or x.layout is not torch.strided or fx_config.backed_size_oblivious:
-        return NotImplemented
-    if not x._has_symbolic_sizes_strides:
-        if any(type(s) is not int for s in size) or x.stride() != make_contiguous_strides_for(x.shape):
-            return NotImplemented
-        try:
-            with fake_tensor.in_kernel_invocation_manager(mode):
-                out = aten.view.default(x, size)
-        except RuntimeError:
-            return NotImplemented  # a size that does not fit: torch's path raises its own error
-    else:  # the C++ kernel reads numel() (torch 2.13): the row-major strides of the new sizes set directly
-        new = _inferred(size, x.numel())
-        if not (_row_major(x) and _merged_and_split(tuple(x.shape), new)):
-            return NotImplemented
-        strides, inner = [], 1
-        for length in reversed(new):
-            strides.insert(0, inner)
-            inner = inner * length
-        with fake_tensor.in_kernel_invocation_manager(mode):
-            out = aten.as_strided.default(x, new, strides, x.storage_offset())
-    return mode.wrap_meta_outputs_with_default_device_logic(out, aten.view.default, (x,), device=None)
-
-
-def _row_major(x) -> bool:
-    """Each stride known, without a guard, to be the product of the later sizes."""
-    expected = 1
-    for size, stride in zip(reversed(x.shape), reversed(x.stride())):
-        if not statically_known_true(stride == expected):
-            return False
-        expected = expected * size
-    return True
-
-
-def _inferred(size, numel) -> tuple | None:
-    """``size`` with its -1 made the size it stands for, where that divides
-    ``numel`` without a guard; None where it does not, or a size is not an int."""
-    if any(not isinstance(s, (int, torch.SymInt)) for s in size):
-        return None
-    if -1 not in size:
-        return tuple(size)
-    known = 1
-    for s in size:
-        known = known if s == -1 else known * s
-    rest = numel // known
-    return tuple(rest if s == -1 else s for s in size) if statically_known_true(rest * known == numel) else None
-
-
-def _merged_and_split(old: tuple, new: tuple | None) -> bool:
-    """Is ``new`` ``old`` with runs of whole dimensions merged (their product
-    known equal to the new size without a guard) and static ones split
-    evenly, no size 1 or 0 among them?"""
-    if new is None or any(type(s) is int and s < 2 for s in (*old, *new)):
-        return False
-    i, carried = 0, None  # carried: what is left of a static size split
-    for length in new:
-        product = None
-        while True:
-            if carried is not None:
-                size, carried = carried, None
-            elif i < len(old):
-                size, i = old[i], i + 1
-            else:
-                return False
-            product = size if product is None else product * size
-            if statically_known_true(product == length):
-                break
-            if type(product) is int and type(length) is int and product > length:
-                if product % length:
-                    return False
-                carried = product // length
-                break
-    return carried is None and i == len(old)
-
-
-def _restrided(mode, x, sizes, strides):
-    """A view of ``x`` (its memory, from its offset) at ``sizes`` and ``strides``,
-    made by the C++ ``as_strided`` meta kernel."""
-    with fake_tensor.in_kernel_invocation_manager(mode):
-        out = aten.as_strided.default(x, sizes, strides, x.storage_offset())
-    return mode.wrap_meta_outputs_with_default_device_logic(out, aten.as_strided.default, (x,), device=None)
-
-
-def _symbolic_strided(x) -> bool:
-    return (type(x) is FakeTensor and x.layout is torch.strided and x._has_symbolic_sizes_strides and x.dim() > 0
-            and not fx_config.backed_size_oblivious)
-
-
-def _symbolic_permute(mode, x, dims):
-    """``permute`` at symbolic sizes (torch's reference runs it through
-    ``prims.transpose`` and ``as_strided``, each an op fake mode caches, some
-    20,000 Python calls with their sympy comparisons): sizes and strides
-    reordered, no guard."""
-    n = x.dim() if _symbolic_strided(x) else 0
-    if not n or len(dims) != n or any(type(d) is not int or not -n <= d < n for d in dims) \
-            or sorted(d % n for d in dims) != list(range(n)):
-        return NotImplemented
-    order = [d % n for d in dims]
-    return _restrided(mode, x, [x.shape[d] for d in order], [x.stride()[d] for d in order])
-
-
-def _symbolic_transpose(mode, x, dim0, dim1):
-    n = x.dim() if _symbolic_strided(x) else 0
-    if not n or any(type(d) is not int or not -n <= d < n for d in (dim0, dim1)):
-        return NotImplemented
-    order = list(range(n))
-    order[dim0 % n], order[dim1 % n] = order[dim1 % n], order[dim0 % n]
-    return _symbolic_permute(mode, x, order)
-
-
-def _symbolic_t(mode, x):
-    return _symbolic_transpose(mode, x, 0, 1) if _symbolic_strided(x) and x.dim() == 2 else NotImplemented
-
-
-def _symbolic_unsqueeze(mode, x, dim):
-    """``unsqueeze`` at symbolic sizes: a size 1 inserted, its stride the next
-    dimension's extent (1 at the end), as the C++ kernel makes it."""
-    n = x.dim() if _symbolic_strided(x) else 0
-    if not n or type(dim) is not int or not -n - 1 <= dim <= n:
-        return NotImplemented
-    d = dim % (n + 1)
-    sizes, strides = list(x.shape), list(x.stride())
-    stride = sizes[d] * strides[d] if d < n else 1
-    return _restrided(mode, x, sizes[:d] + [1] + sizes[d:], strides[:d] + [stride] + strides[d:])
-
-
 KERNELS = {
     aten._native_batch_norm_legit_functional.default: _batch_norm_training,
     aten._native_batch_norm_legit_no_training.default: _batch_norm_inference,
@@ -346,13 +213,13 @@ KERNELS = {
     aten.addmm.default: _symbolic_addmm,
     aten.nll_loss_forward.default: _symbolic_nll_loss,
     # torch's fake implementation of both: the Python reference (a meta kernel runs it as one op here)
-    aten.view.default: _row_major_view,
-    aten._unsafe_view.default: _row_major_view,
+    aten.view.default: row_major_view,
+    aten._unsafe_view.default: row_major_view,
     # at symbolic sizes: torch's references, each a few cached prims (static sizes: C++ meta kernels)
-    aten.permute.default: _symbolic_permute,
-    aten.transpose.int: _symbolic_transpose,
-    aten.t.default: _symbolic_t,
-    aten.unsqueeze.default: _symbolic_unsqueeze,
+    aten.permute.default: symbolic_permute,
+    aten.transpose.int: symbolic_transpose,
+    aten.t.default: symbolic_t,
+    aten.unsqueeze.default: symbolic_unsqueeze,
 }
 
 
