@@ -580,6 +580,39 @@ class TestSymbolicRestrides(unittest.TestCase):
                                                                    aten.unsqueeze.default, aten.t.default)}})
 
 
+class TestSymbolicMean(unittest.TestCase):
+    def test_each_output_is_torchs(self):
+        """mean over one or two dimensions (negative ones, one given twice), with
+        and without keepdim, of its dtype or another, at symbolic sizes, on
+        row-major fp32 and bf16 inputs and a transposed one: the output's
+        metadata and the guards are torch's path's; the rule is used on the
+        row-major ones where each dimension is given once."""
+        used = {}
+        for shape, dims, order, dtype in (((2, 5, 16), {0, 1}, (0, 1, 2), torch.float32),
+                                          ((2, 3, 4, 5), {0, 2, 3}, (0, 1, 2, 3), torch.float32),
+                                          ((2, 5, 16), {0, 1}, (0, 1, 2), torch.bfloat16),
+                                          ((2, 5, 16), {0, 1}, (0, 2, 1), torch.float32)):
+            n = len(shape)
+            reductions = [*itertools.combinations(range(-n, n), 1), (1, 2), (-1, 0), (1, 1 - n)]
+            for reduced, keepdim, out_dtype in itertools.product(reductions, (False, True), (None, torch.float64)):
+                with self.subTest(shape=shape, order=order, dtype=dtype, dims=reduced, keepdim=keepdim,
+                                  out_dtype=out_dtype):
+                    outcomes = []
+                    for fast in (False, True):
+                        x = _symbolic_fake(shape, order, False, dims, dtype)
+                        before = len(x.fake_mode.shape_env.guards)
+                        dispatched = []
+                        args = (x, list(reduced), keepdim, *([{"dtype": out_dtype}] if out_dtype else []))
+                        out = _outcome(aten.mean.dim, args, fast, dispatched)
+                        outcomes.append((out, _shape_env_after(x.fake_mode, before), dispatched))
+                    (torch_way, torch_env, _), (ours, our_env, our_dispatched) = outcomes
+                    self.assertEqual((ours, our_env), (torch_way, torch_env))
+                    once = len({d % n for d in reduced}) == len(reduced)
+                    used.setdefault((order == tuple(range(n)), once), set()).add(not our_dispatched)
+        self.assertEqual(used, {(True, True): {True}, (True, False): {False}, (False, True): {False},
+                                (False, False): {False}})
+
+
 class TestMetaKernels(unittest.TestCase):
     def test_each_op_gives_what_torchs_decomposition_gives(self):
         """Each op in BY_META_KERNEL, across shapes, layouts, dtypes (mixed ones

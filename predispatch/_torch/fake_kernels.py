@@ -182,6 +182,26 @@ def _symbolic_addmm(mode, bias, mat1, mat2, beta=1, alpha=1):
     return _like(mode, mat1, (n, p), (p, 1), mat1.dtype)
 
 
+def _symbolic_mean(mode, x, dims, keepdim=False, dtype=None):
+    """``mean`` over some dimensions at symbolic sizes (an RMSNorm's, a global
+    pool's; torch's reference runs a sum and a division, each a few cached
+    prims) of a row-major input: contiguous, its sizes without the reduced
+    ones (ones where ``keepdim``), of ``dtype`` or the input's."""
+    n = x.dim()
+    if not (_symbolic_row_major(x) and x.dtype.is_floating_point and isinstance(dims, (list, tuple)) and dims
+            and all(type(d) is int and -n <= d < n for d in dims) and len({d % n for d in dims}) == len(dims)
+            and type(keepdim) is bool and (dtype is None or dtype.is_floating_point)):
+        return NotImplemented
+    reduced = {d % n for d in dims}
+    sizes = [1 if d in reduced else size for d, size in enumerate(x.shape)] if keepdim else \
+        [size for d, size in enumerate(x.shape) if d not in reduced]
+    strides, inner = [], 1
+    for size in reversed(sizes):
+        strides.insert(0, inner)
+        inner = inner * size
+    return _like(mode, x, sizes, strides, dtype or x.dtype)
+
+
 def _symbolic_nll_loss(mode, x, target, weight, reduction, ignore_index):
     """``nll_loss_forward`` at symbolic sizes (static ones: :data:`BY_META_KERNEL`):
     (the loss: one per row where not reduced, contiguous; the total weight), of
@@ -212,6 +232,7 @@ KERNELS = {
     aten._safe_softmax.default: _symbolic_safe_softmax,
     aten.addmm.default: _symbolic_addmm,
     aten.nll_loss_forward.default: _symbolic_nll_loss,
+    aten.mean.dim: _symbolic_mean,
     # torch's fake implementation of both: the Python reference (a meta kernel runs it as one op here)
     aten.view.default: row_major_view,
     aten._unsafe_view.default: row_major_view,
