@@ -613,6 +613,53 @@ class TestSymbolicMean(unittest.TestCase):
                                 (False, False): {False}})
 
 
+def _second_operand(kind, a, shape, dtype):
+    """The other operand of a binary op with ``a`` (made of ``shape``, symbolic sizes), in ``a``'s mode."""
+    numbers = {"an int": 2, "a float": 0.5, "a bool": True}
+    if kind in numbers:
+        return numbers[kind]
+    if kind == "its sizes' own symbols, another tensor's":
+        return _symbolic_fake(shape, tuple(range(a.dim())), False, set(range(a.dim())), dtype, a.fake_mode)
+    with a.fake_mode:
+        made = {"the same sizes": lambda: torch.empty(a.shape, dtype=dtype),
+                "broadcast": lambda: torch.empty(a.shape[-1], dtype=dtype),
+                "another dtype": lambda: torch.empty(a.shape, dtype=torch.float64),
+                "laid out otherwise": lambda: torch.empty(a.shape, dtype=dtype).transpose(0, 1).contiguous()
+                .transpose(0, 1)}
+        return made[kind]()
+
+
+class TestSymbolicBinary(unittest.TestCase):
+    def test_each_output_is_torchs(self):
+        """add, sub, mul and div at symbolic sizes of a row-major tensor and a
+        number, or a tensor of its sizes, dtype and layout (or not: broadcast,
+        of another dtype, laid out otherwise, of sizes only equal at run time):
+        the output's metadata and the guards are torch's path's; the rule is
+        used for the numbers and the tensor alike in all but sizes."""
+        ops = (aten.add.Tensor, aten.sub.Tensor, aten.mul.Tensor, aten.div.Tensor)
+        kinds = ("an int", "a float", "a bool", "the same sizes", "broadcast", "another dtype", "laid out otherwise",
+                 "its sizes' own symbols, another tensor's")
+        used = {}
+        for op, (shape, dims, dtype), kind in itertools.product(
+                ops, (((2, 5, 16), {0, 1}, torch.float32), ((2, 5, 16), {0, 1}, torch.bfloat16),
+                      ((2, 3, 4, 5), {0, 2}, torch.float32)), kinds):
+            with self.subTest(op=op.__name__, shape=shape, dtype=dtype, other=kind):
+                outcomes = []
+                for fast in (False, True):
+                    a = _symbolic_fake(shape, tuple(range(len(shape))), False, dims, dtype)
+                    b = _second_operand(kind, a, shape, dtype)
+                    before = len(a.fake_mode.shape_env.guards)
+                    dispatched = []
+                    out = _outcome(op, (a, b), fast, dispatched)
+                    outcomes.append((out, _shape_env_after(a.fake_mode, before), dispatched))
+                (torch_way, torch_env, _), (ours, our_env, our_dispatched) = outcomes
+                self.assertEqual((ours, our_env), (torch_way, torch_env))
+                used.setdefault(kind, set()).add(not our_dispatched)
+        self.assertEqual({kind for kind, taken in used.items() if taken == {True}},
+                         {"an int", "a float", "a bool", "the same sizes"})
+        self.assertEqual(set().union(*used.values()), {True, False})
+
+
 class TestMetaKernels(unittest.TestCase):
     def test_each_op_gives_what_torchs_decomposition_gives(self):
         """Each op in BY_META_KERNEL, across shapes, layouts, dtypes (mixed ones

@@ -182,6 +182,22 @@ def _symbolic_addmm(mode, bias, mat1, mat2, beta=1, alpha=1):
     return _like(mode, mat1, (n, p), (p, 1), mat1.dtype)
 
 
+def _symbolic_binary(mode, a, b, *, alpha=1):
+    """``add``, ``sub``, ``mul``, ``div`` at symbolic sizes (torch's reference:
+    type promotion and broadcasting in Python, each size compared in sympy)
+    of a row-major floating tensor and a Python number, or a tensor of its
+    dtype, device, sizes (known equal without a guard) and layout: laid out
+    as ``a``, of its dtype."""
+    if not (_symbolic_row_major(a) and a.dtype.is_floating_point and type(alpha) in (int, float)):
+        return NotImplemented
+    if type(b) not in (int, float, bool) and not (
+            type(b) is FakeTensor and b.fake_mode is mode and b.dtype == a.dtype and b.fake_device == a.fake_device
+            and b.dim() == a.dim() and _symbolic_row_major(b)
+            and all(statically_known_true(m == n) for m, n in zip(a.shape, b.shape))):
+        return NotImplemented
+    return _like(mode, a, a.shape, a.stride(), a.dtype)
+
+
 def _symbolic_mean(mode, x, dims, keepdim=False, dtype=None):
     """``mean`` over some dimensions at symbolic sizes (an RMSNorm's, a global
     pool's; torch's reference runs a sum and a division, each a few cached
@@ -233,6 +249,7 @@ KERNELS = {
     aten.addmm.default: _symbolic_addmm,
     aten.nll_loss_forward.default: _symbolic_nll_loss,
     aten.mean.dim: _symbolic_mean,
+    **dict.fromkeys((aten.add.Tensor, aten.sub.Tensor, aten.mul.Tensor, aten.div.Tensor), _symbolic_binary),
     # torch's fake implementation of both: the Python reference (a meta kernel runs it as one op here)
     aten.view.default: row_major_view,
     aten._unsafe_view.default: row_major_view,
