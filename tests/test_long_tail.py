@@ -430,6 +430,26 @@ def test_a_view_of_a_layout_the_run_time_kernel_picks_is_a_reshape():
         torch.testing.assert_close(got.grad, want.grad)
 
 
+class ViewsAConvolutionsOutputWithMinusOne(torch.nn.Module):
+    """timm's coatnet/maxvit attention (maxxvit.py): a 1x1 convolution's qkv, whose layout the
+    run-time kernel picks (channels last, as its input), viewed with a -1."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv = torch.nn.Conv2d(8, 24, 1)
+
+    def forward(self, x):
+        return self.qkv(x).view(2, 2, 12, -1)
+
+
+def test_a_view_with_minus_one_of_a_run_time_layout_exported_again_is_the_same_graph():
+    # G7 (a helper's timm sweep, coatnet_nano_rw_224): the program's reshape kept the -1, and
+    # exported again decomposed into a view of the inferred size, made a reshape of 16
+    x = torch.randn(2, 8, 4, 4).to(memory_format=torch.channels_last)
+    ep = assert_matches_eager(ViewsAConvolutionsOutputWithMinusOne(), (x,))
+    assert torch.ops.aten.reshape.default in {n.target for n in ep.graph.nodes}
+
+
 # ---------------------------------------------------------------- no inputs
 
 

@@ -35,7 +35,19 @@ def views_of_run_time_layouts_as_reshapes(gm: torch.fx.GraphModule) -> None:
     for view in views:
         if laid_out.at_run_time(view.args[0]):
             view.target = _RESHAPE
+            view.args = (view.args[0], _inferred_size(view), *view.args[2:])
     gm.recompile()
+
+
+def _inferred_size(view: torch.fx.Node):
+    """The view's size with its -1 written out where the trace knows it as a number: the reshape
+    a re-export traces decomposes into a view of the inferred size (G7), and turns back into
+    this reshape."""
+    size, val = view.args[1], view.meta.get("val")
+    if not isinstance(val, torch.Tensor) or -1 not in size:
+        return size
+    inferred = val.shape[list(size).index(-1)]
+    return [inferred if s == -1 else s for s in size] if isinstance(inferred, int) else size
 
 
 class _RunTimeLayouts:
