@@ -63,10 +63,9 @@ def checks_say_their_conditions(gm: torch.fx.GraphModule, written=None) -> None:
               and isinstance(c, torch.fx.Node) and isinstance(c.meta.get("val"), torch.SymBool)]
     if not checks:
         return
-    expression, positions = written if written is not None else (None, None)
-    said = [expression(c) for _, c in checks] if expression is not None else [None]
-    if all(e is not None for e in said):
-        read_at = positions(gm.graph)
+    said = [written[0](c) for _, c in checks] if written is not None else []
+    if said and all(e is not None for e in said):
+        read_at = written[1](gm.graph)
     else:  # as the values read: their symbols where the graph binds them
         said = [c.meta["val"].node.expr for _, c in checks]
         read_at = {s: i for i, n in enumerate(gm.graph.nodes) for s in (n.meta.get("unbacked_bindings") or {})}

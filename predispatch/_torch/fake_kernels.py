@@ -41,8 +41,8 @@ from torch._subclasses import fake_impls, fake_tensor
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .fake_views import (row_major, row_major_view, symbolic_permute, symbolic_t, symbolic_transpose,
-                         symbolic_unsqueeze)
+from .fake_views import (row_major, row_major_strides, row_major_view, symbolic_permute, symbolic_t,
+                         symbolic_transpose, symbolic_unsqueeze)
 from .patching import patched
 
 aten = torch.ops.aten
@@ -211,11 +211,7 @@ def _symbolic_mean(mode, x, dims, keepdim=False, dtype=None):
     reduced = {d % n for d in dims}
     sizes = [1 if d in reduced else size for d, size in enumerate(x.shape)] if keepdim else \
         [size for d, size in enumerate(x.shape) if d not in reduced]
-    strides, inner = [], 1
-    for size in reversed(sizes):
-        strides.insert(0, inner)
-        inner = inner * size
-    return _like(mode, x, sizes, strides, dtype or x.dtype)
+    return _like(mode, x, sizes, row_major_strides(sizes), dtype or x.dtype)
 
 
 def _symbolic_nll_loss(mode, x, target, weight, reduction, ignore_index):

@@ -46,12 +46,8 @@ def row_major_view(mode, x, size):
         new = _inferred(size, x.numel())
         if not (row_major(x) and _merged_and_split(tuple(x.shape), new)):
             return NotImplemented
-        strides, inner = [], 1
-        for length in reversed(new):
-            strides.insert(0, inner)
-            inner = inner * length
         with fake_tensor.in_kernel_invocation_manager(mode):
-            out = aten.as_strided.default(x, new, strides, x.storage_offset())
+            out = aten.as_strided.default(x, new, row_major_strides(new), x.storage_offset())
     return mode.wrap_meta_outputs_with_default_device_logic(out, aten.view.default, (x,), device=None)
 
 
@@ -63,6 +59,17 @@ def row_major(x) -> bool:
             return False
         expected = expected * size
     return True
+
+
+def row_major_strides(sizes) -> list:
+    """Each size's stride laid out row-major: the product of the later sizes
+    (as written, symbolic ones too: ``make_contiguous_strides_for`` writes
+    ``Max(1, s)`` for a symbolic size, which torch's references do not)."""
+    strides, inner = [], 1
+    for size in reversed(sizes):
+        strides.insert(0, inner)
+        inner = inner * size
+    return strides
 
 
 def _inferred(size, numel) -> tuple | None:
